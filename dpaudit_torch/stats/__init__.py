@@ -1,0 +1,1 @@
+"""Statistics layer: pure tensors in, numbers out. Never imports Opacus."""

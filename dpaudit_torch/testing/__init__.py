@@ -1,0 +1,1 @@
+"""Helpers for testing audits: deliberately broken DP optimizers (:mod:`.bugs`)."""
