@@ -101,5 +101,7 @@ class OnlineNewtonStep:
         for key in ("lam", "a_sum", "log_wealth"):
             arr = np.asarray(sd[key], dtype=np.float64)
             if arr.shape != (self.size,):
-                raise ValueError(f"ONS state {key!r} has shape {arr.shape}, expected ({self.size},)")
+                raise ValueError(
+                    f"ONS state {key!r} has shape {arr.shape}, expected ({self.size},)"
+                )
             setattr(self, key, arr.copy())

@@ -1,0 +1,198 @@
+"""The ``dpaudit`` command line: ``demo``, ``table1``, ``report``.
+
+Exit codes: 0 nothing found, 3 violation proven or claim refuted, 2 usage error (one line on
+stderr, never a traceback), 1 unexpected internal error.
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import os
+import sys
+import tempfile
+from pathlib import Path
+from typing import Any
+
+EXIT_OK, EXIT_ERROR, EXIT_USAGE, EXIT_FOUND = 0, 1, 2, 3
+
+
+class UsageError(Exception):
+    """A bad command-line input: reported in one line with exit code 2."""
+
+
+class _Parser(argparse.ArgumentParser):
+    def error(self, message: str) -> None:  # one line, exit 2 (argparse prints usage too)
+        raise UsageError(message)
+
+
+def _writable_dir(path: str) -> Path:
+    p = Path(path)
+    try:
+        p.mkdir(parents=True, exist_ok=True)
+        with tempfile.NamedTemporaryFile(dir=p, prefix=".dpaudit-write-test-"):
+            pass
+    except OSError as exc:
+        raise UsageError(f"output directory {path!r} is not writable ({exc.strerror or exc})") \
+            from None
+    return p
+
+
+def _seed(text: str) -> int | None:
+    if text.lower() in ("none", "random", "os"):
+        return None
+    try:
+        return int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"seed must be an integer or 'none', got {text!r}") \
+            from None
+
+
+def _build_parser() -> _Parser:
+    from .testing.bugs import names as bug_names
+
+    parser = _Parser(prog="dpaudit", description="Audit differential privacy while training.")
+    parser.add_argument("-v", "--verbose", action="store_true", help="log at INFO level")
+    sub = parser.add_subparsers(dest="command", parser_class=_Parser, metavar="COMMAND")
+
+    demo = sub.add_parser(
+        "demo", help="train a small CNN with Opacus on bundled digits, audited; write a report",
+        description="DP-SGD (Opacus) on scikit-learn's bundled 8x8 digits with the auditor "
+                    "attached. Writes audit.json and report.html to --out. Exit 3 if a "
+                    "violation is proven or the claim refuted, else 0.")
+    demo.add_argument("--out", default="audit_out", help="report directory (default audit_out)")
+    demo.add_argument("--steps", type=int, default=600, help="training steps (default 600)")
+    demo.add_argument("--seed", type=_seed, default=0,
+                      help="integer seed, or 'none' for OS entropy (default 0)")
+    demo.add_argument("--device", default="cpu", help="torch device (default cpu)")
+    demo.add_argument("--bug", default=None,
+                      help=f"apply a deliberate DP bug: one of {', '.join(bug_names())}")
+    demo.add_argument("--grad-sample-mode", default="hooks", choices=["hooks", "ghost"],
+                      help="Opacus per-sample gradient mode (default hooks)")
+    demo.add_argument("--noise-multiplier", type=float, default=1.0)
+    demo.add_argument("--no-progress", action="store_true", help="no progress bar")
+
+    t1 = sub.add_parser("table1", help="reproduce Table 1 of Gonzalez et al. (2025)",
+                        description="Rejection rate / mean pairs to reject for the paper's "
+                                    "mechanisms: MMD (R=1/2, R=1) and the hockey-stick test.")
+    t1.add_argument("--runs", type=int, default=20)
+    t1.add_argument("--budget", type=int, default=5000)
+    t1.add_argument("--quick", action="store_true", help="3 runs, budget 1000")
+    t1.add_argument("--seed", type=int, default=0)
+    t1.add_argument("--no-progress", action="store_true")
+
+    rep = sub.add_parser("report", help="re-render report.html from an audit.json",
+                         description="Load audit.json (file or its directory) and write "
+                                     "report.html next to it, or into --out.")
+    rep.add_argument("path", help="audit.json or the directory holding it")
+    rep.add_argument("--out", default=None, help="directory for the re-rendered report")
+    return parser
+
+
+def _cmd_demo(args: argparse.Namespace) -> int:
+    from .demo import DemoConfig, run_demo
+    from .testing.bugs import names as bug_names
+
+    if args.bug is not None and args.bug not in bug_names():
+        raise UsageError(f"unknown bug {args.bug!r}; choose one of: {', '.join(bug_names())}")
+    if args.steps < 1:
+        raise UsageError(f"--steps must be >= 1, got {args.steps}")
+    if not args.noise_multiplier > 0:
+        raise UsageError(f"--noise-multiplier must be > 0, got {args.noise_multiplier}")
+    try:
+        import torch
+
+        torch.device(args.device)
+        if args.device.startswith("cuda") and not torch.cuda.is_available():
+            raise UsageError(f"--device {args.device!r}: CUDA is not available here")
+    except RuntimeError as exc:
+        raise UsageError(f"bad --device {args.device!r}: {exc}") from None
+    out = _writable_dir(args.out)
+    config = DemoConfig(steps=args.steps, seed=args.seed, device=args.device, bug=args.bug,
+                        grad_sample_mode=args.grad_sample_mode,
+                        noise_multiplier=args.noise_multiplier)
+    bar = None
+    on_step = None
+    if not args.no_progress:
+        from tqdm import tqdm
+
+        bar = tqdm(total=args.steps, desc="DP-SGD (audited)", unit="step", file=sys.stderr)
+
+        def on_step(m: dict[str, Any]) -> None:
+            post = {"loss": f"{m.get('loss', float('nan')):.3f}"}
+            if m.get("claimed_epsilon") is not None:
+                post["eps"] = f"{m['claimed_epsilon']:.2f}"
+            if m.get("log_wealth") is not None:
+                post["logK"] = f"{m['log_wealth']:.2f}"
+            bar.set_postfix(post, refresh=False)
+            bar.update(1)
+
+    try:
+        result = run_demo(config, out, on_step=on_step)
+    finally:
+        if bar is not None:
+            bar.close()
+    report = result.report
+    print(f"trained {result.steps_run} steps; test accuracy {result.test_accuracy:.3f}")
+    print(report.summary_text())
+    print(f"report: {result.report_dir / 'report.html'}")
+    print(f"data:   {result.report_dir / 'audit.json'}")
+    return EXIT_FOUND if (report.violation or report.claim_refuted) else EXIT_OK
+
+
+def _cmd_table1(args: argparse.Namespace) -> int:
+    from .experiments import format_table1, run_table1
+
+    runs, budget = (3, 1000) if args.quick else (args.runs, args.budget)
+    if runs < 1 or budget < 50:
+        raise UsageError(f"need --runs >= 1 and --budget >= 50, got {runs} and {budget}")
+    rows = run_table1(runs=runs, budget=budget, seed=args.seed, progress=not args.no_progress)
+    print(format_table1(rows))
+    return EXIT_OK
+
+
+def _cmd_report(args: argparse.Namespace) -> int:
+    from .report import AuditReport
+
+    path = Path(args.path)
+    if not path.exists():
+        raise UsageError(f"no such file or directory: {args.path!r}")
+    try:
+        report = AuditReport.load(path)
+    except (ValueError, OSError) as exc:
+        raise UsageError(f"cannot read audit report {args.path!r}: {exc}") from None
+    target = _writable_dir(args.out) if args.out else (path if path.is_dir() else path.parent)
+    report.save(target)
+    print(report.summary_text())
+    print(f"report: {target / 'report.html'}")
+    return EXIT_FOUND if (report.violation or report.claim_refuted) else EXIT_OK
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Entry point of the ``dpaudit`` command; returns the exit code."""
+    parser = _build_parser()
+    try:
+        args = parser.parse_args(argv)
+        logging.basicConfig(level=logging.INFO if args.verbose else logging.WARNING,
+                            format="%(levelname)s %(name)s: %(message)s")
+        if args.command is None:
+            parser.print_help()
+            return EXIT_USAGE
+        handler = {"demo": _cmd_demo, "table1": _cmd_table1, "report": _cmd_report}
+        return handler[args.command](args)
+    except UsageError as exc:
+        print(f"dpaudit: error: {exc}", file=sys.stderr)
+        return EXIT_USAGE
+    except KeyboardInterrupt:
+        print("dpaudit: interrupted", file=sys.stderr)
+        return 130
+    except Exception as exc:  # noqa: BLE001 - the command line never shows a raw traceback
+        if os.environ.get("DPAUDIT_DEBUG"):
+            raise
+        print(f"dpaudit: internal error: {type(exc).__name__}: {exc} "
+              f"(set DPAUDIT_DEBUG=1 for the traceback)", file=sys.stderr)
+        return EXIT_ERROR
+
+
+if __name__ == "__main__":  # pragma: no cover
+    sys.exit(main())
