@@ -24,12 +24,12 @@ from __future__ import annotations
 
 import dataclasses
 import datetime as _dt
+import html
 import json
 import logging
 import math
 import os
 import platform
-import tempfile
 from dataclasses import dataclass, field
 from importlib import metadata
 from numbers import Integral, Real
@@ -442,21 +442,647 @@ class AuditReport:
 
 
 def _render_html(report: AuditReport) -> str:
-    import html
+    return _HtmlPage(report).render()
 
-    # placeholder (step 1): the full page with plots replaces this
-    body = html.escape(report.summary_text())
+
+# ----------------------------------------------------------------------------------------------
+# the HTML page
+# ----------------------------------------------------------------------------------------------
+
+_CSS = """
+body { font-family: -apple-system, "Segoe UI", Roboto, "DejaVu Sans", Arial, sans-serif;
+       color: #1d2128; background: #fff; margin: 0; line-height: 1.45; }
+main { max-width: 72rem; margin: 0 auto; padding: 1.2rem 1.5rem 3rem; }
+h1 { font-size: 1.6rem; margin: 0.2rem 0; }
+h2 { font-size: 1.25rem; margin-top: 2rem; border-bottom: 1px solid #d8dde3;
+     padding-bottom: 0.2rem; }
+h3 { font-size: 1.05rem; margin-bottom: 0.3rem; }
+.meta { color: #5a6270; font-size: 0.9rem; margin: 0; }
+.verdict { border-radius: 6px; padding: 0.8rem 1.1rem; margin: 1.2rem 0; border: 2px solid; }
+.verdict h2 { border: none; margin: 0 0 0.4rem; font-size: 1.45rem; }
+.verdict-refuted, .verdict-violation { background: #fdecea; border-color: #c62828; }
+.verdict-nothing { background: #eef3f8; border-color: #51667d; }
+.callout { background: #fff8e1; border-left: 4px solid #f0a500; padding: 0.5rem 0.8rem; }
+table { border-collapse: collapse; margin: 0.5rem 0 1rem; font-size: 0.92rem; }
+th, td { border: 1px solid #d8dde3; padding: 0.3rem 0.55rem; text-align: left;
+         vertical-align: top; }
+th { background: #f3f5f7; font-weight: 600; }
+td.n, th.n { text-align: right; font-variant-numeric: tabular-nums; }
+table.kv th { width: 14rem; }
+table.kv table { margin: 0; }
+.wide { overflow-x: auto; }
+.bad { color: #b71c1c; font-weight: 600; }
+.ok { color: #2e7d32; }
+figure { margin: 1rem 0 1.5rem; }
+figure img { max-width: 100%; height: auto; border: 1px solid #e3e6ea; }
+figcaption { font-size: 0.9rem; color: #3b4250; margin-top: 0.3rem; }
+.nodata { border: 1px dashed #9aa3ad; color: #5a6270; padding: 1.2rem; text-align: center;
+          background: #fafbfc; }
+.notes { font-size: 0.85rem; color: #6b4f00; }
+ul.warnings li { color: #6b4f00; }
+code, pre { font-family: "DejaVu Sans Mono", Menlo, Consolas, monospace; font-size: 0.86rem; }
+pre { background: #f6f8fa; padding: 0.6rem; overflow-x: auto; }
+footer { margin-top: 2.5rem; font-size: 0.85rem; color: #5a6270; }
+@media print { .verdict { break-inside: avoid; } figure { break-inside: avoid; } }
+"""
+
+#: human names of the lower-bound methods
+_METHOD_NAMES = {
+    "steinke": "Steinke et al. one-run (2023)",
+    "fdp": "f-DP one-run, Gaussian family (Mahloujifar et al.)",
+    "sequential": "sequential tests by betting",
+}
+_METHOD_ORDER = ("steinke", "fdp", "sequential")
+_LABEL_TESTS = {"mmd": "MMD (González et al. 2025)", "hockey_stick": "hockey-stick"}
+#: a list longer than this is summarised in the generic tables
+_MAX_LIST = 12
+
+
+def _e(value: Any) -> str:
+    """Escape any user-provided value for HTML text or attributes."""
+    return html.escape(str(value), quote=True)
+
+
+def _json_attr(value: Any) -> str:
+    return _e(json.dumps(_encode_nonfinite(value), allow_nan=False))
+
+
+def _num(value: Any, field_path: str | None = None) -> str:
+    """A formatted number; tagged with ``data-field`` / ``data-value`` when it is a report field."""
+    text = _e(format_number(value))
+    if field_path is None:
+        return text
     return (
-        "<!DOCTYPE html><html lang=\"en\"><head><meta charset=\"utf-8\">"
-        "<title>dpaudit_torch audit report</title></head>"
-        f"<body><pre>{body}</pre></body></html>\n"
+        f'<span class="num" data-field="{_e(field_path)}" '
+        f'data-value="{_json_attr(value)}">{text}</span>'
     )
 
 
+def _scalar(value: Any) -> str:
+    if value is None or isinstance(value, (bool, int, float)):
+        return _num(value)
+    return _e(value)
+
+
+def _generic(value: Any, depth: int = 0) -> str:
+    """Any plain value as HTML: dicts as nested tables, long lists summarised."""
+    if isinstance(value, dict):
+        if not value:
+            return "<em>empty</em>"
+        if depth >= 3:
+            return f"<code>{_e(json.dumps(_encode_nonfinite(value)))}</code>"
+        rows = "".join(
+            f"<tr><th>{_e(k)}</th><td>{_generic(v, depth + 1)}</td></tr>"
+            for k, v in value.items()
+        )
+        return f'<table class="kv">{rows}</table>'
+    if isinstance(value, list):
+        if not value:
+            return "<em>none</em>"
+        if all(_is_num(v) for v in value):
+            if len(value) <= _MAX_LIST:
+                return ", ".join(_num(v) for v in value)
+            finite = [float(v) for v in value if math.isfinite(float(v))]
+            rng = (
+                f"from {_num(min(finite))} to {_num(max(finite))}" if finite else "none finite"
+            )
+            return f"{len(value)} values, {rng}"
+        if all(not isinstance(v, (dict, list)) for v in value) and len(value) <= _MAX_LIST:
+            return "<br>".join(_scalar(v) for v in value)
+        if len(value) <= _MAX_LIST:
+            return "".join(f"<div>{_generic(v, depth + 1)}</div>" for v in value)
+        return f"{len(value)} entries"
+    return _scalar(value)
+
+
+def _kv_section(title: str, anchor: str, data: dict, empty: str) -> str:
+    body = _generic(data) if data else f"<p><em>{_e(empty)}</em></p>"
+    return f'<section id="{anchor}"><h2>{_e(title)}</h2>{body}</section>'
+
+
+class _HtmlPage:
+    """Builds the self-contained page for one report (see docs/report.md, "Reading the report")."""
+
+    def __init__(self, report: AuditReport) -> None:
+        self.r = report
+        self.d = report.to_dict()  # validated plain data; the page shows exactly these values
+        self.level_pct = format_number(100.0 * (1.0 - self.d["alpha"]))
+
+    # -- derived facts -------------------------------------------------------------------------
+
+    def methods(self) -> list[str]:
+        names = list(self.d["epsilon_lower_bounds"]) + [
+            k for k in self.d["lower_bound_details"] if k not in self.d["epsilon_lower_bounds"]
+        ]
+        order = {m: i for i, m in enumerate(_METHOD_ORDER)}
+        return sorted(names, key=lambda m: (order.get(m, len(order)), m))
+
+    def detail(self, method: str) -> dict:
+        return self.d["lower_bound_details"].get(method, {})
+
+    def ceiling(self, method: str) -> float | None:
+        det = self.detail(method)
+        c = det.get("ceiling")
+        if _is_num(c):
+            return float(c)
+        grid = det.get("grid_epsilons")
+        if method == "sequential" and isinstance(grid, list) and grid and all(
+            _is_num(g) for g in grid
+        ):
+            return float(max(grid))
+        return None
+
+    def canary_count(self, method: str) -> str:
+        det, can = self.detail(method), self.d["canaries"]
+        if method == "sequential":
+            k = can.get("k_pairs")
+            return f"{_num(k)} pairs" if k is not None else _num(None)
+        m = det.get("m", can.get("m_one_run"))
+        return _num(m)
+
+    def threshold_log(self) -> float:
+        t = self.d["sequential"].get("decision_threshold_log")
+        return float(t) if _is_num(t) else math.log(1.0 / self.d["alpha"])
+
+    def whole_run_refuting(self) -> list[str]:
+        claim = self.d["claimed_epsilon"]
+        if claim is None:
+            return []
+        return [
+            m for m in self.methods()
+            if m != "sequential" and self.d["epsilon_lower_bounds"].get(m, 0.0) > claim
+        ]
+
+    def per_step_null_text(self) -> str:
+        null = self.d["sequential"].get("per_step_null") or {}
+        kind = null.get("type")
+        if kind == "gaussian_profile":
+            eps = null.get("epsilons") or []
+            grid = (
+                f" It was tested at {len(eps)} points of that profile (ε from "
+                f"{_num(min(eps))} to {_num(max(eps))})."
+                if eps and all(_is_num(x) for x in eps) else ""
+            )
+            return (
+                "Per-step null hypothesis: each training step is the Gaussian mechanism with "
+                f"noise multiplier σ = {_num(null.get('noise_multiplier'))} relative to the "
+                "clipping norm, i.e. its privacy profile is that of a correct DP-SGD step."
+                + grid
+            )
+        if kind == "explicit":
+            return (
+                "Per-step null hypothesis: each training step is "
+                f"(ε = {_num(null.get('epsilon'))}, δ = {_num(null.get('delta'))})-DP."
+            )
+        return "No per-step null hypothesis was recorded."
+
+    # -- sections ------------------------------------------------------------------------------
+
+    def render(self) -> str:
+        d = self.d
+        title = f"Privacy audit report: {self.r.verdict}"
+        parts = [
+            "<!DOCTYPE html>",
+            '<html lang="en"><head><meta charset="utf-8">',
+            '<meta name="viewport" content="width=device-width, initial-scale=1">',
+            # nothing may be loaded from anywhere: only inline styles and data: images
+            '<meta http-equiv="Content-Security-Policy" content="default-src \'none\'; '
+            "img-src data:; style-src 'unsafe-inline'\">",
+            '<link rel="icon" href="data:,">',
+            f"<title>{_e(title)}</title>",
+            f"<style>{_CSS}</style></head><body><main>",
+            "<header><h1>Differential-privacy audit report</h1>",
+            f'<p class="meta">Created {_e(d["created_at"])} · dpaudit_torch '
+            f'{_e(d["versions"].get("dpaudit_torch", "?"))} · report schema '
+            f'<span data-field="schema_version">{_e(d["schema_version"])}</span></p></header>',
+            self.verdict_section(),
+            self.bounds_section(),
+            self.sequential_section(),
+            self.plots_section(),
+            self.strength_section(),
+            _kv_section("Training (as observed by the auditor)", "training", d["training"],
+                        "No training information was recorded."),
+            _kv_section("Canaries", "canaries", d["canaries"],
+                        "No canary information was recorded."),
+            _kv_section("Configuration", "configuration", d["config"],
+                        "No configuration was recorded."),
+            self.provenance_section(),
+            '<footer><p>Every ε in this report is a statistical lower bound, valid with the '
+            "stated confidence over the audit's own randomness. The machine-readable record is "
+            f"<code>{JSON_NAME}</code> next to this file (schema {_e(d['schema_version'])}, "
+            "documented in docs/report.md of dpaudit_torch); a copy is embedded in this page."
+            "</p></footer>",
+            '<script type="application/json" id="audit-data">',
+            # a JSON data block, never executed; "</" escaped so no string can close the tag
+            json.dumps(_encode_nonfinite(d), allow_nan=False).replace("</", "<\\/"),
+            "</script>",
+            "</main></body></html>",
+        ]
+        return "\n".join(parts) + "\n"
+
+    def verdict_section(self) -> str:
+        d, r = self.d, self.r
+        claim = _num(d["claimed_epsilon"], "claimed_epsilon")
+        delta = _num(d["delta"], "delta")
+        alpha = _num(d["alpha"], "alpha")
+        if d["claim_refuted"]:
+            css = "verdict-refuted"
+            refuting = self.whole_run_refuting()
+            which = (
+                "; ".join(
+                    f"{_e(_METHOD_NAMES.get(m, m))}: ε ≥ "
+                    f"{_num(d['epsilon_lower_bounds'][m], f'epsilon_lower_bounds.{m}')}"
+                    for m in refuting
+                )
+                or "see the table below"
+            )
+            text = (
+                f"<p>The privacy claim is <strong>false</strong>. The training run claims ε = "
+                f"{claim} at δ = {delta}, but the audit certified, with confidence at least "
+                f"{self.level_pct}% (α = {alpha}), a larger ε for the whole run ({which}). "
+                "The implementation or its accounting does not deliver the privacy it "
+                "states.</p>"
+            )
+            if d["violation"]:
+                step = d["violation_step"]
+                at = (
+                    f" at training step {_num(step, 'violation_step')}" if step is not None
+                    else ""
+                )
+                text += (
+                    f"<p>The sequential test also proved{at} that a single training step leaks "
+                    "more than a correct DP-SGD step can.</p>"
+                )
+        elif d["violation"]:
+            css = "verdict-violation"
+            step = d["violation_step"]
+            at = (
+                f" at training step {_num(step, 'violation_step')}" if step is not None else ""
+            )
+            stop = (
+                " Training was stopped early." if d["stopped_early"]
+                else " Training was not stopped."
+            )
+            text = (
+                f"<p>The sequential test proved{at}, at level α = {alpha}, that a single "
+                "training step leaks more than a correctly clipped and noised DP-SGD step can. "
+                f"{self.per_step_null_text()} Every step of a correct implementation satisfies "
+                "this hypothesis, so the implementation does not add the noise or clipping it "
+                f"claims, and the claimed ε = {claim} (δ = {delta}), computed by an accountant "
+                f"that assumes it does, cannot be trusted.{stop}</p>"
+            )
+        else:
+            css = "verdict-nothing"
+            claim_part = (
+                f"no audited lower bound exceeds the claimed ε = {claim} (δ = {delta})"
+                if d["claimed_epsilon"] is not None
+                else f"no claimed ε was recorded (δ = {delta}), so no claim could be refuted"
+            )
+            text = (
+                f"<p>No test rejected: {claim_part}, and the sequential tests proved no "
+                f"per-step violation at level α = {alpha}.</p>"
+            )
+        meaning = self.meaning_text()
+        return (
+            f'<section id="verdict" class="verdict {css}">'
+            f'<h2>Verdict: <span id="verdict-text" data-field="verdict">{_e(r.verdict)}</span>'
+            f"</h2>{text}{meaning}</section>"
+        )
+
+    def meaning_text(self) -> str:
+        d = self.d
+        if d["claim_refuted"] or d["violation"]:
+            extra = ""
+            if d["violation"] and not d["claim_refuted"]:
+                extra = (
+                    " The whole-run lower bounds below do not exceed the claim: the proof "
+                    "concerns the mechanism of each step, which is what the claim rests on."
+                )
+            return (
+                '<p class="callout">A rejection is a proof at the stated level: if the '
+                "implementation were as private as claimed, the chance of seeing evidence this "
+                f"strong is at most α = {_num(d['alpha'])}.{extra}</p>"
+            )
+        best = self.best_ceiling()
+        ceiling = (
+            f" The largest ε this audit could have certified is {_num(best[1])} "
+            f"({_e(_METHOD_NAMES.get(best[0], best[0]))}); a leak below that is invisible "
+            "to it." if best else ""
+        )
+        return (
+            '<p class="callout"><strong>"Nothing found" is not a proof of privacy.</strong> '
+            "Every number in this report is a lower bound: an audit can show that a privacy "
+            "claim is false, never that it is true. It means this audit, with its strength, "
+            f"found no evidence against the claim.{ceiling} The true ε may lie anywhere "
+            "between the lower bounds and the claim, or above the claim through a leak these "
+            "tests cannot see (see the threat model below).</p>"
+        )
+
+    def best_ceiling(self) -> tuple[str, float] | None:
+        best = None
+        for m in self.methods():
+            if m == "sequential":
+                continue
+            c = self.ceiling(m)
+            if c is not None and (best is None or c > best[1]):
+                best = (m, c)
+        return best
+
+    def bounds_section(self) -> str:
+        d = self.d
+        methods = self.methods()
+        head = (
+            "<tr><th>Method</th><th>Scope</th><th class=\"n\">Lower bound ε</th>"
+            "<th class=\"n\">Claimed ε</th><th>Exceeds claim</th><th>Level</th>"
+            "<th>Guess strategy</th><th class=\"n\">Canaries</th>"
+            "<th class=\"n\">Guesses / correct</th><th class=\"n\">Ceiling ε</th>"
+            "<th class=\"n\">Uncorrected best (diagnostic)</th></tr>"
+        )
+        rows = []
+        notes = []
+        for m in methods:
+            det = self.detail(m)
+            bound = d["epsilon_lower_bounds"].get(m)
+            bound_html = (
+                _num(bound, f"epsilon_lower_bounds.{m}") if bound is not None else _num(None)
+            )
+            claim = _num(d["claimed_epsilon"], "claimed_epsilon")
+            if m == "sequential":
+                scope = "one training step"
+                exceeds = "not comparable (per-step bound)"
+                lvl_alpha = det.get("level", d["alpha"])
+                simul = det.get("simultaneous")
+                strategy = (
+                    "grid, simultaneous (Bonferroni over the grid)" if simul is True
+                    else "grid, each point at level α (not simultaneous)" if simul is False
+                    else "grid"
+                )
+                grid = det.get("grid_epsilons")
+                if isinstance(grid, list):
+                    strategy += f", {len(grid)} points"
+                guesses = _num(None)
+            else:
+                scope = "whole training run"
+                if bound is None or d["claimed_epsilon"] is None:
+                    exceeds = _num(None)
+                elif bound > d["claimed_epsilon"]:
+                    exceeds = '<span class="bad">yes: claim refuted</span>'
+                else:
+                    exceeds = '<span class="ok">no</span>'
+                lvl_alpha = det.get("alpha", d["alpha"])
+                strategy = _e(det["strategy"]) if "strategy" in det else _num(None)
+                if "guesses" in det and not isinstance(det["guesses"], (dict, list)):
+                    strategy += f" ({_scalar(det['guesses'])})"
+                guesses = f"{_num(det.get('r'))} / {_num(det.get('v'))}"
+            level = (
+                f"α = {_num(lvl_alpha)} ({_num(100.0 * (1.0 - lvl_alpha))}% confidence)"
+                if _is_num(lvl_alpha) else _scalar(lvl_alpha)
+            )
+            ceiling = self.ceiling(m)
+            ceiling_html = (
+                _num(ceiling, f"lower_bound_details.{m}.ceiling") if "ceiling" in det
+                else _num(ceiling)
+            )
+            unc = det.get("uncorrected_best")
+            rows.append(
+                f'<tr data-method="{_e(m)}"><td>{_e(_METHOD_NAMES.get(m, m))}</td>'
+                f"<td>{scope}</td><td class=\"n\">{bound_html}</td><td class=\"n\">{claim}</td>"
+                f"<td>{exceeds}</td><td>{level}</td><td>{strategy}</td>"
+                f"<td class=\"n\">{self.canary_count(m)}</td><td class=\"n\">{guesses}</td>"
+                f"<td class=\"n\">{ceiling_html}</td>"
+                f"<td class=\"n\">{_scalar(unc) if not isinstance(unc, (dict, list)) else ''}"
+                "</td></tr>"
+            )
+            if det.get("note"):
+                notes.append(f"<li><strong>{_e(m)}</strong>: {_e(det['note'])}</li>")
+            if det.get("null"):
+                notes.append(f"<li><strong>{_e(m)}</strong> null: {_e(det['null'])}</li>")
+            claim_v = d["claimed_epsilon"]
+            if (
+                m != "sequential" and ceiling is not None and claim_v is not None
+                and ceiling <= claim_v
+            ):
+                notes.append(
+                    f"<li><strong>{_e(m)}</strong>: its ceiling ε = {_num(ceiling)} is not above "
+                    f"the claimed ε = {_num(claim_v)}, so this method could not have refuted the "
+                    "claim even with every guess right; more canaries raise the ceiling.</li>"
+                )
+        if not rows:
+            table = "<p><em>No lower bound was computed.</em></p>"
+        else:
+            table = (
+                f'<div class="wide"><table id="bounds-table"><thead>{head}</thead>'
+                f'<tbody>{"".join(rows)}</tbody></table></div>'
+            )
+        acc = _e(d["accountant"]) if d["accountant"] else "unknown"
+        intro = (
+            f"<p>Claimed: ε = {_num(d['claimed_epsilon'], 'claimed_epsilon')} at δ = "
+            f"{_num(d['delta'], 'delta')}, from the <strong>{acc}</strong> accountant. "
+            "Each audited number is a lower bound on the true ε at the same δ: it holds with "
+            "the confidence shown. The ceiling is the largest ε the method could have "
+            "certified with this many canaries, even if every guess were right. The "
+            "uncorrected best is a diagnostic (the best threshold chosen after seeing the "
+            "answers) and is <em>not</em> a valid bound.</p>"
+        )
+        note_html = f'<ul class="notes">{"".join(notes)}</ul>' if notes else ""
+        details = "".join(
+            f"<details><summary>All recorded details: {_e(m)}</summary>"
+            f"{_generic(self.detail(m))}</details>"
+            for m in methods if self.detail(m)
+        )
+        return (
+            '<section id="bounds"><h2>Claimed ε and audited lower bounds</h2>'
+            f"{intro}{table}{note_html}{details}</section>"
+        )
+
+    def sequential_section(self) -> str:
+        seq = self.d["sequential"]
+        tests = seq.get("tests") or {}
+        if not tests and not seq:
+            return (
+                '<section id="sequential"><h2>Sequential tests</h2>'
+                "<p><em>No sequential test was run.</em></p></section>"
+            )
+        rows = []
+        for name, s in tests.items():
+            s = s if isinstance(s, dict) else {}
+            eps = s.get("epsilons")
+            grid = len(eps) if isinstance(eps, list) else None
+            rows.append(
+                f"<tr><td>{_e(_LABEL_TESTS.get(name, name))}</td>"
+                f"<td>{_scalar(s.get('rejected'))}</td>"
+                f"<td class=\"n\">{_scalar(s.get('rejected_at'))}</td>"
+                f"<td class=\"n\">{_scalar(s.get('n_pairs'))}</td>"
+                f"<td class=\"n\">{_scalar(s.get('combined_log_wealth'))}</td>"
+                f"<td class=\"n\">{_num(grid)}</td>"
+                f"<td class=\"n\">{_scalar(s.get('epsilon_lower_bound'))}</td></tr>"
+            )
+        table = (
+            "<table id=\"sequential-table\"><thead><tr><th>Test</th><th>Rejected</th>"
+            "<th class=\"n\">Rejected after pairs</th><th class=\"n\">Pairs seen</th>"
+            "<th class=\"n\">Log-wealth</th><th class=\"n\">Grid points</th>"
+            "<th class=\"n\">Per-step ε lower bound</th></tr></thead>"
+            f"<tbody>{''.join(rows)}</tbody></table>" if rows else ""
+        )
+        comb = seq.get("combined_log_wealth")
+        decision = (
+            f"<p>Decision: the combined log-wealth "
+            f"{_num(comb, 'sequential.combined_log_wealth') if _is_num(comb) else _num(None)} "
+            f"is compared with log(1/α) = "
+            f"{_num(self.threshold_log())}; the tests reject when it is reached (Ville's "
+            "inequality bounds the chance that a true null ever gets there by α, however long "
+            "training runs).</p>"
+        )
+        others = {k: v for k, v in seq.items()
+                  if k not in ("tests", "combined_log_wealth", "decision_threshold_log",
+                               "per_step_null")}
+        extra = (
+            f"<details><summary>Other sequential settings</summary>{_generic(others)}</details>"
+            if others else ""
+        )
+        full = "".join(
+            f"<details><summary>Full summary: {_e(name)}</summary>{_generic(s)}</details>"
+            for name, s in tests.items()
+        )
+        return (
+            '<section id="sequential"><h2>Sequential tests (during training)</h2>'
+            f"<p>{self.per_step_null_text()}</p>{decision}{table}{extra}{full}</section>"
+        )
+
+    def plots_section(self) -> str:
+        from . import _plots
+
+        d = self.d
+        wh = d["wealth_history"]
+        det = self.detail("sequential")
+        grid = det.get("grid_epsilons")
+        grid_max = (
+            float(max(grid)) if isinstance(grid, list) and grid and all(_is_num(g) for g in grid)
+            else None
+        )
+        figs = [
+            ("plot-wealth", _plots.plot_log_wealth(wh, self.threshold_log(), d["violation_step"]),
+             "Log-wealth of each sequential test over training steps. A test proves a violation "
+             "when its log-wealth reaches the dashed line log(1/α); under a true null it "
+             "stays below it with probability at least 1 − α."),
+            ("plot-epsilon", _plots.plot_epsilon_lower_bound(wh, grid_max, d["violation_step"]),
+             "Sequential ε lower bound for ONE training step (anytime form: once a grid point "
+             "is rejected it stays rejected). It is not a bound on the whole run's ε."),
+            ("plot-scores", _plots.plot_score_histograms(d["one_run_scores"]),
+             "One-run audit: scores of the canaries that were secretly inserted (IN) and of "
+             "those that were not (OUT). The more the two separate, the more the training run "
+             "reveals about single examples."),
+        ]
+        out = ['<section id="plots"><h2>Plots</h2>']
+        for anchor, plot, caption in figs:
+            if plot.png is None:
+                body = f'<div class="nodata">{_e(plot.reason)}</div>'
+            else:
+                body = (
+                    f'<img src="data:image/png;base64,{plot.png}" '
+                    f'alt="{_e(caption.split(".")[0])}">'
+                )
+            notes = (
+                f'<div class="notes">{"; ".join(_e(n) for n in plot.notes)}</div>'
+                if plot.notes else ""
+            )
+            out.append(
+                f'<figure id="{anchor}">{body}<figcaption>{_e(caption)}</figcaption>{notes}'
+                "</figure>"
+            )
+        out.append("</section>")
+        return "".join(out)
+
+    def strength_section(self) -> str:
+        d = self.d
+        tm = d["threat_model"]
+        can = d["canaries"]
+
+        def flag(key: str, yes: str, no: str) -> str:
+            v = tm.get(key)
+            if v is None:
+                return "not recorded"
+            return _e(yes) if v else f'<span class="bad">{_e(no)}</span>'
+
+        rows = [
+            ("White-box (gradients observed)", flag(
+                "white_box", "yes: the auditor reads the privatised gradient of every step",
+                "no: only the final model is observed")),
+            ("Every step observed", flag(
+                "every_step_observed", "yes", "no: some steps were not observed")),
+            ("Clipping exercised", flag(
+                "clipping_exercised", "yes: canaries and real examples reached the clipping norm",
+                "no: clipping was never active, so a clipping bug would be invisible")),
+        ]
+        table = "".join(f"<tr><th>{_e(k)}</th><td>{v}</td></tr>" for k, v in rows)
+        other_tm = {k: v for k, v in tm.items()
+                    if k not in ("white_box", "every_step_observed", "clipping_exercised",
+                                 "notes")}
+        if other_tm:
+            table += "".join(
+                f"<tr><th>{_e(k)}</th><td>{_generic(v)}</td></tr>" for k, v in other_tm.items()
+            )
+        tm_notes = tm.get("notes") or []
+        notes = (
+            "<ul>" + "".join(f"<li>{_e(n)}</li>" for n in tm_notes) + "</ul>" if tm_notes else ""
+        )
+        strength = []
+        if can:
+            strength.append(
+                f"<li>{_num(can.get('k_pairs'))} canary pairs feed the sequential tests and "
+                f"{_num(can.get('m_one_run'))} canaries the one-run audit (design "
+                f"{_e(can.get('design', 'n/a'))}, canary norm {_num(can.get('norm_multiplier'))}"
+                " × clipping norm).</li>"
+            )
+        for m in self.methods():
+            c = self.ceiling(m)
+            if c is not None:
+                strength.append(
+                    f"<li>{_e(_METHOD_NAMES.get(m, m))}: ceiling ε = {_num(c)}"
+                    f"{' (per step)' if m == 'sequential' else ''}.</li>"
+                )
+        inter = d["interference"]
+        inter_html = (
+            "<h3>Interference from real data</h3><p>Spread of the real-data gradient at the "
+            "canary coordinates, in units of the clipping norm C. Interference costs power "
+            "(weaker bounds), not validity.</p>" + _generic(inter) if inter else ""
+        )
+        strength_html = (
+            "<h3>Strength of this audit</h3><ul>" + "".join(strength) + "</ul>"
+            if strength else ""
+        )
+        return (
+            '<section id="threat-model"><h2>Threat model and audit strength</h2>'
+            "<p>The auditor inserts data-independent canary gradients before clipping and "
+            "reads the privatised gradient at their coordinates. It tests the privacy of what "
+            "it observes; leaks it does not observe (e.g. through data-dependent choices "
+            "outside the optimizer step) are out of its sight.</p>"
+            f'<table class="kv">{table}</table>{notes}{strength_html}{inter_html}</section>'
+        )
+
+    def provenance_section(self) -> str:
+        d = self.d
+        seed = d["seed_policy"] or "not recorded"
+        versions = _generic(d["versions"]) if d["versions"] else "<em>not recorded</em>"
+        warns = d["warnings"]
+        warn_html = (
+            '<ul class="warnings">' + "".join(f"<li>{_e(w)}</li>" for w in warns) + "</ul>"
+            if warns else "<p>None.</p>"
+        )
+        return (
+            '<section id="provenance"><h2>Seed policy, versions, warnings</h2>'
+            f'<h3>Seed policy</h3><p id="seed-policy">{_e(seed)}</p>'
+            f"<h3>Library versions</h3>{versions}"
+            f'<h3>Warnings</h3><div id="warnings">{warn_html}</div></section>'
+        )
+
+
+
 def _atomic_write(path: Path, text: str) -> None:
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", dir=path.parent)
+    """Write via a temporary file in the same directory and rename (readers never see half)."""
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
     try:
-        with os.fdopen(fd, "w", encoding="utf-8") as fh:
+        with open(tmp, "w", encoding="utf-8") as fh:
             fh.write(text)
         os.replace(tmp, path)
     except BaseException:

@@ -1,0 +1,187 @@
+"""Plots of the audit report, rendered off-screen (matplotlib Agg) to inline base64 PNG.
+
+No pyplot and no global backend switch: each plot is a :class:`matplotlib.figure.Figure` drawn on
+its own Agg canvas, so rendering is safe inside a training process or a notebook. Every function
+returns a :class:`Plot`: either ``png`` (base64 text) or ``None`` with ``reason`` saying why there
+is no data; ``notes`` lists what was dropped (non-finite values, length mismatches).
+"""
+
+from __future__ import annotations
+
+import base64
+import io
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+__all__ = ["Plot", "plot_log_wealth", "plot_epsilon_lower_bound", "plot_score_histograms"]
+
+_WIDTH_IN, _HEIGHT_IN, _DPI = 7.2, 3.3, 100
+# series of wealth_history that are NOT log-wealths
+_NOT_WEALTH = ("step", "epsilon_lower_bound")
+_COLORS = {"mmd": "#1f77b4", "hockey_stick": "#ff7f0e", "combined": "#2ca02c"}
+_LABELS = {"mmd": "MMD test", "hockey_stick": "hockey-stick test", "combined": "combined"}
+
+
+@dataclass
+class Plot:
+    """One rendered plot (``png`` base64, or ``None`` with ``reason``)."""
+
+    png: str | None
+    reason: str = ""
+    notes: list[str] = field(default_factory=list)
+
+
+def _figure() -> tuple[Any, Any]:
+    from matplotlib.backends.backend_agg import FigureCanvasAgg
+    from matplotlib.figure import Figure
+
+    fig = Figure(figsize=(_WIDTH_IN, _HEIGHT_IN), dpi=_DPI, layout="constrained")
+    FigureCanvasAgg(fig)
+    return fig, fig.add_subplot(1, 1, 1)
+
+
+def _to_png(fig: Any) -> str:
+    buf = io.BytesIO()
+    # no Software / date metadata: same report -> same bytes
+    fig.savefig(buf, format="png", metadata={"Software": None})
+    return base64.b64encode(buf.getvalue()).decode("ascii")
+
+
+def _finite_xy(
+    steps: Sequence[float], values: Sequence[float], name: str, notes: list[str]
+) -> tuple[list[float], list[float]]:
+    n = min(len(steps), len(values))
+    if len(steps) != len(values):
+        notes.append(
+            f"{name}: {len(values)} values for {len(steps)} steps; the first {n} are plotted"
+        )
+    xs, ys = [], []
+    dropped = 0
+    for x, y in zip(steps[:n], values[:n]):
+        if math.isfinite(float(x)) and math.isfinite(float(y)):
+            xs.append(float(x))
+            ys.append(float(y))
+        else:
+            dropped += 1
+    if dropped:
+        notes.append(f"{name}: {dropped} non-finite value(s) not plotted")
+    return xs, ys
+
+
+def _steps(history: dict[str, list], length: int) -> tuple[list[float], str]:
+    steps = history.get("step")
+    if steps:
+        return [float(s) for s in steps], "training step"
+    return [float(i) for i in range(length)], "record index"
+
+
+def _mark_step(ax: Any, step: int | None, label: str) -> None:
+    if step is not None:
+        ax.axvline(step, color="#d62728", linestyle=":", linewidth=1.2, label=label)
+
+
+def plot_log_wealth(
+    history: dict[str, list],
+    threshold_log: float,
+    violation_step: int | None = None,
+) -> Plot:
+    """Log-wealth of each sequential test over training steps, with the log(1/alpha) line.
+
+    A test rejects (proves a violation) when its wealth reaches 1/alpha, i.e. its log-wealth
+    reaches log(1/alpha); by Ville's inequality a valid null reaches it with probability <= alpha.
+    """
+    names = [k for k in history if k not in _NOT_WEALTH and history.get(k)]
+    if not names:
+        return Plot(None, "no data: no sequential log-wealth was recorded")
+    notes: list[str] = []
+    longest = max(len(history[k]) for k in names)
+    steps, xlabel = _steps(history, longest)
+    series = []
+    for k in names:
+        xs, ys = _finite_xy(steps, history[k], k, notes)
+        if xs:
+            series.append((k, xs, ys))
+    if not series:
+        return Plot(None, "no data: every recorded log-wealth is non-finite", notes)
+    fig, ax = _figure()
+    for k, xs, ys in series:
+        style = {"linewidth": 2.0} if k == "combined" else {"linewidth": 1.3, "alpha": 0.85}
+        marker = "o" if len(xs) == 1 else None
+        ax.plot(xs, ys, label=_LABELS.get(k, k), color=_COLORS.get(k), marker=marker, **style)
+    if math.isfinite(threshold_log):
+        ax.axhline(threshold_log, color="black", linestyle="--", linewidth=1.0,
+                   label=f"log(1/α) = {threshold_log:.3g}")
+    _mark_step(ax, violation_step, f"violation proven (step {violation_step})")
+    ax.set_xlabel(xlabel)
+    ax.set_ylabel("log-wealth")
+    ax.set_title("Sequential tests: log-wealth (rejects at the dashed line)")
+    ax.grid(True, alpha=0.3)
+    ax.legend(loc="best", fontsize="small")
+    return Plot(_to_png(fig), notes=notes)
+
+
+def plot_epsilon_lower_bound(
+    history: dict[str, list],
+    grid_max: float | None = None,
+    violation_step: int | None = None,
+) -> Plot:
+    """Sequential (per-step) epsilon lower bound over training steps (anytime form)."""
+    values = history.get("epsilon_lower_bound") or []
+    if not values:
+        return Plot(None, "no data: no sequential epsilon lower bound was recorded")
+    notes: list[str] = []
+    steps, xlabel = _steps(history, len(values))
+    xs, ys = _finite_xy(steps, values, "epsilon_lower_bound", notes)
+    if not xs:
+        return Plot(None, "no data: every recorded bound is non-finite", notes)
+    fig, ax = _figure()
+    marker = "o" if len(xs) == 1 else None
+    ax.plot(xs, ys, drawstyle="steps-post", color="#9467bd", linewidth=2.0, marker=marker,
+            label="per-step ε lower bound")
+    if grid_max is not None and math.isfinite(grid_max):
+        ax.axhline(grid_max, color="grey", linestyle="--", linewidth=1.0,
+                   label=f"largest grid ε = {grid_max:.3g} (ceiling)")
+    _mark_step(ax, violation_step, f"violation proven (step {violation_step})")
+    ax.set_ylim(bottom=0.0)
+    ax.set_xlabel(xlabel)
+    ax.set_ylabel("ε lower bound (one step)")
+    ax.set_title("Sequential ε lower bound for one training step")
+    ax.grid(True, alpha=0.3)
+    ax.legend(loc="best", fontsize="small")
+    return Plot(_to_png(fig), notes=notes)
+
+
+def plot_score_histograms(scores: dict[str, list[float]]) -> Plot:
+    """Histograms of the one-run canary scores, IN (inserted) vs OUT (never inserted)."""
+    import numpy as np
+
+    notes: list[str] = []
+    data = {}
+    for key in ("in", "out"):
+        raw = np.asarray(scores.get(key) or [], dtype=np.float64)
+        finite = raw[np.isfinite(raw)]
+        if finite.size < raw.size:
+            notes.append(f"{key.upper()}: {raw.size - finite.size} non-finite score(s) not plotted")
+        data[key] = finite
+    if data["in"].size == 0 and data["out"].size == 0:
+        return Plot(None, "no data: no one-run canary scores were recorded", notes)
+    for key in ("in", "out"):
+        if data[key].size == 0:
+            notes.append(f"no {key.upper()} scores")
+    both = np.concatenate([data["in"], data["out"]])
+    n_bins = int(min(60, max(5, math.ceil(math.sqrt(both.size)))))
+    edges = np.histogram_bin_edges(both, bins=n_bins)
+    fig, ax = _figure()
+    for key, color, label in (("out", "#7f7f7f", "OUT (not inserted)"),
+                              ("in", "#d62728", "IN (inserted)")):
+        if data[key].size:
+            ax.hist(data[key], bins=edges, alpha=0.55, color=color,
+                    label=f"{label}, n = {data[key].size}")
+    ax.set_xlabel("canary score (sum of projections over steps)")
+    ax.set_ylabel("canaries")
+    ax.set_title("One-run audit: canary scores, IN vs OUT")
+    ax.grid(True, alpha=0.3)
+    ax.legend(loc="best", fontsize="small")
+    return Plot(_to_png(fig), notes=notes)
