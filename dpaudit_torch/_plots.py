@@ -177,7 +177,7 @@ def plot_score_histograms(scores: dict[str, list[float]]) -> Plot:
     for key, color, label in (("out", "#7f7f7f", "OUT (not inserted)"),
                               ("in", "#d62728", "IN (inserted)")):
         if data[key].size:
-            ax.hist(data[key], bins=edges, alpha=0.55, color=color,
+            ax.hist(data[key], bins=edges, alpha=0.5, color=color, histtype="stepfilled",
                     label=f"{label}, n = {data[key].size}")
     ax.set_xlabel("canary score (sum of projections over steps)")
     ax.set_ylabel("canaries")

@@ -326,10 +326,16 @@ class AuditReport:
         unknown = sorted(set(d) - names)
         if unknown:
             if _minor(version) > _minor(SCHEMA_VERSION):
-                logger.warning("ignoring fields of audit report schema %s: %s", version, unknown)
+                logger.warning(
+                    "reading audit report schema %s as %s: ignoring fields %s",
+                    version, SCHEMA_VERSION, unknown,
+                )
             else:
                 raise ValueError(f"unknown audit report field(s) {unknown} in schema {version}")
         kwargs = {k: v for k, v in d.items() if k in names}
+        if _minor(version) > _minor(SCHEMA_VERSION):
+            # the object holds what this version understood, and says so when saved again
+            kwargs["schema_version"] = SCHEMA_VERSION
         report = cls(**kwargs)
         report.to_dict()  # validates every field
         return report
@@ -507,6 +513,13 @@ def _json_attr(value: Any) -> str:
     return _e(json.dumps(_encode_nonfinite(value), allow_nan=False))
 
 
+def _json_for_script(value: Any) -> str:
+    """JSON for a <script type="application/json"> block: "<", ">" and "&" written as \\u
+    escapes (still the same JSON), so no string in it can close or open a tag."""
+    text = json.dumps(_encode_nonfinite(value), allow_nan=False, ensure_ascii=False)
+    return text.replace("<", "\\u003c").replace(">", "\\u003e").replace("&", "\\u0026")
+
+
 def _num(value: Any, field_path: str | None = None) -> str:
     """A formatted number; tagged with ``data-field`` / ``data-value`` when it is a report field."""
     text = _e(format_number(value))
@@ -673,8 +686,8 @@ class _HtmlPage:
             "documented in docs/report.md of dpaudit_torch); a copy is embedded in this page."
             "</p></footer>",
             '<script type="application/json" id="audit-data">',
-            # a JSON data block, never executed; "</" escaped so no string can close the tag
-            json.dumps(_encode_nonfinite(d), allow_nan=False).replace("</", "<\\/"),
+            # a JSON data block, never executed
+            _json_for_script(d),
             "</script>",
             "</main></body></html>",
         ]

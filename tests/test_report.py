@@ -1,0 +1,471 @@
+"""Tests of the audit report: schema round trip, validation, HTML content, robustness."""
+
+from __future__ import annotations
+
+import json
+import math
+import re
+from html.parser import HTMLParser
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+
+from dpaudit_torch.report import (
+    HTML_NAME,
+    JSON_NAME,
+    SCHEMA_VERSION,
+    AuditReport,
+    format_number,
+)
+
+
+def make_report(kind: str = "violation", n_steps: int = 120, m: int = 400) -> AuditReport:
+    """A report shaped like PrivacyAuditor.finalize() output (synthetic numbers, fixed seed)."""
+    rng = np.random.default_rng(7)
+    steps = list(range(0, n_steps, 2))
+    drift = 0.08 if kind == "violation" else -0.01
+    mmd = np.cumsum(rng.normal(drift, 0.2, len(steps)))
+    hs = np.cumsum(rng.normal(drift * 0.7, 0.2, len(steps)))
+    comb = np.logaddexp(mmd, hs) - math.log(2.0)
+    grid = [0.05, 0.1, 0.2, 0.5, 1.0]
+    lb = np.zeros(len(steps))
+    if kind == "violation":
+        lb[len(steps) // 2:] = 0.2
+        lb[3 * len(steps) // 4:] = 0.5
+    seq_lb = float(lb[-1])
+    in_scores = rng.normal(1.0 if kind != "nothing" else 0.1, 1.0, m // 2)
+    out_scores = rng.normal(0.0, 1.0, m // 2)
+    steinke = {"bound": 0.7312, "method": "steinke", "strategy": "bonferroni",
+               "guesses": "top/bottom k over 8 candidates", "m": m, "r": 60, "v": 52,
+               "alpha": 0.05, "delta": 1e-5, "ceiling": 3.914, "uncorrected_best": 1.02,
+               "note": "valid for any (eps, delta)-DP mechanism"}
+    fdp = dict(steinke, bound=0.9876543, method="fdp", ceiling=6.5,
+               note="test against the Gaussian (mu-GDP) family")
+    claimed = 0.6 if kind == "refuted" else 2.345678
+    summary = {"test": "mmd", "epsilons": grid, "deltas": [1e-6] * 5, "alpha": 0.05,
+               "burn_in": 20, "simultaneous": False, "n_pairs": 4 * len(steps),
+               "rejected": kind == "violation", "rejected_at": 150 if kind == "violation" else None,
+               "combined_log_wealth": float(mmd[-1]), "epsilon_lower_bound": seq_lb}
+    return AuditReport(
+        claimed_epsilon=claimed, delta=1e-5, alpha=0.05, accountant="prv",
+        epsilon_lower_bounds={"steinke": 0.7312, "fdp": 0.9876543, "sequential": seq_lb},
+        lower_bound_details={
+            "steinke": steinke, "fdp": fdp,
+            "sequential": {"level": 0.05, "simultaneous": False, "grid_epsilons": grid,
+                           "grid_deltas": [1e-6] * 5, "null": "Gaussian profile, sigma = 1.1",
+                           "note": "per-step bound, not the whole-run epsilon"},
+        },
+        claim_refuted=kind == "refuted",
+        violation=kind == "violation",
+        violation_step=steps[len(steps) // 2] if kind == "violation" else None,
+        stopped_early=kind == "violation",
+        sequential={"tests": {"mmd": summary,
+                              "hockey_stick": dict(summary, test="hockey_stick",
+                                                   combined_log_wealth=float(hs[-1]))},
+                    "combined_log_wealth": float(comb[-1]),
+                    "decision_threshold_log": math.log(20.0),
+                    "per_step_null": {"type": "gaussian_profile", "noise_multiplier": 1.1,
+                                      "epsilons": grid, "deltas": [1e-6] * 5}},
+        wealth_history={"step": steps, "mmd": mmd.tolist(), "hockey_stick": hs.tolist(),
+                        "combined": comb.tolist(), "epsilon_lower_bound": lb.tolist()},
+        one_run_scores={"in": in_scores.tolist(), "out": out_scores.tolist()},
+        canaries={"k_pairs": 4, "m_one_run": m, "norm_multiplier": 1.0, "design": "dirac",
+                  "coordinates": {"conv1.weight": 12, "fc.weight": 396}, "insertions": 3000,
+                  "seed_policy": "secret"},
+        training={"noise_multiplier": 1.1, "max_grad_norm": 1.0, "sample_rate": 0.01,
+                  "expected_batch_size": 64, "steps": n_steps, "optimizer": "DPOptimizer",
+                  "grad_sample_mode": "hooks", "clipping": "flat"},
+        threat_model={"white_box": True, "every_step_observed": True,
+                      "clipping_exercised": kind != "nothing",
+                      "notes": ["canaries are inserted before clipping"]},
+        interference={"median_spread_C": 0.12, "max_spread_C": 0.8},
+        config={"alpha": 0.05, "burn_in": 20, "tests": ["mmd", "hockey_stick"]},
+        seed_policy="secret: canary coins drawn from os.urandom",
+        warnings=["clipping was active on 3% of real examples"],
+    )
+
+
+KINDS = ("violation", "refuted", "nothing")
+
+
+# ----------------------------------------------------------------------------------------------
+# HTML inspection helpers (also used by the browser test)
+# ----------------------------------------------------------------------------------------------
+
+
+class _Collector(HTMLParser):
+    """Collects data-field elements (text + data-value), img/link/script tags, visible text."""
+
+    def __init__(self) -> None:
+        super().__init__(convert_charrefs=True)
+        self.fields: list[dict[str, Any]] = []
+        self._open: list[dict[str, Any]] = []
+        self.tags: list[tuple[str, dict[str, str | None]]] = []
+        self.scripts: list[str] = []
+        self._in_script = False
+
+    def handle_starttag(self, tag: str, attrs: list[tuple[str, str | None]]) -> None:
+        a = dict(attrs)
+        self.tags.append((tag, a))
+        if tag == "script":
+            self._in_script = True
+            self.scripts.append("")
+        if "data-field" in a:
+            self._open.append({"field": a["data-field"], "value": a.get("data-value"),
+                               "text": "", "tag": tag})
+
+    def handle_endtag(self, tag: str) -> None:
+        if tag == "script":
+            self._in_script = False
+        if self._open and self._open[-1]["tag"] == tag:
+            self.fields.append(self._open.pop())
+
+    def handle_data(self, data: str) -> None:
+        if self._in_script:
+            self.scripts[-1] += data
+        for f in self._open:
+            f["text"] += data
+
+
+def parse_html(page: str) -> _Collector:
+    c = _Collector()
+    c.feed(page)
+    c.close()
+    return c
+
+
+def field_value(report_dict: dict[str, Any], path: str, report: AuditReport) -> Any:
+    """Value of a dotted data-field path ("verdict" is the property)."""
+    if path == "verdict":
+        return report.verdict
+    value: Any = report_dict
+    for part in path.split("."):
+        value = value[part]
+    return value
+
+
+# ----------------------------------------------------------------------------------------------
+# data object and JSON
+# ----------------------------------------------------------------------------------------------
+
+
+def test_defaults_build_piecemeal() -> None:
+    r = AuditReport()
+    assert r.schema_version == SCHEMA_VERSION
+    assert set(r.versions) == {"dpaudit_torch", "torch", "opacus", "python"}
+    r.claimed_epsilon = 1.5
+    r.epsilon_lower_bounds["steinke"] = 0.3
+    d = r.to_dict()
+    assert d["claimed_epsilon"] == 1.5 and d["epsilon_lower_bounds"] == {"steinke": 0.3}
+    assert r.verdict == "nothing found"
+
+
+@pytest.mark.parametrize("kind", KINDS)
+def test_save_load_round_trip(tmp_path: Path, kind: str) -> None:
+    report = make_report(kind)
+    out = report.save(tmp_path / "nested" / kind)
+    assert out == tmp_path / "nested" / kind
+    assert (out / JSON_NAME).is_file() and (out / HTML_NAME).is_file()
+    for where in (out, out / JSON_NAME, str(out / JSON_NAME)):
+        back = AuditReport.load(where)
+        assert back.to_dict() == report.to_dict()
+        assert back == report
+    # saving again overwrites in place and leaves no temporary files behind
+    if kind == "violation":
+        report.save(out)
+    assert sorted(p.name for p in out.iterdir()) == [JSON_NAME, HTML_NAME]
+
+
+def test_json_is_strict_and_nonfinite_round_trips(tmp_path: Path) -> None:
+    report = make_report("nothing")
+    report.claimed_epsilon = math.inf  # e.g. a run with no noise: nothing is claimed
+    report.wealth_history["mmd"][3] = -math.inf
+    report.sequential["nan_example"] = math.nan
+    out = report.save(tmp_path)
+
+    def no_constants(name: str) -> None:
+        raise AssertionError(f"non-standard JSON constant {name} written")
+
+    raw = json.loads((out / JSON_NAME).read_text(encoding="utf-8"), parse_constant=no_constants)
+    assert raw["claimed_epsilon"] == "Infinity"
+    back = AuditReport.load(out)
+    assert back.claimed_epsilon == math.inf
+    assert back.wealth_history["mmd"][3] == -math.inf
+    assert math.isnan(back.sequential["nan_example"])
+
+
+def test_to_dict_converts_numpy_and_torch() -> None:
+    import torch
+
+    r = AuditReport(claimed_epsilon=np.float32(2.0), delta=np.float64(1e-5),
+                    epsilon_lower_bounds={"steinke": torch.tensor(0.25, dtype=torch.float64)},
+                    wealth_history={"step": np.arange(3), "mmd": torch.zeros(3)},
+                    violation=np.bool_(True), violation_step=np.int64(2))
+    d = r.to_dict()
+    assert d["claimed_epsilon"] == 2.0 and type(d["claimed_epsilon"]) is float
+    assert d["epsilon_lower_bounds"]["steinke"] == 0.25
+    assert d["wealth_history"] == {"step": [0, 1, 2], "mmd": [0.0, 0.0, 0.0]}
+    assert d["violation"] is True and d["violation_step"] == 2
+    json.dumps(d)  # plain types only
+
+
+def test_verdict_and_summary() -> None:
+    v = make_report("violation")
+    assert v.verdict == f"violation proven at step {v.violation_step}"
+    assert AuditReport(violation=True).verdict == "violation proven"
+    r = make_report("refuted")
+    assert r.verdict == "claim refuted"
+    r.violation, r.violation_step = True, 5  # a refuted claim takes precedence
+    assert r.verdict == "claim refuted"
+    assert make_report("nothing").verdict == "nothing found"
+    for kind in KINDS:
+        rep = make_report(kind)
+        text = rep.summary_text()
+        assert rep.verdict in text
+        assert format_number(rep.claimed_epsilon) in text
+        for bound in rep.epsilon_lower_bounds.values():
+            assert format_number(bound) in text
+    assert "not a proof of privacy" in make_report("nothing").summary_text()
+
+
+@pytest.mark.parametrize(
+    ("change", "message"),
+    [
+        ({"schema_version": "2.0"}, "unsupported audit report schema_version '2.0'"),
+        ({"schema_version": 1.0}, "must be a string"),
+        ({"bogus_field": 1}, "unknown audit report field"),
+        ({"claimed_epsilon": "big"}, "'claimed_epsilon'"),
+        ({"claimed_epsilon": -1.0}, "'claimed_epsilon'"),
+        ({"alpha": 1.5}, "'alpha'"),
+        ({"delta": -0.1}, "'delta'"),
+        ({"accountant": 3}, "'accountant'"),
+        ({"created_at": "yesterday"}, "'created_at'"),
+        ({"epsilon_lower_bounds": {"steinke": -0.5}}, "'epsilon_lower_bounds.steinke'"),
+        ({"epsilon_lower_bounds": [0.5]}, "'epsilon_lower_bounds'"),
+        ({"lower_bound_details": {"steinke": 3}}, "'lower_bound_details.steinke'"),
+        ({"claim_refuted": "yes"}, "'claim_refuted'"),
+        ({"violation_step": -1}, "'violation_step'"),
+        ({"violation_step": 1.5}, "'violation_step'"),
+        ({"violation": False, "violation_step": 4}, "'violation' is False"),
+        ({"wealth_history": {"mmd": ["a"]}}, "'wealth_history.mmd'"),
+        ({"one_run_scores": {"in": 3}}, "'one_run_scores.in'"),
+        ({"training": []}, "'training'"),
+        ({"seed_policy": None}, "'seed_policy'"),
+        ({"warnings": ["ok", 1]}, "'warnings'"),
+    ],
+)
+def test_from_dict_rejects_bad_documents(change: dict[str, Any], message: str) -> None:
+    d = make_report("violation").to_dict()
+    d.update(change)
+    with pytest.raises(ValueError, match=re.escape(message)):
+        AuditReport.from_dict(d)
+
+
+def test_from_dict_structure_errors() -> None:
+    with pytest.raises(ValueError, match="must be a JSON object"):
+        AuditReport.from_dict([1, 2])
+    d = make_report("nothing").to_dict()
+    del d["schema_version"]
+    with pytest.raises(ValueError, match="no 'schema_version'"):
+        AuditReport.from_dict(d)
+
+
+def test_newer_minor_version_is_read_without_its_new_fields(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    d = make_report("nothing").to_dict()
+    d["schema_version"] = "1.99"
+    d["field_from_the_future"] = {"x": 1}
+    with caplog.at_level("WARNING", logger="dpaudit_torch.report"):
+        r = AuditReport.from_dict(d)
+    assert "field_from_the_future" in caplog.text
+    assert r.schema_version == SCHEMA_VERSION  # the object holds what this version understood
+    assert r.claimed_epsilon == d["claimed_epsilon"]
+
+
+def test_load_errors(tmp_path: Path) -> None:
+    with pytest.raises(FileNotFoundError, match="no audit report"):
+        AuditReport.load(tmp_path / "missing.json")
+    with pytest.raises(FileNotFoundError, match=JSON_NAME):
+        AuditReport.load(tmp_path)  # a directory without audit.json
+    bad = tmp_path / "bad.json"
+    bad.write_text('{"schema_version": "1.0", ', encoding="utf-8")
+    with pytest.raises(ValueError, match=r"not valid JSON \(line 1"):
+        AuditReport.load(bad)
+    bad.write_bytes(b"\xff\xfe\x00garbage")
+    with pytest.raises(ValueError, match="not UTF-8"):
+        AuditReport.load(bad)
+    d = make_report("nothing").to_dict()
+    d["schema_version"] = "0.3"
+    bad.write_text(json.dumps(d), encoding="utf-8")
+    with pytest.raises(ValueError, match=r"bad\.json.*unsupported audit report schema_version"):
+        AuditReport.load(bad)
+
+
+def test_save_into_a_file_path_fails_cleanly(tmp_path: Path) -> None:
+    blocker = tmp_path / "file"
+    blocker.write_text("x", encoding="utf-8")
+    with pytest.raises(OSError):
+        make_report("nothing").save(blocker)
+    with pytest.raises(ValueError, match="'alpha'"):
+        AuditReport(alpha=2.0).save(tmp_path / "never")
+    assert not (tmp_path / "never").exists()  # validated before anything is written
+
+
+def test_format_number() -> None:
+    assert format_number(None) == "n/a"
+    assert format_number(True) == "yes" and format_number(False) == "no"
+    assert format_number(12) == "12" and format_number(np.int64(3)) == "3"
+    assert format_number(0.98765) == "0.9877" and format_number(1e-5) == "1e-05"
+    assert format_number(math.inf) == "∞" and format_number(-math.inf) == "-∞"
+    assert format_number(math.nan) == "NaN"
+
+
+# ----------------------------------------------------------------------------------------------
+# HTML
+# ----------------------------------------------------------------------------------------------
+
+_NETWORK = re.compile(
+    r"""(?:\b(?:src|href|action|poster|srcset|data|formaction)\s*=\s*["']?\s*(?:[a-z]+:)?//)"""
+    r"""|(?:url\s*\()|(?:@import)""",
+    re.IGNORECASE,
+)
+
+
+def check_html_fields(page: str, report: AuditReport) -> set[str]:
+    """Every data-field element shows format_number(field) and carries the field's exact value."""
+    d = report.to_dict()
+    parsed = parse_html(page)
+    seen = set()
+    for f in parsed.fields:
+        expected = field_value(d, f["field"], report)
+        if f["field"] in ("verdict", "schema_version"):
+            assert f["text"] == expected
+        else:
+            assert f["text"] == format_number(expected), f
+            raw = json.loads(f["value"])
+            assert raw == expected or (raw == "Infinity" and expected == math.inf), f
+        seen.add(f["field"])
+    return seen
+
+
+@pytest.mark.parametrize("kind", KINDS)
+def test_html_shows_verdict_and_numbers_equal_to_fields(tmp_path: Path, kind: str) -> None:
+    report = make_report(kind)
+    page = (report.save(tmp_path) / HTML_NAME).read_text(encoding="utf-8")
+    seen = check_html_fields(page, report)
+    required = {"verdict", "claimed_epsilon", "delta", "alpha", "schema_version",
+                "lower_bound_details.steinke.ceiling", "lower_bound_details.fdp.ceiling"}
+    required |= {f"epsilon_lower_bounds.{m}" for m in report.epsilon_lower_bounds}
+    if kind == "violation":
+        required.add("violation_step")
+    assert required <= seen, required - seen
+    # the verdict comes first, before any other section
+    assert page.index('id="verdict"') < page.index('id="bounds"') < page.index('id="plots"')
+    assert "Verdict: <span" in page and report.verdict in page
+    # plain-language meaning of the verdict
+    if kind == "nothing":
+        assert "is not a proof of privacy" in page
+        assert format_number(6.5) in page  # the best ceiling (f-DP) is named
+    if kind == "refuted":
+        assert "The privacy claim is <strong>false</strong>" in page
+    # method, level, strategy, canary count and ceiling are all in the bounds table
+    for needle in ("bonferroni", "95% confidence", "400", "60 / 52", "3.914", "per-step bound"):
+        assert needle in page, needle
+    # the threat model, seed policy, versions and warnings are written down
+    for needle in ("White-box", "Every step observed", "Clipping exercised",
+                   report.seed_policy, report.versions["torch"], report.warnings[0]):
+        assert needle in page, needle
+    # the embedded machine-readable copy equals the report
+    parsed = parse_html(page)
+    assert len(parsed.scripts) == 1
+    embedded = json.loads(parsed.scripts[0])
+    assert AuditReport.from_dict(embedded).to_dict() == report.to_dict()
+
+
+def test_html_has_three_inline_plots_and_no_network_references(tmp_path: Path) -> None:
+    import base64
+
+    report = make_report("violation")
+    page = (report.save(tmp_path) / HTML_NAME).read_text(encoding="utf-8")
+    parsed = parse_html(page)
+    imgs = [a for tag, a in parsed.tags if tag == "img"]
+    assert len(imgs) == 3
+    for a in imgs:
+        src = a["src"] or ""
+        assert src.startswith("data:image/png;base64,")
+        assert base64.b64decode(src.split(",", 1)[1])[:8] == b"\x89PNG\r\n\x1a\n"
+        assert a.get("alt")
+    for tag, a in parsed.tags:
+        for attr in ("src", "href"):
+            if a.get(attr) is not None:
+                assert a[attr].startswith("data:"), (tag, a)
+        if tag == "script":
+            assert a.get("type") == "application/json"  # data only, no JavaScript
+    assert not _NETWORK.search(page)
+    assert "http://" not in page and "https://" not in page
+    assert "Content-Security-Policy" in page and "default-src 'none'" in page
+    assert "no data" not in page
+
+
+def test_html_escapes_user_strings(tmp_path: Path) -> None:
+    report = make_report("nothing")
+    evil = '<script>alert("x")</script><img src="https://evil.example/x.png">'
+    report.warnings.append(evil)
+    report.seed_policy = evil
+    report.accountant = evil
+    report.config[evil] = evil
+    report.threat_model["notes"].append(evil)
+    report.lower_bound_details["steinke"]["note"] = evil
+    report.sequential["tests"][evil] = {"rejected": False}
+    page = (report.save(tmp_path) / HTML_NAME).read_text(encoding="utf-8")
+    assert "<script>alert" not in page and '<img src="https' not in page
+    assert "&lt;script&gt;alert(&quot;x&quot;)&lt;/script&gt;" in page
+    parsed = parse_html(page)
+    assert len(parsed.scripts) == 1
+    assert all((a.get("src") or "data:").startswith("data:") for _, a in parsed.tags)
+    assert not _NETWORK.search(page.replace("https://evil.example", ""))
+    # the embedded JSON still round-trips the hostile strings exactly
+    embedded = json.loads(parsed.scripts[0])
+    assert embedded["seed_policy"] == evil
+
+
+def test_html_with_empty_or_short_histories(tmp_path: Path) -> None:
+    empty = AuditReport()
+    page = (empty.save(tmp_path / "empty") / HTML_NAME).read_text(encoding="utf-8")
+    assert page.count('class="nodata"') == 3 and "no data" in page
+    assert "nothing found" in page and "is not a proof of privacy" in page
+    check_html_fields(page, empty)
+
+    short = make_report("violation")
+    short.wealth_history = {"step": [5], "mmd": [0.3], "combined": [0.2],
+                            "epsilon_lower_bound": [0.0]}
+    short.one_run_scores = {"in": [1.0]}
+    page = (short.save(tmp_path / "short") / HTML_NAME).read_text(encoding="utf-8")
+    assert page.count("data:image/png;base64,") == 3
+    assert "no OUT scores" in page
+
+    odd = make_report("nothing")
+    odd.wealth_history["mmd"] = odd.wealth_history["mmd"][:-5]  # shorter than "step"
+    odd.wealth_history["combined"][0] = math.inf
+    odd.wealth_history.pop("step")
+    odd.one_run_scores = {"in": [math.nan, 2.0, 2.0], "out": [2.0, 2.0]}  # constant scores
+    page = (odd.save(tmp_path / "odd") / HTML_NAME).read_text(encoding="utf-8")
+    assert page.count("data:image/png;base64,") == 3
+    assert "non-finite" in page and "record index" not in page  # axis label is inside the PNG
+
+    nan_only = make_report("nothing")
+    nan_only.wealth_history = {"step": [0, 1], "mmd": [math.nan, math.nan],
+                               "epsilon_lower_bound": [math.nan, math.inf]}
+    nan_only.one_run_scores = {"in": [], "out": []}
+    page = (nan_only.save(tmp_path / "nan") / HTML_NAME).read_text(encoding="utf-8")
+    assert page.count('class="nodata"') == 3
+
+
+def test_ceiling_below_claim_is_pointed_out(tmp_path: Path) -> None:
+    report = make_report("nothing")
+    report.claimed_epsilon = 8.0  # above both ceilings (3.914 and 6.5)
+    page = report.to_html()
+    assert page.count("could not have refuted the claim even with every guess right") == 2
