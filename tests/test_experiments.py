@@ -1,0 +1,193 @@
+"""Experiment runners (dpaudit_torch.experiments): protocol, determinism, checks, intervals."""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pytest
+import torch
+from scipy import stats as sps
+
+from dpaudit_torch import experiments as ex
+from dpaudit_torch import mechanisms as mech
+from dpaudit_torch.stats.thresholds import gaussian_delta
+
+
+def _small_table1(**kw: object) -> list[ex.Table1Row]:
+    args = dict(epsilons=(0.01,), runs=2, budget=200, progress=False,
+                mechanisms=("NonDPLaplace2", "DPGaussian"), seed=3)
+    args.update(kw)
+    return ex.run_table1(**args)  # type: ignore[arg-type]
+
+
+def test_run_table1_structure_and_determinism() -> None:
+    rows = _small_table1()
+    assert [(r.mechanism, r.method) for r in rows] == [
+        (n, m) for n in ("NonDPLaplace2", "DPGaussian")
+        for m in ("mmd_r0.5", "mmd_r1", "hockey_stick")
+    ]
+    for r in rows:
+        assert r.runs == 2 and r.budget == 200 and r.variant == "dp_auditorium"
+        assert len(r.rejected_at) == 2
+        assert r.delta == (1e-5 if "Gaussian" in r.mechanism else 0.0)
+        for v in r.rejected_at:
+            # a rejection needs at least one pair beyond the burn-in, and stays within budget
+            assert v is None or 2 < v <= 200
+        assert 0.0 <= r.rate <= 1.0
+        d = r.to_dict()
+        assert d["rate"] == r.rate and d["rejected_at"] == list(r.rejected_at)
+    again = _small_table1()
+    assert [r.rejected_at for r in rows] == [r.rejected_at for r in again]
+    other = _small_table1(seed=4)
+    assert [r.rejected_at for r in rows] != [r.rejected_at for r in other]
+
+
+def test_methods_see_the_same_stream() -> None:
+    """Common random numbers: a method's result does not depend on which others run with it."""
+    both = _small_table1(methods=("mmd_r1", "hockey_stick"))
+    alone = _small_table1(methods=("hockey_stick",))
+    hs_both = [r.rejected_at for r in both if r.method == "hockey_stick"]
+    assert hs_both == [r.rejected_at for r in alone]
+
+
+def test_hockey_stick_detects_dp_auditorium_leak_quickly() -> None:
+    """The dp_auditorium DP rows are not DP (atom at 0, delta ~ 1/2): caught within 200 pairs."""
+    rows = ex.run_table1(epsilons=(0.1,), runs=3, budget=200, methods=("hockey_stick",),
+                         mechanisms=("DPLaplace",), progress=False)
+    assert rows[0].rate == 1.0
+
+
+def test_format_table1_and_paper_numbers() -> None:
+    rows = _small_table1()
+    md = ex.format_table1(rows)
+    assert "| NonDPLaplace2 | 0.01 | 1.00 / 192 |" in md
+    assert "| DPGaussian | 0.01 | 0.00 / - |" in md
+    assert "MMD R=1/2" in md and "hockey-stick" in md and "Kutta" in md
+    assert ex.format_table1([]) == "(no rows)"
+    assert len(ex.PAPER_TABLE1) == 12
+    assert ex.KUTTA_TABLE1[("NonDPGaussian1", 0.01)] == 59.0
+
+
+def _row(name: str, eps: float, method: str, hits: list[int | None]) -> ex.Table1Row:
+    return ex.Table1Row(name, eps, 1e-5, "dp_auditorium", method, len(hits), 5000, 0.05,
+                        tuple(hits))
+
+
+def test_table1_checks_logic() -> None:
+    rows = [
+        _row("NonDPGaussian1", 0.01, "mmd_r0.5", [264 * 1.2] * 4),       # +20%: pass
+        _row("NonDPGaussian1", 0.1, "mmd_r0.5", [562 * 1.3] * 4),        # +30%: fail
+        _row("NonDPGaussian2", 0.1, "mmd_r0.5", [None] * 4),             # rate 0 vs 0.05: pass
+        _row("DPGaussian", 0.01, "mmd_r0.5", [100, None, None, None]),   # 0.25 vs 0: fail
+        _row("NonDPGaussian1", 0.01, "mmd_r1", [0.69 * 264] * 4),        # 0.69x: pass
+        _row("NonDPLaplace1", 0.1, "mmd_r1", [None] * 4),                # no rejection: fail
+        _row("NonDPGaussian1", 0.01, "hockey_stick", [50] * 4),          # 0.19x, beats Kutta
+        _row("NonDPGaussian2", 0.1, "hockey_stick", [100, 100, None, 100]),  # rate < 1: fail
+        _row("DPGaussian", 0.1, "hockey_stick", [30] * 4),               # not a NonDP row
+    ]
+    checks = ex.table1_checks(rows)
+    by = {(c["check"], c["cell"]): c["passed"] for c in checks}
+    assert by[("MMD R=1/2 mean pairs within 25% of paper", "NonDPGaussian1 eps=0.01")]
+    assert not by[("MMD R=1/2 mean pairs within 25% of paper", "NonDPGaussian1 eps=0.1")]
+    assert by[("MMD R=1/2 rejection rate within 0.2 of paper", "NonDPGaussian2 eps=0.1")]
+    assert not by[("MMD R=1/2 rejection rate within 0.2 of paper", "DPGaussian eps=0.01")]
+    assert by[("MMD R=1 mean pairs <= 0.7x paper", "NonDPGaussian1 eps=0.01")]
+    assert not by[("MMD R=1 mean pairs <= 0.7x paper", "NonDPLaplace1 eps=0.1")]
+    assert by[("hockey-stick rate 1.0 and mean pairs <= 0.25x paper", "NonDPGaussian1 eps=0.01")]
+    assert not by[("hockey-stick rate 1.0 and mean pairs <= 0.25x paper",
+                   "NonDPGaussian2 eps=0.1")]
+    assert by[("goal: hockey-stick fewer pairs than Kutta et al.", "NonDPGaussian1 eps=0.01")]
+    assert not by[("goal: MMD R=1 fewer pairs than Kutta et al.", "NonDPLaplace1 eps=0.1")]
+    assert not any(c["cell"] == "DPGaussian eps=0.1" for c in checks)
+    md = ex.format_table1_checks(checks)
+    assert md.count("\n") == len(checks) + 1 and "NO" in md and "yes" in md
+
+
+def test_clopper_pearson_matches_scipy_and_closed_forms() -> None:
+    # k = 0: the upper end solves (1 - p)^n = 0.025
+    lo, hi = ex.clopper_pearson(0, 200)
+    assert lo == 0.0 and hi == pytest.approx(1 - 0.025 ** (1 / 200), rel=1e-10)
+    lo, hi = ex.clopper_pearson(200, 200)
+    assert hi == 1.0 and lo == pytest.approx(0.025 ** (1 / 200), rel=1e-10)
+    for k, n in ((3, 200), (50, 1000), (1, 7)):
+        ref = sps.binomtest(k, n).proportion_ci(confidence_level=0.95, method="exact")
+        assert ex.clopper_pearson(k, n) == pytest.approx((ref.low, ref.high), rel=1e-9)
+
+
+def test_type1_row_pass_rule() -> None:
+    # 60 / 1000 = 0.06 > alpha, but the 95% interval [0.046, 0.077] reaches below 0.05
+    r = ex.Type1Row("c", "d", "mmd_r1", 1000, 2000, 0.05, 60)
+    assert r.rate == 0.06 and r.ci[0] < 0.05 and r.passed
+    bad = ex.Type1Row("c", "d", "mmd_r1", 1000, 2000, 0.05, 80)
+    assert bad.ci[0] > 0.05 and not bad.passed
+    assert "NO" in ex.format_type1([bad]) and bad.to_dict()["passed"] is False
+
+
+def test_default_type1_cases_are_truly_dp_nulls() -> None:
+    cases = ex.default_type1_cases()
+    labels = [c.label for c in cases]
+    assert len(labels) == len(set(labels)) == 10
+    for c in cases:
+        m = c.mechanism
+        assert m.is_dp
+        if m.name in ("DPGaussian", "DPLaplace"):
+            assert m.variant == "clipped" and c.epsilons == (m.epsilon,)
+            assert c.deltas == (m.delta,) and m.true_delta <= m.delta
+        if m.name == "Gaussian":
+            # every grid point lies ON the profile: the null is tight
+            mu = 1.0 / m.sigma  # type: ignore[attr-defined]
+            np.testing.assert_allclose(c.deltas, gaussian_delta(np.array(c.epsilons), mu),
+                                       rtol=1e-12)
+    grid = [c for c in cases if len(c.epsilons) > 1]
+    assert len(grid) == 1 and len(grid[0].epsilons) == 16
+
+
+def test_run_type1_small() -> None:
+    case = ex.NullCase("Laplace eps=1", mech.get("Laplace", epsilon=1.0), (1.0,), (0.0,))
+    rows = ex.run_type1([case], runs=5, pairs=100, progress=False)
+    assert [r.method for r in rows] == ["mmd_r1", "hockey_stick"]
+    for r in rows:
+        assert r.runs == 5 and r.pairs == 100 and 0 <= r.rejections <= 5
+    # a NOT-DP "case" is rejected: the runner measures what the testers decide
+    leak = ex.NullCase("leak", mech.get("DPLaplace", epsilon=0.1), (0.1,), (0.0,))
+    hs = ex.run_type1([leak], methods=("hockey_stick",), runs=3, pairs=300, progress=False)
+    assert hs[0].rejections == 3
+
+
+@pytest.mark.parametrize(
+    "kwargs, match",
+    [
+        ({"methods": ("mmd_r2",)}, "mmd_r2"),
+        ({"methods": ()}, "empty"),
+        ({"variant": "exact"}, "exact"),
+        ({"mechanisms": ("Gaussian",)}, "Gaussian"),
+        ({"runs": 0}, "0"),
+        ({"budget": -5}, "-5"),
+        ({"alpha": 1.5}, "1.5"),
+        ({"epsilons": (0.1, -0.2)}, "-0.2"),
+    ],
+)
+def test_run_table1_bad_input(kwargs: dict, match: str) -> None:
+    with pytest.raises(ValueError, match=match):
+        ex.run_table1(progress=False, **kwargs)
+
+
+def test_misc_bad_input() -> None:
+    with pytest.raises(ValueError, match="nope"):
+        ex.make_tester("nope", 0.1, 0.0, 0.05)
+    with pytest.raises(ValueError, match="empty"):
+        ex.run_type1([], progress=False)
+    with pytest.raises(ValueError, match="equal"):
+        ex.NullCase("x", mech.get("Laplace", epsilon=1.0), (1.0, 2.0), (0.0,))
+    with pytest.raises(ValueError, match="0"):
+        ex.run_type1(runs=0, progress=False)
+
+
+def test_run_seed_independent_streams() -> None:
+    seeds = {ex.run_seed(0, a, b) for a in range(20) for b in range(20)}
+    assert len(seeds) == 400 and all(0 <= s < 2**63 for s in seeds)
+    g1 = torch.Generator().manual_seed(ex.run_seed(0, 1, 2))
+    g2 = torch.Generator().manual_seed(ex.run_seed(0, 1, 2))
+    assert torch.equal(torch.rand(3, generator=g1), torch.rand(3, generator=g2))
+    assert not math.isnan(ex.run_seed(2**40, 1))
