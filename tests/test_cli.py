@@ -1,0 +1,73 @@
+"""The ``dpaudit`` command line: exit codes and one-line usage errors (never a traceback)."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from dpaudit_torch.cli import EXIT_USAGE, main
+
+
+def _run(args: list[str], cwd: Path | None = None) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-m", "dpaudit_torch.cli", *args],
+        capture_output=True, text=True, cwd=cwd, timeout=600,
+    )
+
+
+def _assert_one_line_usage_error(proc: subprocess.CompletedProcess[str], needle: str) -> None:
+    assert proc.returncode == EXIT_USAGE, proc.stderr
+    lines = [ln for ln in proc.stderr.strip().splitlines() if ln.strip()]
+    assert len(lines) == 1, proc.stderr
+    assert lines[0].startswith("dpaudit: error:")
+    assert needle in lines[0]
+    assert "Traceback" not in proc.stderr
+
+
+def test_help_everywhere() -> None:
+    for args in (["--help"], ["demo", "--help"], ["table1", "--help"], ["report", "--help"]):
+        proc = _run(args)
+        assert proc.returncode == 0, proc.stderr
+        assert "usage:" in proc.stdout
+
+
+def test_no_command_is_usage_error(capsys: pytest.CaptureFixture[str]) -> None:
+    assert main([]) == EXIT_USAGE
+
+
+def test_unknown_bug_name() -> None:
+    _assert_one_line_usage_error(_run(["demo", "--bug", "no-such-bug"]), "no-such-bug")
+
+
+def test_unknown_option() -> None:
+    _assert_one_line_usage_error(_run(["demo", "--frobnicate"]), "--frobnicate")
+
+
+def test_bad_steps() -> None:
+    _assert_one_line_usage_error(_run(["demo", "--steps", "0"]), "--steps")
+
+
+def test_unwritable_output_directory(tmp_path: Path) -> None:
+    blocker = tmp_path / "file"
+    blocker.write_text("not a directory")
+    _assert_one_line_usage_error(_run(["demo", "--out", str(blocker / "sub")]), str(blocker))
+
+
+def test_report_unreadable_json(tmp_path: Path) -> None:
+    bad = tmp_path / "audit.json"
+    bad.write_text("{not json")
+    _assert_one_line_usage_error(_run(["report", str(bad)]), "audit.json")
+
+
+def test_report_wrong_schema(tmp_path: Path) -> None:
+    bad = tmp_path / "audit.json"
+    bad.write_text(json.dumps({"schema_version": "999"}))
+    _assert_one_line_usage_error(_run(["report", str(bad)]), "audit.json")
+
+
+def test_report_missing_file(tmp_path: Path) -> None:
+    _assert_one_line_usage_error(_run(["report", str(tmp_path / "nope.json")]), "nope.json")
