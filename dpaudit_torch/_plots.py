@@ -86,8 +86,12 @@ def plot_log_wealth(
     history: dict[str, list],
     threshold_log: float,
     violation_step: int | None = None,
+    crossed_step: float | None = None,
 ) -> Plot:
     """Log-wealth of each sequential test over training steps, with the log(1/alpha) line.
+
+    ``crossed_step``: step at which the combined wealth first reached the threshold, marked when
+    it differs from ``violation_step`` (the decision may be checked only every few steps).
 
     A test rejects (proves a violation) when its wealth reaches 1/alpha, i.e. its log-wealth
     reaches log(1/alpha); by Ville's inequality a valid null reaches it with probability <= alpha.
@@ -113,6 +117,9 @@ def plot_log_wealth(
     if math.isfinite(threshold_log):
         ax.axhline(threshold_log, color="black", linestyle="--", linewidth=1.0,
                    label=f"log(1/α) = {threshold_log:.3g}")
+    if crossed_step is not None and crossed_step != violation_step:
+        ax.axvline(crossed_step, color="grey", linestyle=":", linewidth=1.2,
+                   label=f"threshold first reached (step {crossed_step:g})")
     _mark_step(ax, violation_step, f"violation proven (step {violation_step})")
     ax.set_xlabel(xlabel)
     ax.set_ylabel("log-wealth")

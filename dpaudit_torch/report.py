@@ -410,13 +410,14 @@ class AuditReport:
         level = format_number(100.0 * (1.0 - self.alpha))
         lines = [f"Verdict: {self.verdict}."]
         claim = format_number(self.claimed_epsilon)
-        acc = f" ({self.accountant} accountant)" if self.accountant else ""
+        acc = f" (accountant: {self.accountant})" if self.accountant else ""
         lines.append(f"Claimed epsilon: {claim} at delta={format_number(self.delta)}{acc}.")
         if self.epsilon_lower_bounds:
             for method, bound in self.epsilon_lower_bounds.items():
-                scope = (
-                    "one training step" if method == "sequential" else "the whole training run"
-                )
+                scope = {
+                    "sequential": "one training step",
+                    "fdp": "the whole training run, Gaussian family",
+                }.get(method, "the whole training run")
                 lines.append(
                     f"Audited lower bound ({method}, for {scope}): epsilon >= "
                     f"{format_number(bound)} with {level}% confidence."
@@ -502,6 +503,8 @@ _METHOD_ORDER = ("steinke", "fdp", "sequential")
 _LABEL_TESTS = {"mmd": "MMD (González et al. 2025)", "hockey_stick": "hockey-stick"}
 #: a list longer than this is summarised in the generic tables
 _MAX_LIST = 12
+#: a list of records longer than this is only counted
+_MAX_ROWS = 200
 
 
 def _e(value: Any) -> str:
@@ -560,6 +563,19 @@ def _generic(value: Any, depth: int = 0) -> str:
                 f"from {_num(min(finite))} to {_num(max(finite))}" if finite else "none finite"
             )
             return f"{len(value)} values, {rng}"
+        if all(isinstance(v, dict) for v in value) and len(value) <= _MAX_ROWS:
+            # records (e.g. one per parameter tensor): one table, one row each
+            keys: list[str] = []
+            for v in value:
+                keys += [k for k in v if k not in keys]
+            head = "".join(f"<th>{_e(k)}</th>" for k in keys)
+            body = "".join(
+                "<tr>" + "".join(
+                    f"<td>{_generic(v[k], depth + 1) if k in v else ''}</td>" for k in keys
+                ) + "</tr>"
+                for v in value
+            )
+            return f'<table class="records"><tr>{head}</tr>{body}</table>'
         if all(not isinstance(v, (dict, list)) for v in value) and len(value) <= _MAX_LIST:
             return "<br>".join(_scalar(v) for v in value)
         if len(value) <= _MAX_LIST:
@@ -611,19 +627,30 @@ class _HtmlPage:
             k = can.get("k_pairs")
             return f"{_num(k)} pairs" if k is not None else _num(None)
         m = det.get("m", can.get("m_one_run"))
+        total = det.get("m_total")
+        if _is_num(total) and _is_num(m) and total != m:
+            return f"{_num(m)} of {_num(total)}"
         return _num(m)
 
     def threshold_log(self) -> float:
         t = self.d["sequential"].get("decision_threshold_log")
         return float(t) if _is_num(t) else math.log(1.0 / self.d["alpha"])
 
+    def family_free(self, method: str) -> bool:
+        """Can this whole-run method refute an (eps, delta) claim? Only family-free bounds can:
+        the f-DP one-run test assumes the Gaussian trade-off family (Mahloujifar et al.)."""
+        if method == "sequential" or method == "fdp":
+            return False
+        return not self.detail(method).get("family")
+
     def whole_run_refuting(self) -> list[str]:
+        """Family-free whole-run methods whose bound exceeds a finite claimed epsilon."""
         claim = self.d["claimed_epsilon"]
-        if claim is None:
+        if claim is None or not math.isfinite(claim):
             return []
         return [
             m for m in self.methods()
-            if m != "sequential" and self.d["epsilon_lower_bounds"].get(m, 0.0) > claim
+            if self.family_free(m) and self.d["epsilon_lower_bounds"].get(m, 0.0) > claim
         ]
 
     def per_step_null_text(self) -> str:
@@ -778,9 +805,9 @@ class _HtmlPage:
             )
         best = self.best_ceiling()
         ceiling = (
-            f" The largest ε this audit could have certified is {_num(best[1])} "
-            f"({_e(_METHOD_NAMES.get(best[0], best[0]))}); a leak below that is invisible "
-            "to it." if best else ""
+            f" The largest ε this audit could have certified for the whole run, whatever the "
+            f"mechanism, is {_num(best[1])} ({_e(_METHOD_NAMES.get(best[0], best[0]))}), even "
+            "with every guess right." if best else ""
         )
         return (
             '<p class="callout"><strong>"Nothing found" is not a proof of privacy.</strong> '
@@ -792,9 +819,10 @@ class _HtmlPage:
         )
 
     def best_ceiling(self) -> tuple[str, float] | None:
+        """The highest ceiling among the methods that could refute the claim."""
         best = None
         for m in self.methods():
-            if m == "sequential":
+            if not self.family_free(m):
                 continue
             c = self.ceiling(m)
             if c is not None and (best is None or c > best[1]):
@@ -836,10 +864,16 @@ class _HtmlPage:
                 guesses = _num(None)
             else:
                 scope = "whole training run"
-                if bound is None or d["claimed_epsilon"] is None:
+                claim_v = d["claimed_epsilon"]
+                if bound is None or claim_v is None:
                     exceeds = _num(None)
-                elif bound > d["claimed_epsilon"]:
+                elif bound > claim_v and self.family_free(m):
                     exceeds = '<span class="bad">yes: claim refuted</span>'
+                elif bound > claim_v:
+                    exceeds = (
+                        '<span class="bad">yes</span>, but this test assumes the Gaussian '
+                        "family, so it does not refute the claim on its own"
+                    )
                 else:
                     exceeds = '<span class="ok">no</span>'
                 lvl_alpha = det.get("alpha", d["alpha"])
@@ -851,6 +885,11 @@ class _HtmlPage:
                 f"α = {_num(lvl_alpha)} ({_num(100.0 * (1.0 - lvl_alpha))}% confidence)"
                 if _is_num(lvl_alpha) else _scalar(lvl_alpha)
             )
+            per_test = det.get("alpha_per_test")
+            if _is_num(per_test) and _is_num(lvl_alpha) and per_test != lvl_alpha:
+                n_cand = det.get("n_candidates")
+                over = f" over {_num(n_cand)} candidates" if _is_num(n_cand) else ""
+                level += f"; {_num(per_test)} per candidate (Bonferroni{over})"
             ceiling = self.ceiling(m)
             ceiling_html = (
                 _num(ceiling, f"lower_bound_details.{m}.ceiling") if "ceiling" in det
@@ -866,13 +905,14 @@ class _HtmlPage:
                 f"<td class=\"n\">{_scalar(unc) if not isinstance(unc, (dict, list)) else ''}"
                 "</td></tr>"
             )
-            if det.get("note"):
-                notes.append(f"<li><strong>{_e(m)}</strong>: {_e(det['note'])}</li>")
-            if det.get("null"):
-                notes.append(f"<li><strong>{_e(m)}</strong> null: {_e(det['null'])}</li>")
+            for key, label in (("family", "family"), ("note", ""), ("null", "null"),
+                               ("uncorrected_best_note", "uncorrected best")):
+                if det.get(key) and isinstance(det[key], str):
+                    label_html = f" {_e(label)}" if label else ""
+                    notes.append(f"<li><strong>{_e(m)}</strong>{label_html}: {_e(det[key])}</li>")
             claim_v = d["claimed_epsilon"]
             if (
-                m != "sequential" and ceiling is not None and claim_v is not None
+                self.family_free(m) and ceiling is not None and claim_v is not None
                 and ceiling <= claim_v
             ):
                 notes.append(
@@ -887,10 +927,10 @@ class _HtmlPage:
                 f'<div class="wide"><table id="bounds-table"><thead>{head}</thead>'
                 f'<tbody>{"".join(rows)}</tbody></table></div>'
             )
-        acc = _e(d["accountant"]) if d["accountant"] else "unknown"
+        acc = _e(d["accountant"]) if d["accountant"] else "not recorded"
         intro = (
             f"<p>Claimed: ε = {_num(d['claimed_epsilon'], 'claimed_epsilon')} at δ = "
-            f"{_num(d['delta'], 'delta')}, from the <strong>{acc}</strong> accountant. "
+            f"{_num(d['delta'], 'delta')}, from the accountant <strong>{acc}</strong>. "
             "Each audited number is a lower bound on the true ε at the same δ: it holds with "
             "the confidence shown. The ceiling is the largest ε the method could have "
             "certified with this many canaries, even if every guess were right. The "
@@ -946,6 +986,17 @@ class _HtmlPage:
             "inequality bounds the chance that a true null ever gets there by α, however long "
             "training runs).</p>"
         )
+        crossed, every = seq.get("crossed_at_step"), seq.get("check_every")
+        vstep = self.d["violation_step"]
+        if _is_num(crossed) and vstep is not None and crossed != vstep:
+            cadence = (
+                f" (the decision is checked every {_num(every)} steps)" if _is_num(every) else ""
+            )
+            decision += (
+                f"<p>The combined log-wealth first reached the threshold at step "
+                f"{_num(crossed)}; the violation was declared at step {_num(vstep)}"
+                f"{cadence}.</p>"
+            )
         others = {k: v for k, v in seq.items()
                   if k not in ("tests", "combined_log_wealth", "decision_threshold_log",
                                "per_step_null")}
@@ -968,13 +1019,15 @@ class _HtmlPage:
         d = self.d
         wh = d["wealth_history"]
         det = self.detail("sequential")
+        crossed = d["sequential"].get("crossed_at_step")
         grid = det.get("grid_epsilons")
         grid_max = (
             float(max(grid)) if isinstance(grid, list) and grid and all(_is_num(g) for g in grid)
             else None
         )
         figs = [
-            ("plot-wealth", _plots.plot_log_wealth(wh, self.threshold_log(), d["violation_step"]),
+            ("plot-wealth", _plots.plot_log_wealth(wh, self.threshold_log(), d["violation_step"],
+                                                   crossed if _is_num(crossed) else None),
              "Log-wealth of each sequential test over training steps. A test proves a violation "
              "when its log-wealth reaches the dashed line log(1/α); under a true null it "
              "stays below it with probability at least 1 − α."),
@@ -1024,8 +1077,9 @@ class _HtmlPage:
             ("Every step observed", flag(
                 "every_step_observed", "yes", "no: some steps were not observed")),
             ("Clipping exercised", flag(
-                "clipping_exercised", "yes: canaries and real examples reached the clipping norm",
-                "no: clipping was never active, so a clipping bug would be invisible")),
+                "clipping_exercised", "yes: the canaries go through the library's own clipping",
+                "no: the canaries bypass the clipping code, so a clipping bug is invisible to "
+                "them")),
         ]
         table = "".join(f"<tr><th>{_e(k)}</th><td>{v}</td></tr>" for k, v in rows)
         other_tm = {k: v for k, v in tm.items()

@@ -37,12 +37,15 @@ def make_report(kind: str = "violation", n_steps: int = 120, m: int = 400) -> Au
     seq_lb = float(lb[-1])
     in_scores = rng.normal(1.0 if kind != "nothing" else 0.1, 1.0, m // 2)
     out_scores = rng.normal(0.0, 1.0, m // 2)
+    # the keys of dpaudit_torch.stats.one_run's result .to_dict()
     steinke = {"bound": 0.7312, "method": "steinke", "strategy": "bonferroni",
-               "guesses": "top/bottom k over 8 candidates", "m": m, "r": 60, "v": 52,
-               "alpha": 0.05, "delta": 1e-5, "ceiling": 3.914, "uncorrected_best": 1.02,
-               "note": "valid for any (eps, delta)-DP mechanism"}
-    fdp = dict(steinke, bound=0.9876543, method="fdp", ceiling=6.5,
-               note="test against the Gaussian (mu-GDP) family")
+               "guesses": "two_sided", "m": m, "r": 60, "v": 52, "k_pos": 30, "k_neg": 30,
+               "alpha": 0.05, "alpha_per_test": 0.00625, "delta": 1e-5, "ceiling": 3.914,
+               "family": None, "mu": None, "n_candidates": 8, "m_total": m,
+               "uncorrected_best": 1.02, "uncorrected_best_r": 40,
+               "uncorrected_best_note": "diagnostic only: not a valid lower bound"}
+    fdp = dict(steinke, bound=0.9876543, method="fdp", ceiling=6.5, mu=0.4,
+               family="test against the Gaussian (mu-GDP) curve family, not a family-free bound")
     claimed = 0.6 if kind == "refuted" else 2.345678
     summary = {"test": "mmd", "epsilons": grid, "deltas": [1e-6] * 5, "alpha": 0.05,
                "burn_in": 20, "simultaneous": False, "n_pairs": 4 * len(steps),
@@ -368,11 +371,14 @@ def test_html_shows_verdict_and_numbers_equal_to_fields(tmp_path: Path, kind: st
     # plain-language meaning of the verdict
     if kind == "nothing":
         assert "is not a proof of privacy" in page
-        assert format_number(6.5) in page  # the best ceiling (f-DP) is named
+        # the ceiling of the family-free method is named (f-DP cannot refute on its own)
+        assert "whatever the mechanism, is 3.914" in page
     if kind == "refuted":
         assert "The privacy claim is <strong>false</strong>" in page
     # method, level, strategy, canary count and ceiling are all in the bounds table
-    for needle in ("bonferroni", "95% confidence", "400", "60 / 52", "3.914", "per-step bound"):
+    for needle in ("bonferroni (two_sided)", "95% confidence", "0.00625 per candidate",
+                   "over 8 candidates", "60 / 52", "3.914", "per-step bound",
+                   "Gaussian (mu-GDP) curve family", "not a valid lower bound"):
         assert needle in page, needle
     # the threat model, seed policy, versions and warnings are written down
     for needle in ("White-box", "Every step observed", "Clipping exercised",
@@ -466,6 +472,36 @@ def test_html_with_empty_or_short_histories(tmp_path: Path) -> None:
 
 def test_ceiling_below_claim_is_pointed_out(tmp_path: Path) -> None:
     report = make_report("nothing")
-    report.claimed_epsilon = 8.0  # above both ceilings (3.914 and 6.5)
+    report.claimed_epsilon = 5.0  # above Steinke's ceiling 3.914 (f-DP never refutes alone)
     page = report.to_html()
-    assert page.count("could not have refuted the claim even with every guess right") == 2
+    assert page.count("could not have refuted the claim even with every guess right") == 1
+
+
+def test_gaussian_family_bound_alone_does_not_refute() -> None:
+    report = make_report("nothing")
+    report.claimed_epsilon = 0.8  # below the f-DP bound 0.9877, above Steinke's 0.7312
+    page = report.to_html()
+    assert page.count("yes: claim refuted") == 0
+    assert "assumes the Gaussian family, so it does not refute the claim" in page
+    report.claimed_epsilon = 0.5  # now Steinke (family-free) exceeds it too
+    report.claim_refuted = True
+    page = report.to_html()
+    assert page.count("yes: claim refuted") == 1
+    assert "The privacy claim is <strong>false</strong>" in page
+
+
+def test_records_and_decision_cadence_are_rendered() -> None:
+    report = make_report("violation")
+    report.canaries["per_parameter"] = [
+        {"param_index": 0, "shape": [16, 1, 3, 3], "pairs": 1, "one_run": 23},
+        {"param_index": 1, "shape": [16], "pairs": 2, "one_run": 3},
+    ]
+    report.sequential["crossed_at_step"] = 4
+    report.sequential["check_every"] = 10
+    page = report.to_html()
+    assert page.count('<table class="records">') == 1
+    assert "<th>param_index</th>" in page and "16, 1, 3, 3" in page
+    assert (
+        f"first reached the threshold at step 4; the violation was declared at step "
+        f"{report.violation_step} (the decision is checked every 10 steps)"
+    ) in page
