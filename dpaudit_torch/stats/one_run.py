@@ -751,7 +751,8 @@ class OneRunAudit:
             raise ValueError(f"is_in must have the shape of scores {s.shape}, got {lab.shape}")
         if lab.dtype != bool:
             if not np.isin(lab, (0, 1)).all():
-                raise ValueError(f"is_in must hold booleans or 0/1, got values {np.unique(lab)[:5]}")
+                vals = np.unique(lab)[:5]
+                raise ValueError(f"is_in must hold booleans or 0/1, got values {vals}")
             lab = lab.astype(bool)
         if lab.all() or not lab.any():
             raise ValueError("is_in must contain both IN and OUT canaries")
