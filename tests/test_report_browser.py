@@ -19,9 +19,13 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from test_report import make_report
 
 from dpaudit_torch.report import HTML_NAME, AuditReport, format_number
+
+try:  # tests/ as a plain directory (pytest's default "prepend" import mode) or as a package
+    from test_report import make_report
+except ImportError:  # pragma: no cover
+    from tests.test_report import make_report
 
 REPO = Path(__file__).resolve().parents[1]
 APT_HINT = "apt-get update && apt-get install -y chromium"
@@ -34,6 +38,7 @@ CHROMIUM_ARGS = [
     "--disable-background-networking",
     "--disable-component-update",
     "--disable-sync",
+    "--disable-dev-shm-usage",  # small /dev/shm in CI containers
 ]
 
 pytestmark = pytest.mark.timeout(300)
