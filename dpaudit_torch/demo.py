@@ -163,7 +163,7 @@ def run_demo(
             if on_step is not None:
                 metrics = dict(getattr(auditor, "latest_metrics", {}))
                 metrics["step"] = step
-                metrics["loss"] = float(loss) if loss is not None else math.nan
+                metrics["loss"] = loss.item() if loss is not None else math.nan
                 on_step(metrics)
             if auditor.should_stop:
                 stopped_early = True
