@@ -365,13 +365,13 @@ class SequentialTest:
         d = int(x.shape[1])
         if d == 0:
             raise ValueError("pairs must have at least one coordinate (got d = 0)")
-        if self._dim is None:
-            self._dim = d
-        elif d != self._dim:
+        if self._dim is not None and d != self._dim:
             raise ValueError(f"pairs have dimension {d}, but this test has seen dimension "
                              f"{self._dim}")
         check_finite_tensor(x, "x")
         check_finite_tensor(y, "y")
+        if self._dim is None:  # only a batch that passed every check fixes the dimension
+            self._dim = d
         return x, y
 
     def _grid_log_wealth(self, comp_lw: np.ndarray) -> np.ndarray:
