@@ -107,7 +107,7 @@ def test_p_value_vectorised() -> None:
 # jax_privacy regression values (tests/auditing_test.py::test_epsilon_one_run_close)
 # ------------------------------------------------------------------------------------------------
 def _deterministic_normal(mu: float, n: int) -> np.ndarray:
-    """n scores at the normal quantiles (i + 1/2) / n, shifted by mu (jax_privacy's construction)."""
+    """n scores at the normal quantiles (i + 1/2) / n, shifted by mu (jax_privacy's test)."""
     return stats.norm.ppf(np.linspace(0, 1, n, endpoint=False) + 1 / (2 * n)) + mu
 
 
@@ -314,6 +314,25 @@ def test_coverage(game: str, method: str, strategy: str, guesses: str) -> None:
 def test_coverage_large(game: str, method: str, strategy: str, guesses: str) -> None:
     n = 1000
     assert _failure_rate(game, method, strategy, guesses, n, M_COV, seed=2) <= _limit(n)
+
+
+def test_coverage_harness_catches_selection_on_the_secret() -> None:
+    # The harness has teeth: the uncorrected diagnostic (best guess count chosen after seeing which
+    # guesses were right) used as if it were a bound.  RR with eps0 = 1, m = 300: it exceeds the
+    # truth in about 19 % of runs (measured 0.19 on 200 runs), far above alpha + 3 SE = 0.115,
+    # while the valid FixedK bound on the same runs stays below alpha (measured 0.025).
+    n, m, eps0 = 100, 300, 1.0
+    fails_diag = fails_fixed = 0
+    for run in range(n):
+        rng = np.random.default_rng([5, run])
+        lab = rng.random(m) < 0.5
+        scores = (lab ^ (rng.random(m) < special.expit(-eps0))).astype(np.float64)
+        res = OneRunAudit.from_labels(scores, lab, tie_break_seed=run).epsilon_lower_bound(
+            DELTA, ALPHA, "steinke", "two_sided", FixedK(m // 2))
+        fails_diag += res.uncorrected_best > eps0
+        fails_fixed += res.bound > eps0
+    assert fails_diag / n > _limit(n)
+    assert fails_fixed / n <= _limit(n)
 
 
 def test_power_on_a_leaky_game() -> None:
