@@ -123,6 +123,13 @@ class DataError(Exception):
 
 def load_cifar10(root: str) -> tuple[TensorDataset, TensorDataset]:
     """CIFAR-10 (train, test) from ``root`` as uint8 [N, 3, 32, 32] tensors; never downloads."""
+    base = Path(root) / "cifar-10-batches-py"
+    if not base.is_dir():  # fail fast, before importing torchvision
+        raise DataError(
+            f"no CIFAR-10 under {root!r}: expected torchvision's layout {str(base)!r} (the python "
+            "version of CIFAR-10 from https://www.cs.toronto.edu/~kriz/cifar.html, extracted); "
+            "this example never downloads. Use --fake-data for a smoke test."
+        )
     from torchvision.datasets import CIFAR10
 
     try:
@@ -268,13 +275,6 @@ def _logical_steps(engine: object) -> int:
 
 
 def run(args: argparse.Namespace) -> int:
-    from opacus import PrivacyEngine
-    from opacus.accountants.utils import get_noise_multiplier
-    from opacus.utils.batch_memory_manager import BatchMemoryManager
-    from tqdm import tqdm
-
-    from dpaudit_torch import PrivacyAuditor
-
     device = _device(args.device)
     if args.seed is not None:
         torch.manual_seed(args.seed)
@@ -285,6 +285,13 @@ def run(args: argparse.Namespace) -> int:
     else:
         train, test = load_cifar10(args.data)
         data_name = f"CIFAR-10 from {args.data}"
+
+    from opacus import PrivacyEngine
+    from opacus.accountants.utils import get_noise_multiplier
+    from opacus.utils.batch_memory_manager import BatchMemoryManager
+    from tqdm import tqdm
+
+    from dpaudit_torch import PrivacyAuditor
     n = len(train)
     if args.batch_size > n:
         raise DataError(f"--batch-size {args.batch_size} exceeds the training-set size {n}")

@@ -25,13 +25,14 @@ parser.add_argument("--out", default="quickstart_audit", help="report directory"
 args = parser.parse_args()
 if args.steps < 1:
     parser.error(f"--steps must be >= 1, got {args.steps}")
-warnings.filterwarnings("ignore", module="opacus")  # e.g. "secure_mode is off"
+warnings.filterwarnings("ignore", module="opacus")  # "secure RNG turned off"
+warnings.filterwarnings("ignore", message="Full backward hook")  # torch, about Opacus's hooks
 
 # --- an ordinary Opacus setup -------------------------------------------------------------------
 torch.manual_seed(0)
 x = torch.randn(2000, 20)
 y = (x[:, :5].sum(dim=1) > 0).long()
-model = nn.Sequential(nn.Linear(20, 32), nn.ReLU(), nn.Linear(32, 2))
+model = nn.Sequential(nn.Linear(20, 128), nn.ReLU(), nn.Linear(128, 2))  # room for the canaries
 optimizer = torch.optim.SGD(model.parameters(), lr=0.5)
 loader = DataLoader(TensorDataset(x, y), batch_size=64, shuffle=True)
 engine = PrivacyEngine()

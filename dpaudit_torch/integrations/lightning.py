@@ -57,7 +57,7 @@ except ImportError:  # pragma: no cover - exercised in a subprocess test
             "installed: pip install 'dpaudit-torch[lightning]'"
         ) from None
 
-from .._validation import check_delta
+from .._validation import check_alpha
 
 if TYPE_CHECKING:  # pragma: no cover
     from ..hook import PrivacyAuditor
@@ -96,7 +96,7 @@ class PrivacyAuditCallback(_Callback):
     (``trainer.train_dataloader``), not the one ``make_private`` returned (which Lightning does not
     use); its sample rate is the one really used, whatever the accountant was told. Wrap the data
     with ``opacus.lightning.DPLightningDataModule`` so that it is Poisson-sampled, as the
-    accountant assumes; the callback warns when it is not.
+    accountant assumes (the callback raises a ValueError saying so when it is not).
     """
 
     def __init__(
@@ -109,7 +109,7 @@ class PrivacyAuditCallback(_Callback):
         **auditor_kwargs: Any,
     ) -> None:
         super().__init__()
-        self.delta = check_delta(delta)
+        self.delta = check_alpha(delta, "delta")  # the open interval (0, 1)
         if out_dir is True:
             raise TypeError("out_dir must be a path, None (default location) or False (no saving)")
         if out_dir is not None and out_dir is not False and not isinstance(
@@ -123,8 +123,6 @@ class PrivacyAuditCallback(_Callback):
         if not isinstance(log_metrics, bool):
             raise TypeError(f"log_metrics must be a bool, got {log_metrics!r}")
         self.log_metrics = log_metrics
-        if "delta" in auditor_kwargs:
-            raise TypeError("pass delta as the callback's own argument, not in auditor_kwargs")
         self.auditor_kwargs = dict(auditor_kwargs)
         self.auditor: PrivacyAuditor | None = None
         self.report: AuditReport | None = None
@@ -158,7 +156,7 @@ class PrivacyAuditCallback(_Callback):
         if auditor is None:
             return
         if self.log_metrics:
-            self._log(pl_module, auditor)
+            self._log(trainer, pl_module, auditor)
         stop = bool(auditor.should_stop)
         strategy = getattr(trainer, "strategy", None)
         if getattr(trainer, "world_size", 1) > 1 and strategy is not None:
@@ -229,28 +227,27 @@ class PrivacyAuditCallback(_Callback):
 
     @staticmethod
     def _find_loader(trainer: Any) -> Any:
-        from opacus.data_loader import DPDataLoader
-        from torch.utils.data import DataLoader
-
         loader = getattr(trainer, "train_dataloader", None)
         if isinstance(loader, Mapping) and len(loader) == 1:
             loader = next(iter(loader.values()))
         elif isinstance(loader, (list, tuple)) and len(loader) == 1:
             loader = loader[0]
-        if not isinstance(loader, DataLoader):
+        if loader is None or isinstance(loader, (Mapping, list, tuple)):
             raise ValueError(
-                "PrivacyAuditCallback: the Trainer's training data must be one DataLoader "
-                f"(the one whose sample rate the audit uses), got {type(loader).__name__}"
+                "PrivacyAuditCallback: the Trainer must train on exactly one DataLoader (the one "
+                f"whose sample rate the audit uses), got {type(loader).__name__}"
             )
-        if not isinstance(loader, DPDataLoader):
-            logger.warning(
-                "the training DataLoader is not Poisson-sampled (not an opacus DPDataLoader), "
-                "while Opacus's accountant assumes Poisson sampling; wrap the data with "
-                "opacus.lightning.DPLightningDataModule to train what the accountant describes"
+        if getattr(loader, "sample_rate", None) is None:
+            raise ValueError(
+                "PrivacyAuditCallback: the Trainer's training DataLoader "
+                f"({type(loader).__name__}) is not Poisson-sampled (it has no sample_rate), "
+                "while Opacus's accountant assumes Poisson sampling and the audit needs the rate "
+                "really used. Wrap the data with opacus.lightning.DPLightningDataModule, or pass "
+                "opacus.data_loader.DPDataLoader.from_data_loader(loader) to trainer.fit"
             )
         return loader
 
-    def _log(self, pl_module: Any, auditor: Any) -> None:
+    def _log(self, trainer: Any, pl_module: Any, auditor: Any) -> None:
         metrics = getattr(auditor, "latest_metrics", None)
         if not isinstance(metrics, Mapping):
             return
@@ -262,8 +259,9 @@ class PrivacyAuditCallback(_Callback):
                 values[f"dpaudit/{key}"] = float(value)
         if values:
             try:
+                # to the Trainer's loggers if any; always to trainer.callback_metrics
                 pl_module.log_dict(values, on_step=True, on_epoch=False, prog_bar=False,
-                                   logger=True)
+                                   logger=bool(getattr(trainer, "loggers", None)))
             except Exception as exc:  # logging must never break training
                 logger.debug("could not log audit metrics: %s", exc)
 
