@@ -519,7 +519,7 @@ def test_long_stream_renormalisation(caplog: pytest.LogCaptureFixture) -> None:
     u = SequentialMMDTest(1e-4, witness_radius=1e-3, chunk_size=37).update(x, y)
     np.testing.assert_allclose(u.log_wealth.numpy(), t.log_wealth.numpy(), rtol=1e-9)
     # and the renormalised witness still follows the straightforward implementation
-    n = 900
+    n = 700
     ref = reference_mmd(x[:n].numpy(), y[:n].numpy(), [1e-4], 0.0, 0.05, 20, 1e-3)
     w = SequentialMMDTest(1e-4, witness_radius=1e-3, chunk_size=128)
     with caplog.at_level(logging.DEBUG, logger="dpaudit_torch.stats.mmd"):
