@@ -14,19 +14,18 @@ import sys
 import warnings
 from pathlib import Path
 
+import lightning.pytorch as L  # noqa: N812 (the `lightning` extra, installed by `make test`)
 import pytest
+import pytorch_lightning as pl  # a dependency of `lightning`; opacus.lightning is built on it
 import torch
+from opacus import PrivacyEngine
+from opacus.data_loader import DPDataLoader
 from torch import nn
 from torch.utils.data import DataLoader, TensorDataset
 
-L = pytest.importorskip("lightning.pytorch")
-
-from opacus import PrivacyEngine  # noqa: E402
-from opacus.data_loader import DPDataLoader  # noqa: E402
-
-from dpaudit_torch import AuditReport  # noqa: E402
-from dpaudit_torch.integrations.lightning import PrivacyAuditCallback  # noqa: E402
-from dpaudit_torch.testing.bugs import apply_bug  # noqa: E402
+from dpaudit_torch import AuditReport
+from dpaudit_torch.integrations.lightning import PrivacyAuditCallback
+from dpaudit_torch.testing.bugs import apply_bug
 
 ROOT = Path(__file__).resolve().parents[1]
 # torch warns that Opacus's full backward hooks fire on a first layer whose input needs no grad
@@ -36,7 +35,9 @@ pytestmark = pytest.mark.filterwarnings("ignore:Full backward hook")
 AUDIT = {"k_pairs": 8, "m_canaries": 64, "seed": 0, "check_every": 5, "claimed_every": 1000}
 
 
-class TinyDP(L.LightningModule):
+class _TinyDPMixin:
+    """The model; mixed into a LightningModule of either Lightning package."""
+
     def __init__(self, bug: str | None = None, sigma: float = 1.0,
                  fail_at_step: int | None = None, private: bool = True) -> None:
         super().__init__()
@@ -74,6 +75,10 @@ class TinyDP(L.LightningModule):
         if self.bug is not None:
             apply_bug(optimizer, self.bug)
         return optimizer
+
+
+class TinyDP(_TinyDPMixin, L.LightningModule):
+    pass
 
 
 def _loader(poisson: bool = True, n: int = 512, batch: int = 32) -> DataLoader:
@@ -256,3 +261,28 @@ def test_missing_lightning_gives_install_hint() -> None:
     proc = _python(code)
     assert proc.returncode == 0, proc.stderr
     assert "pip install 'dpaudit-torch[lightning]'" in proc.stdout, proc.stdout
+
+
+def test_standalone_pytorch_lightning_with_opacus_datamodule(tmp_path: Path) -> None:
+    """The standalone ``pytorch_lightning`` package and ``opacus.lightning.DPLightningDataModule``
+    (which is built on it) work too: the Trainer calls the callback's hooks by name."""
+    from opacus.lightning import DPLightningDataModule
+
+    class Data(pl.LightningDataModule):
+        def train_dataloader(self) -> DataLoader:
+            return _loader(poisson=False)
+
+    class TinyPL(_TinyDPMixin, pl.LightningModule):
+        pass
+
+    torch.manual_seed(0)
+    cb = PrivacyAuditCallback(delta=1e-5, out_dir=tmp_path / "pl", **AUDIT)
+    trainer = pl.Trainer(
+        accelerator="cpu", devices=1, max_steps=10, max_epochs=-1, enable_checkpointing=False,
+        logger=False, enable_progress_bar=False, enable_model_summary=False,
+        num_sanity_val_steps=0, default_root_dir=str(tmp_path), callbacks=[cb],
+    )
+    trainer.fit(TinyPL(), datamodule=DPLightningDataModule(Data()))
+    assert isinstance(trainer.train_dataloader, DPDataLoader)
+    assert AuditReport.load(tmp_path / "pl").training["steps"] == 10
+    assert cb.auditor is None and not _is_wrapped(trainer.optimizers[0])
