@@ -1,0 +1,192 @@
+"""Overhead of the PrivacyAuditor: audited / unaudited DP-SGD step time (issue 4).
+
+A small CNN (two 5x5 convolutions, two linear layers, about 46k parameters) on synthetic 28x28
+images (no download), Opacus with ``hooks`` and ``ghost`` clipping, sigma = 1, expected batch 64
+(Poisson), one thread. For each mode, two identical private setups live in the same process: one
+with the auditor attached (default settings), one without. Blocks of steps alternate between them
+(interleaved repetitions, so drifts of a shared machine hit both alike); the figure of merit is
+the ratio of the median per-step times. The auditor's own share is also measured by timing its
+step pre-hook (observation + decisions) and its injection wrapper.
+
+    python benchmarks/overhead.py [--reps 7] [--block 15] [--warmup 30] [--modes hooks,ghost]
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import sys
+import time
+import warnings
+from pathlib import Path
+from typing import Any
+
+import torch
+from torch import nn
+from torch.utils.data import DataLoader, TensorDataset
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from _common import command, machine, markdown_table, write_section  # noqa: E402
+
+from dpaudit_torch.hook import PrivacyAuditor  # noqa: E402
+
+
+class SmallCNN(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.c1 = nn.Conv2d(1, 16, 5)
+        self.c2 = nn.Conv2d(16, 32, 5)
+        self.f1 = nn.Linear(32 * 4 * 4, 64)
+        self.f2 = nn.Linear(64, 10)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        x = torch.max_pool2d(torch.relu(self.c1(x)), 2)
+        x = torch.max_pool2d(torch.relu(self.c2(x)), 2)
+        return self.f2(torch.relu(self.f1(x.flatten(1))))
+
+
+def make(mode: str, seed: int, n: int, batch: int) -> dict[str, Any]:
+    from opacus import PrivacyEngine
+
+    torch.manual_seed(seed)
+    g = torch.Generator().manual_seed(seed)
+    X = torch.randn(n, 1, 28, 28, generator=g)
+    Y = torch.randint(0, 10, (n,), generator=g)
+    model = SmallCNN()
+    opt = torch.optim.SGD(model.parameters(), lr=0.05)
+    dl = DataLoader(TensorDataset(X, Y), batch_size=batch,
+                    generator=torch.Generator().manual_seed(seed + 1))
+    engine = PrivacyEngine(accountant="rdp")
+    crit = nn.CrossEntropyLoss()
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        out = engine.make_private(module=model, optimizer=opt, data_loader=dl,
+                                  noise_multiplier=1.0, max_grad_norm=1.0,
+                                  grad_sample_mode=mode, criterion=crit,
+                                  noise_generator=torch.Generator().manual_seed(seed + 2))
+    if mode == "ghost":
+        model, opt, crit, dl = out
+    else:
+        model, opt, dl = out
+    return {"engine": engine, "model": model, "opt": opt, "dl": dl, "crit": crit,
+            "it": iter(dl), "n_params": sum(p.numel() for p in model.parameters())}
+
+
+def run_block(s: dict[str, Any], steps: int) -> float:
+    """Run ``steps`` logical steps; return seconds per step."""
+    t0 = time.perf_counter()
+    for _ in range(steps):
+        try:
+            x, y = next(s["it"])
+        except StopIteration:
+            s["it"] = iter(s["dl"])
+            x, y = next(s["it"])
+        s["opt"].zero_grad()
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            loss = s["crit"](s["model"](x), y)
+            loss.backward()
+        s["opt"].step()
+    return (time.perf_counter() - t0) / steps
+
+
+def instrument(aud: PrivacyAuditor) -> dict[str, float]:
+    """Accumulate the time spent in the auditor's pre-hook and injection wrapper."""
+    acc = {"hook": 0.0, "inject": 0.0}
+    hook = aud._pre_hook
+
+    def timed_hook(*a: Any) -> Any:
+        t = time.perf_counter()
+        try:
+            return hook(*a)
+        finally:
+            acc["hook"] += time.perf_counter() - t
+
+    aud._handle.remove()
+    aud._handle = aud.optimizer.original_optimizer.register_step_pre_hook(timed_hook)
+    inj = aud._injector
+    attr = inj._attr
+    wrapped = getattr(aud.optimizer, attr)
+
+    def timed_inject() -> Any:
+        t = time.perf_counter()
+        orig = inj._original()
+        t_orig = [0.0]
+
+        def counted() -> Any:
+            t1 = time.perf_counter()
+            try:
+                return orig()
+            finally:
+                t_orig[0] += time.perf_counter() - t1
+
+        inj._original = lambda: counted  # type: ignore[method-assign]
+        try:
+            return wrapped()
+        finally:
+            del inj._original
+            acc["inject"] += time.perf_counter() - t - t_orig[0]
+
+    setattr(aud.optimizer, attr, timed_inject)
+    return acc
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--reps", type=int, default=7)
+    ap.add_argument("--block", type=int, default=15)
+    ap.add_argument("--warmup", type=int, default=30)
+    ap.add_argument("--modes", default="hooks,ghost")
+    ap.add_argument("--n", type=int, default=6400)
+    ap.add_argument("--batch", type=int, default=64)
+    ap.add_argument("--no-write", action="store_true")
+    args = ap.parse_args()
+    torch.set_num_threads(1)
+    rows = []
+    for mode in args.modes.split(","):
+        base = make(mode, 0, args.n, args.batch)
+        audited = make(mode, 0, args.n, args.batch)
+        aud = PrivacyAuditor(audited["engine"], audited["opt"], audited["dl"], seed=0)
+        acc = instrument(aud)
+        run_block(base, args.warmup)
+        run_block(audited, args.warmup)
+        acc["hook"] = acc["inject"] = 0.0
+        t_base, t_aud = [], []
+        for r in range(args.reps):
+            first, second = (base, audited) if r % 2 == 0 else (audited, base)
+            a = run_block(first, args.block)
+            b = run_block(second, args.block)
+            if first is base:
+                t_base.append(a)
+                t_aud.append(b)
+            else:
+                t_aud.append(a)
+                t_base.append(b)
+        mb, ma = statistics.median(t_base), statistics.median(t_aud)
+        steps = args.reps * args.block
+        rows.append([mode, base["n_params"], aud.check_every, args.warmup + steps, 1e3 * mb,
+                     1e3 * ma, ma / mb, 1e3 * acc["inject"] / steps, 1e3 * acc["hook"] / steps])
+        print(f"{mode}: unaudited {1e3 * mb:.2f} ms/step, audited {1e3 * ma:.2f} ms/step, ratio "
+              f"{ma / mb:.3f} (injection {1e3 * acc['inject'] / steps:.2f} ms, observation + "
+              f"tests {1e3 * acc['hook'] / steps:.2f} ms per step)", flush=True)
+        aud.detach()
+    table = markdown_table(
+        ["mode", "params", "check_every", "audited steps at end", "unaudited ms/step",
+         "audited ms/step", "ratio", "injection ms/step", "observation+tests ms/step"], rows)
+    print(table)
+    if not args.no_write:
+        body = (
+            "## Overhead of the auditor (benchmarks/overhead.py)\n\n"
+            f"Command: `{command()}`  \nMachine: {machine()}\n\n"
+            "Small CNN (2 conv + 2 linear), synthetic 28x28 inputs, sigma 1, C 1, expected batch "
+            f"{args.batch} (Poisson), one thread; auditor with default settings (16 pairs, 1000 "
+            "one-run canaries, both sequential tests). Audited and unaudited setups live in the "
+            f"same process; {args.reps} interleaved blocks of {args.block} steps after "
+            f"{args.warmup} warm-up steps; ratio of median per-step times. The last two columns "
+            "time the auditor's own code (injection wrapper without Opacus's clipping; step "
+            "pre-hook: observation, sequential tests, claimed epsilon).\n\n" + table + "\n")
+        write_section("overhead", body)
+
+
+if __name__ == "__main__":
+    main()

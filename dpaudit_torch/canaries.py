@@ -1,0 +1,225 @@
+"""Canary design for the white-box DP-SGD audit: Dirac coordinates and the secret coins.
+
+A *Dirac canary* is a per-sample gradient with one non-zero coordinate (parameter tensor ``i``,
+flat index ``j``). Projecting the optimizer's final gradient on it is an index gather, so the
+audit costs microseconds per step (ALGORITHMS.md section 5; the "Dirac canary" of Nasr et al.,
+"Adversary instantiation: lower bounds for differentially private machine learning", IEEE S&P
+2021, and of Steinke, Nasr & Jagielski, "Privacy auditing with one (1) training run", NeurIPS
+2023).
+
+Two disjoint pools are drawn from the auditor's own generator:
+
+* ``k`` **sequential pairs** (a_j, b_j), both coordinates inside the same parameter tensor. At
+  every step a fresh fair coin chooses which of the two receives the canary (randomized roles,
+  ALGORITHMS.md section 5);
+* ``m`` **one-run canaries**, each IN with probability 1/2 (a secret coin drawn from a separate
+  generator), an IN canary being included at each step with the data loader's Poisson rate
+  (ALGORITHMS.md section 6).
+
+Coordinates are spread over every trainable parameter tensor in proportion to its size, with at
+least one pair and one one-run canary per tensor where the counts allow it (a bug may affect
+only some tensors), and never collide.
+"""
+
+from __future__ import annotations
+
+import secrets
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+import torch
+
+__all__ = ["CanaryDesign", "allocate", "draw_design", "derive_seeds", "SecretCoins"]
+
+
+def derive_seeds(seed: int | None) -> tuple[dict[str, int], str]:
+    """Independent 63-bit seeds for the auditor's three streams, and the seed policy in words.
+
+    Streams: ``"design"`` (canary coordinates), ``"mechanics"`` (role coins and Poisson inclusion
+    of IN canaries, drawn every step) and ``"secret"`` (the IN/OUT coins). With ``seed=None`` each
+    stream is seeded from OS entropy (:mod:`secrets`), so two unseeded auditors differ.
+    """
+    names = ("design", "mechanics", "secret")
+    if seed is None:
+        return {n: secrets.randbits(63) for n in names}, "os-entropy"
+    if isinstance(seed, bool) or not isinstance(seed, (int, np.integer)):
+        raise TypeError(f"seed must be an int or None, got {seed!r} ({type(seed).__name__})")
+    if int(seed) < 0:
+        raise ValueError(f"seed must be >= 0, got {seed!r}")
+    states = np.random.SeedSequence(int(seed)).spawn(len(names))
+    out = {n: int(s.generate_state(1, dtype=np.uint64)[0] >> np.uint64(1))
+           for n, s in zip(names, states)}
+    return out, f"seeded ({int(seed)})"
+
+
+def allocate(total: int, sizes: list[int], minimum: int = 1) -> list[int]:
+    """Split ``total`` items over tensors of the given capacities, proportionally to capacity.
+
+    Every tensor with capacity gets at least ``minimum`` when ``total`` allows it (largest tensors
+    first), the rest is distributed by the largest-remainder method; no tensor exceeds its
+    capacity. Raises ValueError if the capacities cannot hold ``total``.
+    """
+    cap = np.asarray(sizes, dtype=np.int64)
+    if total > int(cap.sum()):
+        raise ValueError(f"cannot place {total} canary slots in parameter tensors holding only "
+                         f"{int(cap.sum())}; use fewer canaries (k_pairs / m_canaries)")
+    out = np.zeros_like(cap)
+    order = np.argsort(-cap, kind="stable")
+    eligible = [i for i in order if cap[i] >= minimum]
+    base = min(minimum, total // max(len(eligible), 1)) if eligible else 0
+    if base > 0:
+        for i in eligible:
+            out[i] = base
+    remaining = total - int(out.sum())
+    while remaining > 0:
+        free = cap - out
+        w = np.where(free > 0, cap.astype(np.float64), 0.0)
+        share = w / w.sum() * remaining
+        add = np.minimum(np.floor(share).astype(np.int64), free)
+        if add.sum() == 0:  # hand out one by one, largest remainder first
+            frac = np.where(free > 0, share - np.floor(share), -1.0)
+            for i in np.argsort(-frac, kind="stable")[:remaining]:
+                if free[i] > 0:
+                    add[i] += 1
+        out += add
+        remaining = total - int(out.sum())
+    return out.tolist()
+
+
+@dataclass
+class CanaryDesign:
+    """Where the canaries live. Coordinates are (parameter index, flat index) in ``params`` order.
+
+    Attributes:
+        shapes: shape of every trainable parameter tensor (the optimizer's ``params`` order).
+        pair_param, pair_a, pair_b: [k] parameter index and the two flat indices of each pair.
+        one_param, one_flat: [m] parameter index and flat index of each one-run canary, sorted by
+            parameter index (so the canaries of one tensor are contiguous).
+    """
+
+    shapes: list[tuple[int, ...]]
+    pair_param: torch.Tensor
+    pair_a: torch.Tensor
+    pair_b: torch.Tensor
+    one_param: torch.Tensor
+    one_flat: torch.Tensor
+    kind: str = "dirac"
+    extra: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def k_pairs(self) -> int:
+        return int(self.pair_param.numel())
+
+    @property
+    def m_canaries(self) -> int:
+        return int(self.one_param.numel())
+
+    @property
+    def n_params(self) -> int:
+        return len(self.shapes)
+
+    def coordinates(self) -> tuple[torch.Tensor, torch.Tensor]:
+        """All canary coordinates in the order [pair a (k), pair b (k), one-run (m)]."""
+        params = torch.cat([self.pair_param, self.pair_param, self.one_param])
+        flats = torch.cat([self.pair_a, self.pair_b, self.one_flat])
+        return params, flats
+
+    def summary(self) -> dict[str, Any]:
+        """Per-tensor counts (plain types) for the report."""
+        per = []
+        for i, shape in enumerate(self.shapes):
+            per.append({
+                "param_index": i,
+                "shape": list(shape),
+                "numel": int(np.prod(shape)) if shape else 1,
+                "pairs": int((self.pair_param == i).sum()),
+                "one_run": int((self.one_param == i).sum()),
+            })
+        return {"design": self.kind, "k_pairs": self.k_pairs, "m_one_run": self.m_canaries,
+                "per_parameter": per}
+
+    def to_state(self) -> dict[str, Any]:
+        return {"shapes": [list(s) for s in self.shapes], "kind": self.kind,
+                "pair_param": self.pair_param.clone(), "pair_a": self.pair_a.clone(),
+                "pair_b": self.pair_b.clone(), "one_param": self.one_param.clone(),
+                "one_flat": self.one_flat.clone()}
+
+
+def draw_design(shapes: list[tuple[int, ...]], k_pairs: int, m_canaries: int,
+                generator: torch.Generator) -> CanaryDesign:
+    """Draw k disjoint coordinate pairs and m one-run coordinates, none colliding.
+
+    Pairs are allocated over tensors in proportion to ``numel // 2`` (each pair lives inside one
+    tensor), the one-run canaries in proportion to what remains; inside each tensor the
+    coordinates are one uniformly random permutation prefix (``torch.randperm`` on ``generator``).
+    """
+    numels = [int(np.prod(s)) if len(s) else 1 for s in shapes]
+    if not numels:
+        raise ValueError("the optimizer has no trainable parameters to place canaries in")
+    pairs_per = allocate(k_pairs, [n // 2 for n in numels]) if k_pairs else [0] * len(numels)
+    left = [n - 2 * p for n, p in zip(numels, pairs_per)]
+    ones_per = allocate(m_canaries, left) if m_canaries else [0] * len(numels)
+    pp, pa, pb, op, of = [], [], [], [], []
+    for i, n in enumerate(numels):
+        need = 2 * pairs_per[i] + ones_per[i]
+        if need == 0:
+            continue
+        if n <= 4 * need or n <= 1 << 16:
+            idx = torch.randperm(n, generator=generator)[:need]
+        else:  # sample without replacement by rejection, without an O(n) permutation
+            chosen: list[int] = []
+            seen: set[int] = set()
+            while len(chosen) < need:
+                cand = torch.randint(0, n, (2 * (need - len(chosen)),), generator=generator)
+                for c in cand.tolist():
+                    if c not in seen:
+                        seen.add(c)
+                        chosen.append(c)
+                        if len(chosen) == need:
+                            break
+            idx = torch.tensor(chosen, dtype=torch.long)
+        k_i = pairs_per[i]
+        pp.append(torch.full((k_i,), i, dtype=torch.long))
+        pa.append(idx[:k_i])
+        pb.append(idx[k_i:2 * k_i])
+        op.append(torch.full((ones_per[i],), i, dtype=torch.long))
+        of.append(idx[2 * k_i:])
+
+    def cat(xs: list[torch.Tensor]) -> torch.Tensor:
+        return torch.cat(xs).long() if xs else torch.zeros(0, dtype=torch.long)
+
+    return CanaryDesign(shapes=[tuple(s) for s in shapes], pair_param=cat(pp), pair_a=cat(pa),
+                        pair_b=cat(pb), one_param=cat(op), one_flat=cat(of))
+
+
+class SecretCoins:
+    """The IN/OUT coins of the one-run canaries (IN with probability 1/2).
+
+    Drawn once from their own generator; the coins are kept private and are only handed out by
+    :meth:`reveal` (called by ``PrivacyAuditor.finalize``). ``repr`` and ``str`` never show them.
+    """
+
+    __slots__ = ("_in", "_revealed")
+
+    def __init__(self, m: int, generator: torch.Generator) -> None:
+        self._in = torch.rand(m, generator=generator, dtype=torch.float64) < 0.5
+        self._revealed = False
+
+    def __repr__(self) -> str:
+        return f"SecretCoins(m={self._in.numel()}, revealed={self._revealed})"
+
+    __str__ = __repr__
+
+    @property
+    def revealed(self) -> bool:
+        return self._revealed
+
+    def _mask(self) -> torch.Tensor:
+        """Internal use by the injector only (to include IN canaries); never logged."""
+        return self._in
+
+    def reveal(self) -> torch.Tensor:
+        """The IN mask (bool [m]); marks the coins as revealed."""
+        self._revealed = True
+        return self._in.clone()

@@ -1,0 +1,365 @@
+"""Canary injection through Opacus's own code path (the only place that edits gradients).
+
+Hook points (Opacus 1.6, ``optimizers/optimizer.py``; see docs/auditor.md):
+
+* per-sample modes (``hooks``, ``functorch``, ``ew``): the optimizer *instance's*
+  ``clip_and_accumulate`` is wrapped. Before the original runs, one canary row per injected
+  canary is appended to every ``p.grad_sample`` (``torch.cat`` along the batch dimension), with
+  raw norm ``canary_norm * C`` where ``C`` is read at injection time (per-layer clipping reads
+  ``max_grad_norms[i]``, adaptive clipping its current ``max_grad_norm``). Opacus then clips the
+  canary with the same code as every real example, so a clipping bug shows in the canary.
+* ghost clipping (``DPOptimizerFastGradientClipping``): there are no per-sample gradients in the
+  optimizer (clipping happens in the loss's second backward), so ``accumulate`` is wrapped and
+  the *already clipped* canary, ``raw * min(1, C / (raw + 1e-6))`` exactly as Opacus's flat
+  clipping would produce it, is added to ``p.summed_grad``. Clipping is then not exercised.
+
+Injection happens only on the micro-batch that ends a logical step
+(``optimizer._check_skip_next_step(pop_next=False)`` is False), so ``BatchMemoryManager`` gets one
+set of canaries per logical step. Under DDP only rank 0 injects (``optimizer.rank``), while every
+rank draws the same role coins, so that every rank can observe the same pairs after the
+all-reduce.
+
+All randomness comes from the auditor's own CPU ``torch.Generator`` streams (role coins and
+Poisson inclusion: ``mechanics``; IN/OUT: the secret coins), never from Opacus's noise generator
+or the global RNG, so auditing does not perturb the noise stream and the draws are identical on
+every device.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+
+from .canaries import CanaryDesign, SecretCoins
+
+logger = logging.getLogger(__name__)
+
+__all__ = ["StepRecord", "Injector", "is_ghost", "per_param_clip", "effective_noise_multiplier",
+           "opacus_clipped_value"]
+
+#: the constant Opacus adds to per-sample norms before dividing (``optimizers/optimizer.py``)
+OPACUS_NORM_EPS = 1e-6
+
+
+def is_ghost(optimizer: Any) -> bool:
+    from opacus.optimizers import DPOptimizerFastGradientClipping
+
+    return isinstance(optimizer, DPOptimizerFastGradientClipping)
+
+
+def per_param_clip(optimizer: Any, n_params: int) -> list[float]:
+    """The clipping bound C_i that applies to each parameter tensor right now.
+
+    Flat (and adaptive) clipping: one joint bound ``max_grad_norm`` (adaptive clipping changes it
+    every step, so it is read at injection time). Per-layer clipping: ``max_grad_norms[i]``.
+    """
+    norms = getattr(optimizer, "max_grad_norms", None)
+    if norms is not None:
+        vals = [float(c) for c in norms]
+        if len(vals) != n_params:
+            raise RuntimeError(f"per-layer clipping has {len(vals)} bounds for {n_params} "
+                               f"parameter tensors")
+        return vals
+    return [float(optimizer.max_grad_norm)] * n_params
+
+
+def _is_adaclip(optimizer: Any) -> bool:
+    from opacus.optimizers import AdaClipDPOptimizer
+
+    return isinstance(optimizer, AdaClipDPOptimizer)
+
+
+def effective_noise_multiplier(optimizer: Any, adaclip: bool | None = None) -> float:
+    """The noise multiplier the optimizer really uses for the gradient noise this step.
+
+    Adaptive clipping (Andrew et al. 2021, Theorem 1) draws the gradient noise with
+    ``(sigma^-2 - (2 sigma_u)^-2)^(-1/2)``; ghost clipping may carry an
+    ``_adjusted_noise_multiplier``; otherwise it is ``noise_multiplier`` (what the accountant is
+    told).
+    """
+    sigma = float(optimizer.noise_multiplier)
+    if adaclip is None:
+        adaclip = _is_adaclip(optimizer)
+    if adaclip and sigma > 0:
+        return float((sigma ** -2 - (2.0 * float(optimizer.unclipped_num_std)) ** -2) ** -0.5)
+    adj = getattr(optimizer, "_adjusted_noise_multiplier", None)
+    if adj is not None:
+        return float(adj)
+    return sigma
+
+
+def opacus_clipped_value(raw: float, clip: float) -> float:
+    """What Opacus's flat clipping makes of a one-coordinate row of value ``raw``."""
+    return raw * min(1.0, clip / (abs(raw) + OPACUS_NORM_EPS))
+
+
+@dataclass
+class StepRecord:
+    """What the observer needs to read one logical step (all small; tensors on the device)."""
+
+    coins: torch.Tensor  # [k] bool on device: True -> the canary went to coordinate a_j
+    coins_cpu: torch.Tensor  # [k] bool on host (same values)
+    clip: list[float]  # C_i per parameter tensor at injection time
+    unit_scale: list[float]  # per parameter: multiply p.grad by this to get units of C_i
+    sigma: float  # effective noise multiplier of this step
+    sigma_claimed: float  # the optimizer's noise_multiplier (what the accountant is told)
+    n_rows: int  # canary rows (or clipped canaries, ghost) added this step
+    n_one_run: int  # one-run canaries included this step
+    injected: bool  # False on DDP ranks other than 0
+    included: torch.Tensor | None = None  # [n] one-run canaries included (host; private)
+
+
+class Injector:
+    """Wraps the optimizer instance's ``clip_and_accumulate`` (or ``accumulate`` in ghost mode).
+
+    Args:
+        optimizer: an Opacus ``DPOptimizer`` (any subclass).
+        params: the optimizer's trainable parameters, in ``optimizer.params`` order.
+        design: the canary coordinates.
+        coins: the secret IN/OUT coins of the one-run canaries.
+        mechanics: CPU generator for role coins and Poisson inclusion.
+        sample_rate: the data loader's Poisson rate (an IN canary's inclusion probability).
+        canary_norm: raw canary norm as a multiple of the clipping bound.
+        device: the parameters' device (where index tensors live).
+    """
+
+    def __init__(self, optimizer: Any, params: list[torch.nn.Parameter], design: CanaryDesign,
+                 coins: SecretCoins, mechanics: torch.Generator, sample_rate: float,
+                 canary_norm: float, device: torch.device) -> None:
+        self.optimizer = optimizer
+        self.params = params
+        self.design = design
+        self.coins = coins
+        self.mechanics = mechanics
+        self.sample_rate = float(sample_rate)
+        self.canary_norm = float(canary_norm)
+        self.device = device
+        self.ghost = is_ghost(optimizer)
+        self.adaclip = _is_adaclip(optimizer)
+        self.rank = int(getattr(optimizer, "rank", 0))
+        self.injects = self.rank == 0
+        self._attr = "accumulate" if self.ghost else "clip_and_accumulate"
+        self._saved: Any = None
+        self._had_instance_attr = False
+        self._attached = False
+        self._pending: StepRecord | None = None
+        self.on_inject: Callable[[StepRecord], None] | None = None
+        self.insertions = 0  # canaries inserted (pairs + one-run), this rank
+        self.one_run_insertions = 0
+        self.steps_injected = 0
+        k = design.k_pairs
+        self._k = k
+        # per parameter: pair ids (rows) and their a / b coordinates, on device
+        self._pair_rows: list[torch.Tensor] = []
+        self._pair_a: list[torch.Tensor] = []
+        self._pair_b: list[torch.Tensor] = []
+        self._has_pairs: list[bool] = []
+        for i in range(design.n_params):
+            sel = torch.nonzero(design.pair_param == i).reshape(-1)
+            self._has_pairs.append(bool(sel.numel()))
+            self._pair_rows.append(sel.to(device))
+            self._pair_a.append(design.pair_a[sel].to(device))
+            self._pair_b.append(design.pair_b[sel].to(device))
+        self._one_counts = torch.bincount(design.one_param, minlength=design.n_params)
+        self._in_mask = coins._mask()
+
+    # ------------------------------------------------------------------ attach / detach
+    def attach(self) -> None:
+        opt = self.optimizer
+        self._had_instance_attr = self._attr in vars(opt)
+        self._saved = vars(opt).get(self._attr)
+        setattr(opt, self._attr, self._wrapper_ghost if self.ghost else self._wrapper)
+        self._attached = True
+
+    def detach(self) -> None:
+        if not self._attached:
+            return
+        opt = self.optimizer
+        if self._had_instance_attr:
+            setattr(opt, self._attr, self._saved)
+        else:
+            try:
+                delattr(opt, self._attr)
+            except AttributeError:
+                pass
+        self._attached = False
+        self._pending = None
+
+    def pop_record(self) -> StepRecord | None:
+        rec, self._pending = self._pending, None
+        return rec
+
+    # ------------------------------------------------------------------ the step plan
+    def _original(self) -> Callable[[], Any]:
+        """The method the wrapper stands in front of, looked up at call time, so that anything
+        the class does (including a deliberately broken subclass from testing.bugs) runs."""
+        if self._had_instance_attr:
+            return self._saved
+        opt = self.optimizer
+        return getattr(type(opt), self._attr).__get__(opt, type(opt))
+
+    def _plan(self) -> StepRecord:
+        """Draw this step's role coins and Poisson inclusions (host) and fill a StepRecord."""
+        opt = self.optimizer
+        g = self.mechanics
+        coins_cpu = torch.rand(self._k, generator=g) < 0.5
+        m = self.design.m_canaries
+        incl = (torch.rand(m, generator=g, dtype=torch.float64) < self.sample_rate) & self._in_mask
+        clip = per_param_clip(opt, len(self.params))
+        if self.ghost:
+            acc = 1
+        else:
+            acc = int(opt.accumulated_iterations)
+        world = int(getattr(opt, "world_size", 1))
+        if opt.loss_reduction == "mean":
+            denom = float(opt.expected_batch_size) * acc * world
+        else:
+            denom = float(world) if world > 1 else 1.0
+        unit_scale = [denom / c if c > 0 else math.nan for c in clip]
+        n_one = int(incl.sum())
+        rec = StepRecord(
+            coins=coins_cpu.to(self.device, non_blocking=True),
+            coins_cpu=coins_cpu,
+            clip=clip,
+            unit_scale=unit_scale,
+            sigma=effective_noise_multiplier(opt, self.adaclip),
+            sigma_claimed=float(opt.noise_multiplier),
+            n_rows=self._k + n_one,
+            n_one_run=n_one,
+            injected=self.injects,
+            included=torch.nonzero(incl).reshape(-1),
+        )
+        return rec
+
+    def _per_param_targets(self, rec: StepRecord
+                           ) -> list[tuple[torch.Tensor, torch.Tensor] | None]:
+        """For every parameter tensor: (rows, flat indices) of the canaries it carries."""
+        k = self._k
+        inc_idx = rec.included
+        inc_param = self.design.one_param[inc_idx]
+        inc_flat = self.design.one_flat[inc_idx]
+        inc_rows = torch.arange(k, k + inc_idx.numel())
+        counts = torch.bincount(inc_param, minlength=self.design.n_params).tolist()
+        # one small host->device copy for all included canaries (sorted by parameter)
+        both = torch.stack([inc_rows, inc_flat]).to(self.device, non_blocking=True)
+        rows_split = both[0].split(counts)
+        flat_split = both[1].split(counts)
+        out: list[tuple[torch.Tensor, torch.Tensor] | None] = []
+        for i in range(self.design.n_params):
+            parts_r, parts_f = [], []
+            if self._has_pairs[i]:
+                c = rec.coins[self._pair_rows[i]]
+                parts_r.append(self._pair_rows[i])
+                parts_f.append(torch.where(c, self._pair_a[i], self._pair_b[i]))
+            if counts[i]:
+                parts_r.append(rows_split[i])
+                parts_f.append(flat_split[i])
+            if not parts_r:
+                out.append(None)
+            elif len(parts_r) == 1:
+                out.append((parts_r[0], parts_f[0]))
+            else:
+                out.append((torch.cat(parts_r), torch.cat(parts_f)))
+        return out
+
+    # ------------------------------------------------------------------ the wrappers
+    def _ends_logical_step(self) -> bool:
+        return not self.optimizer._check_skip_next_step(pop_next=False)
+
+    def _wrapper(self) -> Any:
+        original = self._original()
+        if not self._ends_logical_step():
+            return original()
+        params = self.params
+        gs0 = getattr(params[0], "grad_sample", None) if params else None
+        if gs0 is None or _already_processed(params):
+            # let Opacus raise its own error (missing per-sample gradients, or zero_grad not
+            # called): nothing is injected and nothing is recorded
+            return original()
+        rec = self._plan()
+        if self.injects:
+            targets = self._per_param_targets(rec)
+            n_rows = rec.n_rows
+            for i, p in enumerate(params):
+                gs = p.grad_sample
+                last = gs[-1] if isinstance(gs, list) else gs
+                rows = torch.zeros((n_rows,) + tuple(last.shape[1:]), dtype=last.dtype,
+                                   device=last.device)
+                tgt = targets[i]
+                if tgt is not None:
+                    r, f = tgt
+                    if r.device != last.device:
+                        r, f = r.to(last.device), f.to(last.device)
+                    rows.view(n_rows, -1)[r, f] = self.canary_norm * rec.clip[i]
+                new = torch.cat([last, rows], dim=0)
+                if isinstance(gs, list):
+                    gs[-1] = new
+                else:
+                    p.grad_sample = new
+            self._count(rec)
+        self._pending = rec
+        try:
+            result = original()
+        except BaseException:
+            self._pending = None
+            raise
+        self._after_clip(rec)
+        return result
+
+    def _after_clip(self, rec: StepRecord) -> None:
+        """Keep adaptive clipping's unclipped-fraction estimate about real examples only."""
+        opt = self.optimizer
+        if self.injects and self.adaclip:
+            # every canary row (raw norm canary_norm * C > C) is clipped, so it only inflated
+            # the sample count; remove it so the clipping-bound update sees the real data only
+            opt.sample_size -= rec.n_rows
+
+    def _wrapper_ghost(self) -> Any:
+        original = self._original()
+        result = original()
+        if not self._ends_logical_step():
+            return result
+        rec = self._plan()
+        if self.injects:
+            targets = self._per_param_targets(rec)
+            for i, p in enumerate(self.params):
+                tgt = targets[i]
+                if tgt is None:
+                    continue
+                sg = p.summed_grad
+                if sg is None:
+                    sg = torch.zeros_like(p)
+                    p.summed_grad = sg
+                raw = self.canary_norm * rec.clip[i]
+                # the value Opacus's flat clipping gives a one-coordinate row, in its dtype
+                raw_t = torch.tensor(raw, dtype=sg.dtype, device=sg.device)
+                val = (rec.clip[i] / (raw_t + OPACUS_NORM_EPS)).clamp(max=1.0) * raw_t
+                _, f = tgt
+                if f.device != sg.device:
+                    f = f.to(sg.device)
+                sg.view(-1).index_add_(0, f, val.expand(f.numel()))
+            self._count(rec)
+        self._pending = rec
+        return result
+
+    def _count(self, rec: StepRecord) -> None:
+        self.insertions += rec.n_rows
+        self.one_run_insertions += rec.n_one_run
+        self.steps_injected += 1
+        if self.on_inject is not None:
+            self.on_inject(rec)
+
+
+def _already_processed(params: list[torch.nn.Parameter]) -> bool:
+    for p in params:
+        gs = getattr(p, "grad_sample", None)
+        items = gs if isinstance(gs, list) else [gs]
+        for t in items:
+            if t is None or hasattr(t, "_processed"):
+                return True
+    return False

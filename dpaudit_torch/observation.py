@@ -1,0 +1,183 @@
+"""Observation of the final DP gradient at the canary coordinates (after noise and scaling).
+
+Read in a step pre-hook of ``optimizer.original_optimizer`` (``DPOptimizer`` itself does not call
+``Optimizer.__init__``, so it has no hooks of its own): at that point Opacus has clipped, summed,
+noised and scaled the gradient (and, under DDP, all-reduced it), and the update has not been
+applied yet. Each canary coordinate's value of ``p.grad`` times
+``expected_batch_size * accumulated_iterations (* world_size) / C_i`` is, in units of the
+clipping bound, ``1{canary present} + N(0, sigma^2) + W`` for a correct implementation, W being
+the real-data gradient at that coordinate ("interference", ALGORITHMS.md section 5).
+
+Everything stays on the parameters' device: a step costs a handful of index gathers and adds,
+and no host synchronisation (except the finiteness check on CPU, where it is free).
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+import torch
+
+from .canaries import CanaryDesign
+from .injection import StepRecord
+
+__all__ = ["Observer"]
+
+
+class Observer:
+    """Gathers canary projections, forms the sequential pairs, keeps one-run running scores.
+
+    Args:
+        params: the optimizer's trainable parameters (``optimizer.params`` order).
+        design: the canary coordinates.
+        device: where buffers and running sums live.
+        check_finite_every_step: raise on non-finite projections at the step itself (free on
+            CPU); otherwise the check happens when the buffer is drained.
+    """
+
+    def __init__(self, params: list[torch.nn.Parameter], design: CanaryDesign,
+                 device: torch.device, check_finite_every_step: bool) -> None:
+        self.params = params
+        self.design = design
+        self.device = device
+        self.check_finite_every_step = check_finite_every_step
+        k, m = design.k_pairs, design.m_canaries
+        self.k, self.m = k, m
+        all_param, all_flat = design.coordinates()
+        # gather order: parameter-major; `perm` maps design order -> gathered position
+        order = torch.argsort(all_param, stable=True)
+        self._flat: list[torch.Tensor] = []
+        self._which: list[int] = []
+        for i in range(design.n_params):
+            sel = order[all_param[order] == i]
+            if sel.numel():
+                self._which.append(i)
+                self._flat.append(all_flat[sel].to(device))
+        inv = torch.empty_like(order)
+        inv[order] = torch.arange(order.numel())
+        self._perm = inv.to(device)
+        # pair coordinates for the interference measurement (summed_grad before noise)
+        self._pair_which: list[int] = []
+        self._pair_pos: list[torch.Tensor] = []
+        self._pair_flat: list[torch.Tensor] = []
+        for i in range(design.n_params):
+            sel = torch.nonzero(design.pair_param == i).reshape(-1)
+            if sel.numel():
+                self._pair_which.append(i)
+                self._pair_pos.append(sel.to(device))
+                self._pair_flat.append(
+                    torch.stack([design.pair_a[sel], design.pair_b[sel]]).to(device))
+        self.reset()
+
+    def reset(self) -> None:
+        dev = self.device
+        self.steps = 0
+        self.buffer_x: list[torch.Tensor] = []
+        self.buffer_y: list[torch.Tensor] = []
+        self.buffer_steps: list[int] = []
+        self.buffer_sigma: list[float] = []
+        self.scores = torch.zeros(self.m, dtype=torch.float64, device=dev)
+        # interference W (units of C) at the non-canary coordinate of each pair
+        self.w_sum = torch.zeros((), dtype=torch.float64, device=dev)
+        self.w_sumsq = torch.zeros((), dtype=torch.float64, device=dev)
+        self.w_maxabs = torch.zeros((), dtype=torch.float64, device=dev)
+        self.w_count = 0
+        # spread of the observation at the non-canary coordinate (W + noise)
+        self.y_sum = torch.zeros((), dtype=torch.float64, device=dev)
+        self.y_sumsq = torch.zeros((), dtype=torch.float64, device=dev)
+        self.nonfinite = torch.zeros((), dtype=torch.bool, device=dev)
+        self.last_projection: torch.Tensor | None = None
+
+    def gather(self, rec: StepRecord) -> torch.Tensor:
+        """All canary projections of this step in units of C, design order, float64 [2k + m]."""
+        parts = []
+        for i, flat in zip(self._which, self._flat):
+            g = self.params[i].grad
+            if g is None:
+                raise ValueError(f"parameter tensor {i} has no gradient at the optimizer step; "
+                                 f"the audit cannot observe it")
+            parts.append(g.detach().reshape(-1)[flat].to(self.device, torch.float64)
+                         * rec.unit_scale[i])
+        gathered = torch.cat(parts) if len(parts) > 1 else parts[0]
+        return gathered[self._perm]
+
+    def observe(self, rec: StepRecord, step: int) -> torch.Tensor:
+        """Record one logical step; returns the projections. Raises ValueError (state untouched)
+        if a projection is not finite and ``check_finite_every_step``."""
+        vals = self.gather(rec)
+        fin = torch.isfinite(vals).all()
+        if self.check_finite_every_step and not bool(fin):
+            bad = torch.nonzero(~torch.isfinite(vals)).reshape(-1)[:3].tolist()
+            raise ValueError(
+                f"non-finite gradient at canary coordinate(s) {bad} (design order) at step "
+                f"{step}: the audit refuses this observation; the update was not applied")
+        self.nonfinite |= ~fin
+        k = self.k
+        a, b = vals[:k], vals[k:2 * k]
+        c = rec.coins
+        x = torch.where(c, a, b)
+        y = torch.where(c, b, a)
+        self.buffer_x.append(x)
+        self.buffer_y.append(y)
+        self.buffer_steps.append(step)
+        self.buffer_sigma.append(rec.sigma)
+        if self.m:
+            self.scores += vals[2 * k:]
+        self.y_sum += y.sum()
+        self.y_sumsq += (y * y).sum()
+        self._interference(rec)
+        self.steps += 1
+        self.last_projection = vals
+        return vals
+
+    def _interference(self, rec: StepRecord) -> None:
+        """W at the non-canary coordinate of each pair, from ``p.summed_grad`` (pre-noise sum)."""
+        ws = []
+        for i, pos, flat in zip(self._pair_which, self._pair_pos, self._pair_flat):
+            sg = getattr(self.params[i], "summed_grad", None)
+            if sg is None or not isinstance(sg, torch.Tensor):
+                return
+            v = sg.detach().reshape(-1)[flat].to(self.device, torch.float64) / rec.clip[i]
+            c = rec.coins[pos]
+            ws.append(torch.where(c, v[1], v[0]))
+        if not ws:
+            return
+        w = torch.cat(ws)
+        w = torch.where(torch.isfinite(w), w, torch.zeros_like(w))
+        self.w_sum += w.sum()
+        self.w_sumsq += (w * w).sum()
+        self.w_maxabs = torch.maximum(self.w_maxabs, w.abs().max())
+        self.w_count += int(w.numel())
+
+    def drain(self) -> tuple[torch.Tensor, torch.Tensor, list[int], list[float]]:
+        """Buffered pairs as [n_steps, k] tensors (on device), their steps and sigmas; clears."""
+        if not self.buffer_x:
+            empty = torch.zeros((0, self.k), dtype=torch.float64, device=self.device)
+            return empty, empty, [], []
+        x = torch.stack(self.buffer_x)
+        y = torch.stack(self.buffer_y)
+        steps, sig = self.buffer_steps, self.buffer_sigma
+        self.buffer_x, self.buffer_y, self.buffer_steps, self.buffer_sigma = [], [], [], []
+        return x, y, steps, sig
+
+    def interference_summary(self, sigma: float | None) -> dict[str, Any]:
+        """Spread of the real-data gradient at canary coordinates, in units of C (host sync)."""
+        out: dict[str, Any] = {"units": "C (clipping bound)",
+                               "coordinates": "non-canary coordinate of each sequential pair"}
+        n_y = self.steps * self.k
+        if n_y:
+            ym = float(self.y_sum) / n_y
+            yv = max(float(self.y_sumsq) / n_y - ym * ym, 0.0)
+            out["observation_std"] = math.sqrt(yv)
+            if sigma is not None and math.isfinite(sigma):
+                out["std_from_observation_minus_noise"] = math.sqrt(max(yv - sigma * sigma, 0.0))
+        if self.w_count:
+            wm = float(self.w_sum) / self.w_count
+            wv = max(float(self.w_sumsq) / self.w_count - wm * wm, 0.0)
+            out.update({"source": "p.summed_grad (exact pre-noise sum)", "mean": wm,
+                        "std": math.sqrt(wv), "rms": math.sqrt(float(self.w_sumsq) / self.w_count),
+                        "max_abs": float(self.w_maxabs), "n": self.w_count})
+        else:
+            out["source"] = "observations only (p.summed_grad unavailable)"
+        return out
