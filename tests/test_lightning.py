@@ -163,6 +163,21 @@ def test_violation_sets_should_stop_and_saves_report(tmp_path: Path, caplog) -> 
     assert cb.auditor is None and not _is_wrapped(trainer.optimizers[0])
 
 
+def test_on_violation_raise_propagates_and_saves_report(tmp_path: Path) -> None:
+    from dpaudit_torch import PrivacyViolationError
+
+    torch.manual_seed(0)
+    cb = PrivacyAuditCallback(delta=1e-5, out_dir=tmp_path / "r", on_violation="raise", **AUDIT)
+    trainer = _trainer(tmp_path, 200, cb)
+    with pytest.raises(PrivacyViolationError):
+        trainer.fit(TinyDP(bug="no-noise"), train_dataloaders=_loader())
+    assert trainer.global_step < 200
+    report = AuditReport.load(tmp_path / "r")
+    assert report.violation and report.violation_step is not None
+    assert any("PrivacyViolationError" in w for w in report.warnings)
+    assert cb.auditor is None and not _is_wrapped(trainer.optimizers[0])
+
+
 def test_exception_still_saves_report_and_detaches(tmp_path: Path) -> None:
     torch.manual_seed(0)
     cb = PrivacyAuditCallback(delta=1e-5, out_dir=tmp_path / "r", **AUDIT)
