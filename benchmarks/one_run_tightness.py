@@ -231,7 +231,7 @@ def main() -> None:
     # likelihood-ratio vs sum: the 8 bounds of one seed share its data, so average them per seed
     # first; the seed means are independent (5 per eps)
     kinds = [k for k in s[2.0]["vals"] if k[0] == "sum" and k[-1] != "ceil"]
-    lr_parts, all_seed_means = [], []
+    lr_parts, all_seed_means, gains, losses = [], [], [], []
     for eps in s:
         per_seed = np.mean([np.subtract(s[eps]["vals"][("lr",) + k[1:]], s[eps]["vals"][k])
                             for k in kinds], axis=0)
@@ -239,18 +239,25 @@ def main() -> None:
         se = per_seed.std(ddof=1) / math.sqrt(per_seed.size) if per_seed.size > 1 else math.nan
         lr_parts.append(f"eps {eps:g} (sigma {s[eps]['sigma']:.2f}): {per_seed.mean():+.3f} "
                         f"± {se:.3f}")
+        if per_seed.mean() > 2 * se:
+            gains.append(f"{eps:g}")
+        elif per_seed.mean() < -2 * se:
+            losses.append(f"{eps:g}")
     seed_means = np.concatenate(all_seed_means)
     d_mean = float(seed_means.mean())
     d_se = float(seed_means.std(ddof=1) / math.sqrt(seed_means.size))
-    if d_mean > 2 * d_se:
-        lr_verdict = "tighten the bounds slightly"
-    elif d_mean < -2 * d_se:
-        lr_verdict = "loosen the bounds slightly"
-    else:
-        lr_verdict = "do not change the bounds beyond seed noise"
-    lr_sentence = (f"Per-step likelihood-ratio scores {lr_verdict}: lr - sum, averaged over the 8 "
-                   f"bounds of a seed, then mean ± SE over seeds: {'; '.join(lr_parts)}; overall "
-                   f"{d_mean:+.3f} ± {d_se:.3f} ({seed_means.size} seeds)")
+    verdict = []
+    if gains:
+        verdict.append(f"tighten the bounds at eps {', '.join(gains)} (by more than 2 SE)")
+    if losses:
+        verdict.append(f"loosen them at eps {', '.join(losses)}")
+    rest = [f"{e:g}" for e in s if f"{e:g}" not in gains + losses]
+    if rest:
+        verdict.append(f"change nothing beyond seed noise at eps {', '.join(rest)}")
+    lr_sentence = (f"Per-step likelihood-ratio scores {'; '.join(verdict)}.  lr - sum, averaged "
+                   f"over the 8 bounds of a seed, then mean ± SE over seeds: "
+                   f"{'; '.join(lr_parts)}; all {seed_means.size} seeds {d_mean:+.3f} ± "
+                   f"{d_se:.3f}")
 
     def triple(method: str) -> str:
         return " / ".join(f"{mean(e, 'sum', method, 'one_sided', 'best'):.2f}" for e in s)

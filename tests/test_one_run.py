@@ -408,6 +408,24 @@ def test_result_object_and_strategies() -> None:
     assert al.n_candidates == 1000 and al.alpha_per_test == pytest.approx(ALPHA / 1000)
 
 
+def test_pruned_search_equals_brute_force() -> None:
+    # the best-over-candidates search skips candidates that cannot beat the best so far; it must
+    # return exactly the maximum of the individual bounds
+    from dpaudit_torch.stats.one_run import _best, _bound_for, _Game, _split_counts
+
+    rng = np.random.default_rng(3)
+    for m, mu in ((80, 2.5), (150, 0.7)):
+        lab = rng.random(m) < 0.5
+        game = _Game(mu * lab + rng.standard_normal(m), lab, np.random.default_rng(0))
+        kp, kn = _split_counts(np.arange(1, m + 1), "two_sided")
+        r, v = game.counts(kp, kn)
+        for method in ("steinke", "fdp"):
+            best, j, _ = _best(method, m, r, v, ALPHA, DELTA)
+            brute = [_bound_for(method, m, int(a), int(b), DELTA, ALPHA) for a, b in zip(r, v)]
+            assert best == pytest.approx(max(brute), rel=1e-9)
+            assert brute[j] == pytest.approx(best, rel=1e-9)
+
+
 def test_ties_are_broken_independently_of_labels() -> None:
     # all scores equal: the data carry no information.  A positional tie-break (IN listed first)
     # would make every top guess right and certify a large eps.
