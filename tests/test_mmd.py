@@ -528,3 +528,239 @@ def test_long_stream_renormalisation(caplog: pytest.LogCaptureFixture) -> None:
     assert "renormalised" in caplog.text
     np.testing.assert_allclose(w.log_wealth.numpy(), ref["traj"][-1], rtol=0, atol=1e-9)
     assert w.rejected_at == ref["rejected_at"]
+
+
+# --------------------------------------------------------------------------------------------
+# the witness cap (issue 6, long runs): max_witness_points
+# --------------------------------------------------------------------------------------------
+def reference_mmd_capped(
+    xs: np.ndarray, ys: np.ndarray, eps: float, burn_in: int, radius: float, cap: int
+) -> dict:
+    """Straightforward capped witness, written from the docstring's four steps.
+
+    Explicit support list (oldest first) of (x_i, y_i, c_i); the value from direct kernel
+    evaluations over the support; after the gradient step the oldest pair is removed from the
+    list, and ||f|| is recomputed from the Gram matrix of the support (not tracked); then the
+    projection. Own ONS, one epsilon, delta 0.
+    """
+    xs = np.asarray(xs, dtype=np.float64).reshape(len(xs), -1)
+    ys = np.asarray(ys, dtype=np.float64).reshape(len(ys), -1)
+    pooled = np.vstack([xs[:burn_in], ys[:burn_in]])
+    diff = pooled[:, None, :] - pooled[None, :, :]
+    dist = np.sqrt((diff**2).sum(-1))[np.triu_indices(len(pooled), 1)]
+    bw = float(np.median(dist))
+
+    def k(a: np.ndarray, b: np.ndarray) -> np.ndarray:  # [s, d] x [d] -> [s]
+        return np.exp(-np.sum((a - b) ** 2, axis=-1) / (2.0 * bw * bw))
+
+    tau = math.sqrt(2.0) * (1.0 - 2.0 / (1.0 + math.exp(eps)))
+    lam, A, lw = 0.0, 1.0, 0.0
+    sx: list[np.ndarray] = []
+    sy: list[np.ndarray] = []
+    coef: list[float] = []
+    m = 0.0
+    traj, norms = [], []
+    for t in range(burn_in, len(xs)):
+        x, y = xs[t], ys[t]
+        if coef:
+            px, py, c = np.array(sx), np.array(sy), np.array(coef)
+            v = float(c @ (k(px, x) - k(px, y) - k(py, x) + k(py, y)))
+        else:
+            v = 0.0
+        p = v - tau
+        lw += math.log1p(lam * p)
+        z = -p / (1.0 + lam * p)
+        A += z * z
+        lam = min(max(lam - ONS_C * z / A, 0.0), 1.0 / (8.0 + 4.0 * tau))
+        g2 = 2.0 - 2.0 * float(k(x[None], y)[0])
+        m += g2
+        sx.append(x)
+        sy.append(y)
+        coef.append(1.0 / (2.0 * math.sqrt(m)) if m > 0 else 0.0)
+        if len(coef) > cap:  # FIFO drop of the oldest pair
+            sx.pop(0)
+            sy.pop(0)
+            coef.pop(0)
+        px, py, c = np.array(sx), np.array(sy), np.array(coef)
+        gram = np.stack([k(px, px[i]) - k(px, py[i]) - k(py, px[i]) + k(py, py[i])
+                         for i in range(len(c))])
+        norm = math.sqrt(max(float(c @ gram @ c), 0.0))
+        if norm > radius:
+            coef = [ci * radius / norm for ci in coef]
+            norm = radius
+        traj.append(lw)
+        norms.append(norm)
+    return {"traj": np.array(traj), "norms": np.array(norms), "coef": np.array(coef), "bw": bw}
+
+
+def _exact_norm_from_data(
+    t: SequentialMMDTest, xs: np.ndarray, ys: np.ndarray
+) -> float:
+    """||f|| from scratch: the support is the last n_stored pairs given, in order."""
+    xs = np.asarray(xs, dtype=np.float64).reshape(len(xs), -1)[-t.n_stored:]
+    ys = np.asarray(ys, dtype=np.float64).reshape(len(ys), -1)[-t.n_stored:]
+    c = t.witness_coefficients()
+    bw = t.bandwidth
+
+    def gram(a: np.ndarray, b: np.ndarray) -> np.ndarray:
+        sq = ((a[:, None, :] - b[None, :, :]) ** 2).sum(-1)
+        return np.exp(-sq / (2.0 * bw * bw))
+
+    H = gram(xs, xs) - gram(xs, ys) - gram(ys, xs) + gram(ys, ys)
+    return math.sqrt(max(float(c @ H @ c), 0.0))
+
+
+@pytest.mark.parametrize("cap,chunk", [(1, 5), (7, 3), (7, 512), (40, 16)])
+def test_capped_matches_reference(cap: int, chunk: int) -> None:
+    """Same log-wealth (1e-9) and witness norm as the straightforward capped loop."""
+    xs, ys = _stream("vector", n=220, seed=3)
+    ref = reference_mmd_capped(xs, ys, 0.05, 20, 1.0, cap)
+    t = SequentialMMDTest(0.05, witness_radius=1.0, chunk_size=chunk, max_witness_points=cap)
+    i = 0
+    for s in [1, 2, 30, 1, 17, 100, 69]:  # odd batches (20 + 200 pairs)
+        t.update(torch.as_tensor(xs[i : i + s]), torch.as_tensor(ys[i : i + s]))
+        i += s
+        if i > 20:
+            assert float(t.log_wealth[0]) == pytest.approx(ref["traj"][i - 21], abs=1e-9)
+            assert t.witness_norm == pytest.approx(ref["norms"][i - 21], abs=1e-9)
+    assert i == 220 and t.n_stored == cap and t.n_evicted == 200 - cap
+    np.testing.assert_allclose(t.witness_coefficients(), ref["coef"], rtol=1e-9, atol=1e-15)
+
+
+@pytest.mark.parametrize("radius", [1.0, 0.5, 1e-3])
+def test_capped_norm_never_exceeds_radius(radius: float) -> None:
+    """(a) After every batch, ||f|| recomputed from raw data and the bandwidth is <= R."""
+    gen = torch.Generator().manual_seed(21)
+    x = torch.randn(1200, 2, generator=gen, dtype=torch.float64)
+    y = 1.0 + 2.0 * torch.randn(1200, 2, generator=gen, dtype=torch.float64)
+    t = SequentialMMDTest(1e-4, witness_radius=radius, chunk_size=64, max_witness_points=50)
+    for i0 in range(0, 1200, 150):
+        t.update(x[i0 : i0 + 150], y[i0 : i0 + 150])
+        exact = _exact_norm_from_data(t, x[: i0 + 150].numpy(), y[: i0 + 150].numpy())
+        assert exact <= radius * (1.0 + 1e-9)
+        assert t.witness_norm == pytest.approx(exact, rel=1e-9, abs=1e-15)
+        assert t.exact_witness_norm() == pytest.approx(exact, rel=1e-9, abs=1e-15)
+    assert t.n_evicted == 1200 - 20 - 50
+    # 1130 drops >= 4 * 50: the from-scratch norm refresh ran (and changed nothing visible)
+    assert t.n_norm_refreshes == (1130 // 200)
+
+
+def test_capped_memory_bounded() -> None:
+    """(b) Allocation stops at the cap: (2 d + 3) numbers per pair plus the centre."""
+    d, cap = 3, 300
+    t = SequentialMMDTest(0.1, chunk_size=128, max_witness_points=cap)
+    gen = torch.Generator().manual_seed(22)
+    sizes = []
+    for _ in range(15):
+        x = torch.randn(128, d, generator=gen, dtype=torch.float64)
+        t.update(x, x + 0.2)
+        sizes.append(t.memory_bytes)
+    assert t.n_stored == cap and int(t._X.shape[0]) == cap
+    assert sizes[-1] == cap * (2 * d + 3) * 8 + d * 8
+    assert len(set(sizes[4:])) == 1  # constant once the cap is reached
+    t32 = SequentialMMDTest(0.1, dtype=torch.float32, max_witness_points=cap)
+    t32.update(torch.randn(2000, d, generator=gen), torch.randn(2000, d, generator=gen))
+    assert t32.memory_bytes == cap * (2 * d + 3) * 4 + d * 4
+
+
+def test_capped_type1_fast() -> None:
+    """(c) Level alpha with a small cap (many drops): X, Y iid tested at eps = 1e-6.
+
+    As in test_type1_fast, the game is almost fair, so any look-ahead introduced by the drops
+    or the ring buffer would show. 200 runs: cap = 200 * 0.05 + 3 SE = 19.2 (see _binomial_cap).
+    """
+    gen = torch.Generator().manual_seed(23)
+    runs, count = 200, 0
+    for _ in range(runs):
+        x = torch.randn(300, generator=gen, dtype=torch.float64)
+        y = torch.randn(300, generator=gen, dtype=torch.float64)
+        t = SequentialMMDTest(1e-6, 0.0, 0.05, witness_radius=1.0, max_witness_points=25)
+        count += t.update(x, y).rejected
+    assert count <= _binomial_cap(runs, 0.05)
+
+
+def test_capped_power_retained() -> None:
+    """(d) A 2-sigma shift is still rejected quickly with a 32-pair witness."""
+    gen = torch.Generator().manual_seed(5)
+    x = torch.randn(400, generator=gen, dtype=torch.float64)
+    y = 2.0 + torch.randn(400, generator=gen, dtype=torch.float64)
+    full = SequentialMMDTest(0.1).update(x, y)
+    capped = SequentialMMDTest(0.1, max_witness_points=32).update(x, y)
+    assert capped.rejected and capped.rejected_at <= 2 * full.rejected_at
+    assert capped.n_stored == 32 and capped.n_evicted > 0
+
+
+@pytest.mark.parametrize("kind", sorted(STREAMS))
+def test_cap_at_least_T_is_exactly_uncapped(kind: str) -> None:
+    """(e) With cap >= pairs bet on nothing is dropped: bit-identical trajectory."""
+    xs, ys = _stream(kind)
+    eps = STREAMS[kind]["epsilons"]
+    a = SequentialMMDTest(eps, preset="paper", chunk_size=64)
+    b = SequentialMMDTest(eps, preset="paper", chunk_size=64, max_witness_points=580)
+    for i0 in range(0, 600, 97):
+        a.update(torch.as_tensor(xs[i0 : i0 + 97]), torch.as_tensor(ys[i0 : i0 + 97]))
+        b.update(torch.as_tensor(xs[i0 : i0 + 97]), torch.as_tensor(ys[i0 : i0 + 97]))
+        assert torch.equal(a.log_wealth, b.log_wealth)
+        assert a.witness_norm == b.witness_norm
+    assert b.n_evicted == 0 and b.rejected_at == a.rejected_at
+    assert b.rejected_at == _reference(kind)["rejected_at"]
+
+
+def test_capped_state_round_trip_after_wrap() -> None:
+    gen = torch.Generator().manual_seed(24)
+    x = torch.randn(500, 2, generator=gen, dtype=torch.float64)
+    y = 0.4 + torch.randn(500, 2, generator=gen, dtype=torch.float64)
+    a = SequentialMMDTest([0.01, 0.1], max_witness_points=60, chunk_size=25).update(x[:233],
+                                                                                    y[:233])
+    assert a._head != 0  # the ring buffer has wrapped
+    buf = io.BytesIO()
+    torch.save(a.state_dict(), buf)
+    buf.seek(0)
+    b = SequentialMMDTest([0.01, 0.1], max_witness_points=60, chunk_size=25)
+    b.load_state_dict(torch.load(buf, weights_only=False))
+    np.testing.assert_array_equal(b.witness_coefficients(), a.witness_coefficients())
+    a.update(x[233:], y[233:])
+    b.update(x[233:], y[233:])
+    np.testing.assert_allclose(a.log_wealth.numpy(), b.log_wealth.numpy(), rtol=0, atol=1e-12)
+    assert a.n_evicted == b.n_evicted and a.rejected_at == b.rejected_at
+    with pytest.raises(ValueError, match="different test configuration"):
+        SequentialMMDTest([0.01, 0.1], max_witness_points=61).load_state_dict(a.state_dict())
+    with pytest.raises(ValueError, match="different test configuration"):
+        SequentialMMDTest([0.01, 0.1]).load_state_dict(a.state_dict())
+
+
+def test_capped_norm_refresh_repairs_drift() -> None:
+    """A drifted tracked norm is replaced by the from-scratch value within 4 * cap drops."""
+    gen = torch.Generator().manual_seed(25)
+    x = torch.randn(400, generator=gen, dtype=torch.float64)
+    y = 1.0 + torch.randn(400, generator=gen, dtype=torch.float64)
+    t = SequentialMMDTest(0.1, max_witness_points=20, chunk_size=10).update(x[:100], y[:100])
+    refreshes = t.n_norm_refreshes
+    t._s = (1.0 - 1e-4) * t._s  # pretend rounding made the tracked ||f||^2 slightly too small
+    t.update(x[100:], y[100:])
+    assert t.n_norm_refreshes > refreshes
+    assert t.witness_norm == pytest.approx(t.exact_witness_norm(), rel=1e-9)
+    assert t.exact_witness_norm() <= 1.0 + 1e-12
+
+
+def test_capped_norm_guard_raises_on_inconsistent_state() -> None:
+    """A tracked norm far below the truth makes a drop negative: a bug, reported, not hidden."""
+    gen = torch.Generator().manual_seed(25)
+    x = torch.randn(400, generator=gen, dtype=torch.float64)
+    y = 1.0 + torch.randn(400, generator=gen, dtype=torch.float64)
+    t = SequentialMMDTest(0.1, max_witness_points=20, chunk_size=10).update(x[:100], y[:100])
+    t._s = 0.25 * t._s
+    with pytest.raises(RuntimeError, match="witness norm"):
+        t.update(x[100:], y[100:])
+
+
+def test_cap_bad_input() -> None:
+    for bad in (0, -3):
+        with pytest.raises(ValueError, match="max_witness_points"):
+            SequentialMMDTest(0.1, max_witness_points=bad)
+    for bad in (2.5, "10", True):
+        with pytest.raises(TypeError, match="max_witness_points"):
+            SequentialMMDTest(0.1, max_witness_points=bad)
+    t = SequentialMMDTest(0.1, max_witness_points=np.int64(10))
+    assert t.max_witness_points == 10 and t.summary()["max_witness_points"] == 10
+    assert SequentialMMDTest(0.1).summary()["max_witness_points"] is None

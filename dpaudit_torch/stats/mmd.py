@@ -26,6 +26,13 @@ Implementation notes (performance design):
   squared distances well conditioned.
 * The witness coefficients are ``c_i = S * a_i`` with ONE global scale factor S (the product of
   the projection factors); the stored ``a_i`` are rescaled only when S falls below 1e-30.
+
+Memory (issue 6, long runs): the witness keeps every pair it has bet on, so the state is O(T d).
+Each stored pair holds ``x_i``, ``y_i`` (d numbers each), their two squared norms and one
+coefficient: ``(2 d + 3) * itemsize`` bytes, i.e. ``16 d + 24`` bytes in float64 and ``8 d + 12``
+in float32 (a 10^6-pair scalar stream: 40 MB in float64); buffers grow by doubling, so the
+allocation is at most twice that (``memory_bytes``). ``max_witness_points`` caps the support
+(FIFO); see :class:`SequentialMMDTest` for why the capped witness is still valid.
 """
 
 from __future__ import annotations
@@ -51,6 +58,12 @@ _PRESETS: dict[str, float] = {"paper": 0.5}
 _RENORM_BELOW = 1e-30
 #: payoff suprema within this of 0 count as 0 (R sqrt(2) == tau up to rounding)
 _CEILING_TOL = 1e-12
+#: capped witness: a squared norm below -_NORM_TOL * (size of its terms) after dropping a pair is
+#: not rounding but a bug; above it, a negative value is rounding and is clamped to 0
+_NORM_TOL = 1e-9
+#: capped witness: ||f||^2 is recomputed from scratch (float64 Gram form) after every
+#: _REFRESH_FACTOR * max_witness_points evictions, so rounding cannot accumulate over long runs
+_REFRESH_FACTOR = 4
 
 
 class SequentialMMDTest(SequentialTest):
@@ -86,6 +99,39 @@ class SequentialMMDTest(SequentialTest):
     delta ~ 0); the base class then warns (:class:`~dpaudit_torch.stats.base.CannotRejectWarning`)
     and flags it in ``cannot_reject``.
 
+    **Memory and the witness cap.** Uncapped (``max_witness_points=None``, the default and the
+    exact algorithm of the paper) the witness stores every pair bet on: ``(2 d + 3) * itemsize``
+    bytes per pair (``16 d + 24`` in float64, ``8 d + 12`` in float32; ``memory_bytes`` reports
+    the allocation, at most twice that because buffers grow by doubling), and pair t costs
+    O(t d) kernel work, O(T^2 d) in total. With ``max_witness_points=M`` the support is capped
+    at M pairs, memory is at most ``M * (2 d + 3) * itemsize`` plus the burn-in centre, and a
+    pair costs O(M d). Once M pairs are stored, each new pair t is handled as follows:
+
+    1. bet with ``f_t`` as usual (value ``v_t``, payoff ``v_t - tau``);
+    2. gradient step ``f' = f_t + eta_t g_t`` (norm tracked as above);
+    3. drop the OLDEST support pair j (FIFO): ``f'' = f' - c_j g_j`` with the exact norm update
+       ``||f''||^2 = ||f'||^2 - 2 c_j (f'(x_j) - f'(y_j)) + c_j^2 ||g_j||^2``; the kernel row of
+       pair j against the support is computed with the chunk's kernel block (O(M d), the same
+       order as a new pair's row);
+    4. project ``f_{t+1} = min(1, R / ||f''||) f''``.
+
+    Validity: ``f_{t+1}`` is a function of pairs <= t only (steps 2-4 use pair t and stored
+    pairs), so the payoff of pair t + 1 is still predictable, and ``||f_{t+1}|| <= R <= 1``
+    because of the projection in step 4, whatever was dropped. Those are the only two properties
+    the argument uses: ``E[v_{t+1} - tau | past] = <f_{t+1}, mu_P - mu_Q> - tau
+    <= ||f_{t+1}|| MMD(P, Q) - tau <= 0`` under H0 (Theorem 3.1), and ``|v_{t+1}| <= R sqrt(2)``
+    keeps ``1 + lambda p > 0`` for ``lambda <= 1 / (8 + 4 tau)``; so the wealth is still a test
+    supermartingale and Ville's inequality still gives level alpha. Dropping old pairs only
+    changes *which* bounded predictable witness is used (it forgets the distant past; power on
+    a stationary stream is essentially unchanged once M is a few hundred pairs). Rounding: the
+    tracked ``||f||^2`` could drift from the true norm over 10^6 drops; a negative value after a
+    drop is clamped to 0 if it is within a relative 1e-9 of the size of the terms (rounding)
+    and raises ``RuntimeError`` otherwise (a bug), and every ``4 M`` drops ``||f||^2`` is
+    recomputed from scratch in float64 from the stored support (the Gram form, O(M^2 d), i.e.
+    O(M d / 4) per pair amortised) and the witness re-projected if it exceeds R. While fewer
+    than M pairs have been stored nothing is dropped and the trajectory is exactly the uncapped
+    one (chunks are limited to M pairs so that a chunk only ever drops stored pairs).
+
     Args:
         epsilons: one epsilon or a grid; each finite and > 0.
         delta: one delta, or one per epsilon; each in [0, 1).
@@ -99,6 +145,8 @@ class SequentialMMDTest(SequentialTest):
         preset: ``None`` or ``"paper"`` (R = 1/2, the authors' radius).
         chunk_size: most pairs processed per device round trip (memory ~ chunk_size^2; the
             results do not depend on it beyond floating-point rounding).
+        max_witness_points: ``None`` (default: exact, unbounded O(T d) memory) or the largest
+            number of pairs the witness keeps (>= 1); the oldest are dropped first (see above).
 
     Attributes:
         tau: thresholds, array [len(epsilons)].
@@ -121,6 +169,7 @@ class SequentialMMDTest(SequentialTest):
         dtype: torch.dtype = torch.float64,
         preset: str | None = None,
         chunk_size: int = 512,
+        max_witness_points: int | None = None,
     ) -> None:
         self.witness_radius = _resolve_radius(witness_radius, preset)
         self.preset = preset
@@ -129,6 +178,17 @@ class SequentialMMDTest(SequentialTest):
         if int(chunk_size) < 1:
             raise ValueError(f"chunk_size must be >= 1, got {chunk_size!r}")
         self.chunk_size = int(chunk_size)
+        if max_witness_points is not None:
+            if isinstance(max_witness_points, bool) or not isinstance(
+                max_witness_points, (int, np.integer)
+            ):
+                raise TypeError(
+                    f"max_witness_points must be None or an integer, got {max_witness_points!r}"
+                )
+            if int(max_witness_points) < 1:
+                raise ValueError(f"max_witness_points must be >= 1, got {max_witness_points!r}")
+            max_witness_points = int(max_witness_points)
+        self.max_witness_points: int | None = max_witness_points
         with warnings.catch_warnings(record=True) as caught:
             warnings.simplefilter("always", CannotRejectWarning)
             super().__init__(
@@ -164,16 +224,26 @@ class SequentialMMDTest(SequentialTest):
         return np.where(np.abs(ub) <= _CEILING_TOL, 0.0, ub)
 
     def _chunk_limit(self) -> int:
+        if self.max_witness_points is not None:
+            # a chunk may then drop stored pairs only, never pairs of the same chunk
+            return min(self.chunk_size, self.max_witness_points)
         return self.chunk_size
 
     def _config(self) -> dict[str, Any]:
-        return {"witness_radius": self.witness_radius}
+        cfg: dict[str, Any] = {"witness_radius": self.witness_radius}
+        if self.max_witness_points is not None:  # uncapped states keep their old fingerprint
+            cfg["max_witness_points"] = self.max_witness_points
+        return cfg
 
     def _reset_extra(self) -> None:
         self.bandwidth: float | None = None
         self.bandwidth_source: str | None = None
         self._center: torch.Tensor | None = None
-        self._T = 0  # pairs stored in the witness (= pairs bet on)
+        self._T = 0  # pairs stored in the witness (= pairs bet on, unless capped)
+        self._head = 0  # capped ring buffer: physical slot of the oldest stored pair
+        self._n_evicted = 0  # pairs dropped from the witness (capped only)
+        self._since_refresh = 0  # drops since ||f||^2 was last recomputed from scratch
+        self._n_norm_refreshes = 0
         self._X: torch.Tensor | None = None  # [cap, d] standardised x_i
         self._Y: torch.Tensor | None = None
         self._Xn: torch.Tensor | None = None  # [cap] squared norms
@@ -211,9 +281,12 @@ class SequentialMMDTest(SequentialTest):
 
     def _extra_state(self) -> dict[str, Any]:
         T = self._T
+        order = self._logical_order()
 
         def cpu(t: torch.Tensor | None) -> torch.Tensor | None:
-            return None if t is None else t[:T].detach().cpu().clone()
+            if t is None:
+                return None
+            return (t[:T] if order is None else t[order]).detach().cpu().clone()
 
         return {
             "bandwidth": self.bandwidth,
@@ -226,6 +299,9 @@ class SequentialMMDTest(SequentialTest):
             "scale": self._scale,
             "m": self._m,
             "s": self._s,
+            "n_evicted": self._n_evicted,
+            "since_refresh": self._since_refresh,
+            "n_norm_refreshes": self._n_norm_refreshes,
         }
 
     def _load_extra_state(self, sd: dict[str, Any]) -> None:
@@ -260,6 +336,9 @@ class SequentialMMDTest(SequentialTest):
         self._scale = float(sd["scale"])
         self._m = float(sd["m"])
         self._s = float(sd["s"])
+        self._n_evicted = int(sd.get("n_evicted", 0))
+        self._since_refresh = int(sd.get("since_refresh", 0))
+        self._n_norm_refreshes = int(sd.get("n_norm_refreshes", 0))
 
     # ------------------------------------------------------------------ public extras
     @property
@@ -269,8 +348,39 @@ class SequentialMMDTest(SequentialTest):
 
     @property
     def n_stored(self) -> int:
-        """Pairs held in the witness (pairs bet on so far)."""
+        """Pairs held in the witness (pairs bet on so far, at most ``max_witness_points``)."""
         return self._T
+
+    @property
+    def n_evicted(self) -> int:
+        """Pairs dropped from the witness so far (always 0 without ``max_witness_points``)."""
+        return self._n_evicted
+
+    @property
+    def n_norm_refreshes(self) -> int:
+        """How many times the capped witness's ||f||^2 was recomputed from scratch."""
+        return self._n_norm_refreshes
+
+    def witness_coefficients(self) -> np.ndarray:
+        """Coefficients c_i of the stored pairs, oldest first, float64 array [n_stored].
+
+        The witness is ``f = sum_i c_i (k(x_i, .) - k(y_i, .))`` over the last ``n_stored``
+        pairs bet on (all of them when uncapped), in the order they were given.
+        """
+        if self._T == 0 or self._a is None:
+            return np.zeros(0)
+        order = self._logical_order()
+        a = self._a[: self._T] if order is None else self._a[order]
+        return a.detach().to("cpu", torch.float64).numpy() * self._scale
+
+    @torch.no_grad()
+    def exact_witness_norm(self) -> float:
+        """||f|| recomputed from scratch: sqrt(c^T H c) over the stored pairs, in float64.
+
+        ``H[i, k] = <g_i, g_k>`` (the Gram form of the differences of kernel sections). Costs
+        O(n_stored^2 d) (blocked); ``witness_norm`` is the O(1) tracked value.
+        """
+        return math.sqrt(max(self._exact_norm2(), 0.0))
 
     @property
     def memory_bytes(self) -> int:
@@ -291,6 +401,8 @@ class SequentialMMDTest(SequentialTest):
                 "bandwidth": self.bandwidth,
                 "bandwidth_source": self.bandwidth_source,
                 "witness_norm": self.witness_norm,
+                "max_witness_points": self.max_witness_points,
+                "n_evicted": self._n_evicted,
             }
         )
         return out
@@ -301,6 +413,9 @@ class SequentialMMDTest(SequentialTest):
         if needed <= cap:
             return
         new_cap = max(needed, 2 * cap, 1024)
+        if self.max_witness_points is not None:
+            new_cap = min(new_cap, self.max_witness_points)
+        assert self._head == 0 or needed <= cap  # a wrapped ring is full and never grows
         kw = {"device": dev, "dtype": self.dtype}
         X, Y = torch.empty(new_cap, d, **kw), torch.empty(new_cap, d, **kw)
         Xn, Yn, a = (torch.empty(new_cap, **kw) for _ in range(3))
@@ -333,6 +448,9 @@ class SequentialMMDTest(SequentialTest):
         assert self.bandwidth is not None and self._center is not None
         n, d = int(x.shape[0]), int(x.shape[1])
         dev = x.device
+        cap = self.max_witness_points
+        if cap is not None and self._T + n > cap:
+            return self._witness_values_capped(x, y)
         inv_bw = 1.0 / self.bandwidth
         zx = (x - self._center) * inv_bw
         zy = (y - self._center) * inv_bw
@@ -376,6 +494,196 @@ class SequentialMMDTest(SequentialTest):
         self._a[T : T + n] = torch.from_numpy(a_new).to(device=dev, dtype=self.dtype)
         self._T = T + n
         return v
+
+    # ------------------------------------------------------------------ capped witness
+    def _logical_order(self) -> torch.Tensor | None:
+        """Physical slots of the stored pairs, oldest first (None: slots 0..T-1 in order)."""
+        if self._head == 0 or self._X is None:
+            return None
+        cap = int(self._X.shape[0])
+        return (self._head + torch.arange(self._T, device=self._X.device)) % cap
+
+    def _exact_norm2(self) -> float:
+        """S^2 a^T H a over the stored pairs, computed in float64, blocked over rows."""
+        T = self._T
+        if T == 0 or self._X is None:
+            return 0.0
+        assert self._Y is not None and self._a is not None
+        f64 = torch.float64
+        X, Y, a = self._X[:T].to(f64), self._Y[:T].to(f64), self._a[:T].to(f64)
+        Xn, Yn = (X * X).sum(dim=1), (Y * Y).sum(dim=1)
+        P, Pn = torch.cat([X, Y]), torch.cat([Xn, Yn])
+        w = torch.cat([a, -a])  # f = S * sum_k w_k k(p_k, .)
+        total = torch.zeros((), dtype=f64, device=X.device)
+        B = max(16, (1 << 22) // (2 * T))  # a [B, 2T] block: at most ~32 MiB
+        for b0 in range(0, 2 * T, B):
+            b1 = min(2 * T, b0 + B)
+            total += w[b0:b1] @ (self._kernel(P[b0:b1], Pn[b0:b1], P, Pn) @ w)
+        return float(total) * self._scale * self._scale
+
+    def _refresh_norm(self) -> None:
+        """Replace the tracked ||f||^2 by its value recomputed from scratch; re-project."""
+        R = self.witness_radius
+        exact = self._exact_norm2()
+        logger.debug(
+            "SequentialMMDTest: witness norm refresh after %d drops: tracked %.17g, exact %.17g",
+            self._since_refresh, self._s, exact,
+        )
+        self._s = max(exact, 0.0)
+        if self._s > R * R:
+            gamma = R / math.sqrt(self._s)
+            self._scale *= gamma
+            self._s = gamma * gamma * self._s
+        self._since_refresh = 0
+        self._n_norm_refreshes += 1
+
+    @torch.no_grad()
+    def _witness_values_capped(self, x: torch.Tensor, y: torch.Tensor) -> np.ndarray:
+        """Like ``_witness_values`` for a chunk that drops the E oldest stored pairs (FIFO)."""
+        cap = self.max_witness_points
+        assert cap is not None and self.bandwidth is not None and self._center is not None
+        n, d = int(x.shape[0]), int(x.shape[1])
+        dev = x.device
+        T = self._T
+        E = T + n - cap  # 1 <= E <= n <= T (chunks hold at most cap pairs)
+        assert 1 <= E <= n <= cap and E <= T
+        self._ensure_capacity(min(T + n, cap), d, dev)
+        assert self._X is not None and self._Y is not None and self._a is not None
+        assert self._Xn is not None and self._Yn is not None
+        buf = int(self._X.shape[0])
+        assert buf == cap or T + n <= buf
+        inv_bw = 1.0 / self.bandwidth
+        zx = (x - self._center) * inv_bw
+        zy = (y - self._center) * inv_bw
+        # the E oldest stored pairs, in the order they will be dropped
+        ev = (self._head + torch.arange(E, device=dev)) % max(buf, 1)
+        ex, ey = self._X[ev], self._Y[ev]
+        N = n + E
+        Q = torch.cat([zx, ex, zy, ey])  # [2N, d]: x parts (new, dropped), then y parts
+        Qn = (Q * Q).sum(dim=1)
+
+        # stored part against new AND dropped points: r_q = sum_{i stored} a_i (k(x_i,q)-k(y_i,q))
+        r = torch.zeros(2 * N, device=dev, dtype=self.dtype)
+        B = self._block_rows(N)
+        for b0 in range(0, T, B):
+            b1 = min(T, b0 + B)
+            a = self._a[b0:b1]
+            r += a @ self._kernel(self._X[b0:b1], self._Xn[b0:b1], Q, Qn)
+            r -= a @ self._kernel(self._Y[b0:b1], self._Yn[b0:b1], Q, Qn)
+        fv = r[:N] - r[N:]  # f_start(x) - f_start(y): new pairs j (first n), dropped pairs e
+        old, u = fv[:n], fv[n:]
+        K = self._kernel(Q, Qn, Q, Qn)
+        # H[i, j] = <g_i, g_j> over [new pairs, dropped pairs]
+        H = K[:N, :N] - K[:N, N:] - K[N:, :N] + K[N:, N:]
+        g2 = 2.0 - 2.0 * torch.exp(-0.5 * (zx - zy).square().sum(dim=1))
+        g2e = 2.0 - 2.0 * torch.exp(-0.5 * (ex - ey).square().sum(dim=1))
+        flat = torch.cat([old, g2, u, g2e, self._a[ev], H.reshape(-1)])
+        host = flat.to("cpu", torch.float64).numpy()  # the ONE device-to-host copy
+        o = 0
+        parts = []
+        for size in (n, n, E, E, E):
+            parts.append(host[o : o + size])
+            o += size
+        Hh = host[o:].reshape(n + E, n + E)
+
+        v, a_new, pending = self._recursion_capped(*parts, Hh, n, E)
+
+        if pending != 1.0:
+            self._a[:T].mul_(pending)
+        pos = (self._head + T + torch.arange(n, device=dev)) % buf
+        self._X[pos] = zx
+        self._Y[pos] = zy
+        self._Xn[pos] = Qn[:n]
+        self._Yn[pos] = Qn[N : N + n]
+        self._a[pos] = torch.from_numpy(a_new).to(device=dev, dtype=self.dtype)
+        self._head = (self._head + E) % buf
+        self._T = cap
+        self._n_evicted += E
+        self._since_refresh += E
+        if self._since_refresh >= _REFRESH_FACTOR * cap:
+            self._refresh_norm()
+        return v
+
+    def _recursion_capped(
+        self,
+        old: np.ndarray,
+        g2: np.ndarray,
+        u: np.ndarray,
+        g2e: np.ndarray,
+        a_ev: np.ndarray,
+        H: np.ndarray,
+        n: int,
+        E: int,
+    ) -> tuple[np.ndarray, np.ndarray, float]:
+        """Host float64 OGA recursion over a chunk that drops E stored pairs (FIFO).
+
+        ``old[j]``, ``u[e]``: witness at the chunk start (units of the scale S) evaluated on new
+        pair j / dropped pair e; ``H``: Gram block <g_., g_.> of [new pairs, dropped pairs];
+        ``a_ev``: the dropped pairs' coefficients. Pair e is dropped right after new pair
+        ``j = n - E + e`` has been added, before the projection of that step.
+        """
+        R = self.witness_radius
+        S, m, s = self._scale, self._m, self._s
+        old = old.copy()
+        u = u.copy()
+        a_ev = a_ev.copy()
+        Hn = H[:n, :n]  # new-new
+        He = H[n:, :n]  # He[e, j] = <g_e, g_j>
+        Hee = H[n:, n:]
+        a_c = np.zeros(n)
+        v_out = np.empty(n)
+        pending = 1.0
+        first_drop = n - E
+        for j in range(n):
+            ne = max(0, j - first_drop)  # pairs already dropped before pair j is scored
+            inner = old[j]
+            if j:
+                inner += float(a_c[:j] @ Hn[j, :j])
+            if ne:
+                inner -= float(a_ev[:ne] @ He[:ne, j])
+            v = S * inner
+            gj = float(g2[j])
+            m += gj
+            eta = 0.5 / math.sqrt(m) if m > 0.0 else 0.0
+            n2 = s + 2.0 * eta * v + eta * eta * gj
+            if n2 < 0.0:  # rounding only: ||f + eta g||^2 >= 0
+                n2 = 0.0
+            a_c[j] = eta / S
+            if j >= first_drop:
+                e = j - first_drop
+                # <f', g_e> with f' = f_start - dropped so far + new pairs <= j (units of S)
+                w = u[e] + float(a_c[: j + 1] @ He[e, : j + 1])
+                if e:
+                    w -= float(a_ev[:e] @ Hee[:e, e])
+                ce = S * a_ev[e]
+                fg = S * w
+                cross = 2.0 * ce * fg
+                sq = ce * ce * float(g2e[e])
+                dropped = n2 - cross + sq
+                if dropped < 0.0:
+                    if dropped < -_NORM_TOL * (n2 + abs(cross) + sq):
+                        raise RuntimeError(
+                            f"SequentialMMDTest: witness norm^2 {dropped!r} < 0 after dropping a "
+                            f"pair (terms {n2!r}, {cross!r}, {sq!r}); this is a bug, please "
+                            f"report it"
+                        )
+                    dropped = 0.0
+                n2 = dropped
+            gamma = R / math.sqrt(n2) if n2 > R * R else 1.0
+            S *= gamma
+            s = gamma * gamma * n2
+            v_out[j] = v
+            if S < _RENORM_BELOW:
+                a_c[: j + 1] *= S
+                old[j + 1 :] *= S
+                u *= S
+                a_ev *= S
+                pending *= S
+                S = 1.0
+        if pending != 1.0:
+            logger.debug("SequentialMMDTest: renormalised the witness coefficients")
+        self._scale, self._m, self._s = S, m, s
+        return v_out, a_c, pending
 
     def _recursion(
         self, old: np.ndarray, g2: np.ndarray, Ht: np.ndarray
