@@ -64,6 +64,8 @@ _NORM_TOL = 1e-9
 #: capped witness: ||f||^2 is recomputed from scratch (float64 Gram form) after every
 #: _REFRESH_FACTOR * max_witness_points evictions, so rounding cannot accumulate over long runs
 _REFRESH_FACTOR = 4
+#: capped witness, once full: smallest chunk (pairs per device round trip)
+_MIN_DROP_CHUNK = 64
 
 
 class SequentialMMDTest(SequentialTest):
@@ -130,7 +132,9 @@ class SequentialMMDTest(SequentialTest):
     recomputed from scratch in float64 from the stored support (the Gram form, O(M^2 d), i.e.
     O(M d / 4) per pair amortised) and the witness re-projected if it exceeds R. While fewer
     than M pairs have been stored nothing is dropped and the trajectory is exactly the uncapped
-    one (chunks are limited to M pairs so that a chunk only ever drops stored pairs).
+    one (chunks stop at the cap; once it is reached they hold at most min(M, max(64, M / 8))
+    pairs, so that a chunk only ever drops stored pairs, and the kernel work per pair, about
+    8 M + 16 n for chunks of n pairs, stays near its minimum).
 
     Args:
         epsilons: one epsilon or a grid; each finite and > 0.
@@ -224,10 +228,17 @@ class SequentialMMDTest(SequentialTest):
         return np.where(np.abs(ub) <= _CEILING_TOL, 0.0, ub)
 
     def _chunk_limit(self) -> int:
-        if self.max_witness_points is not None:
-            # a chunk may then drop stored pairs only, never pairs of the same chunk
-            return min(self.chunk_size, self.max_witness_points)
-        return self.chunk_size
+        cap = self.max_witness_points
+        if cap is None:
+            return self.chunk_size
+        if self._T < cap:
+            # fill up to the cap without dropping (while T <= cap the chunks, hence the
+            # rounding, are exactly those of the uncapped test)
+            return min(self.chunk_size, cap - self._T)
+        # full: a chunk of n pairs drops n stored ones, never pairs of the same chunk; its kernel
+        # work is ~ (8 cap + 16 n) per pair, so smaller chunks are cheaper (down to where the
+        # per-chunk overhead dominates)
+        return min(self.chunk_size, cap, max(_MIN_DROP_CHUNK, cap // 8))
 
     def _config(self) -> dict[str, Any]:
         cfg: dict[str, Any] = {"witness_radius": self.witness_radius}
