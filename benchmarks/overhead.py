@@ -2,11 +2,11 @@
 
 A small CNN (two 5x5 convolutions, two linear layers, about 46k parameters) on synthetic 28x28
 images (no download), Opacus with ``hooks`` and ``ghost`` clipping, sigma = 1, expected batch 64
-(Poisson), one thread. For each mode, two identical private setups live in the same process: one
-with the auditor attached (default settings), one without. Blocks of steps alternate between them
-(interleaved repetitions, so drifts of a shared machine hit both alike); the figure of merit is
-the ratio of the median per-step times. The auditor's own share is also measured by timing its
-step pre-hook (observation + decisions) and its injection wrapper.
+and 256 (Poisson), one thread. For each setting, two identical private setups live in the same
+process: one with the auditor attached (default settings), one without. Blocks of steps
+alternate between them (interleaved repetitions, so drifts of a shared machine hit both alike);
+the figure of merit is the ratio of the median per-step times. The auditor's own share is also
+measured by timing its step pre-hook (observation + decisions) and its injection wrapper.
 
     python benchmarks/overhead.py [--reps 7] [--block 15] [--warmup 30] [--modes hooks,ghost]
 """
@@ -138,14 +138,15 @@ def main() -> None:
     ap.add_argument("--warmup", type=int, default=30)
     ap.add_argument("--modes", default="hooks,ghost")
     ap.add_argument("--n", type=int, default=6400)
-    ap.add_argument("--batch", type=int, default=64)
+    ap.add_argument("--batches", default="64,256", help="expected batch sizes")
     ap.add_argument("--no-write", action="store_true")
     args = ap.parse_args()
     torch.set_num_threads(1)
     rows = []
-    for mode in args.modes.split(","):
-        base = make(mode, 0, args.n, args.batch)
-        audited = make(mode, 0, args.n, args.batch)
+    combos = [(m, int(b)) for b in args.batches.split(",") for m in args.modes.split(",")]
+    for mode, batch in combos:
+        base = make(mode, 0, args.n, batch)
+        audited = make(mode, 0, args.n, batch)
         aud = PrivacyAuditor(audited["engine"], audited["opt"], audited["dl"], seed=0)
         acc = instrument(aud)
         run_block(base, args.warmup)
@@ -164,14 +165,15 @@ def main() -> None:
                 t_base.append(b)
         mb, ma = statistics.median(t_base), statistics.median(t_aud)
         steps = args.reps * args.block
-        rows.append([mode, base["n_params"], aud.check_every, args.warmup + steps, 1e3 * mb,
+        rows.append([mode, batch, base["n_params"], aud.check_every, args.warmup + steps, 1e3 * mb,
                      1e3 * ma, ma / mb, 1e3 * acc["inject"] / steps, 1e3 * acc["hook"] / steps])
-        print(f"{mode}: unaudited {1e3 * mb:.2f} ms/step, audited {1e3 * ma:.2f} ms/step, ratio "
-              f"{ma / mb:.3f} (injection {1e3 * acc['inject'] / steps:.2f} ms, observation + "
-              f"tests {1e3 * acc['hook'] / steps:.2f} ms per step)", flush=True)
+        inj, hk = 1e3 * acc["inject"] / steps, 1e3 * acc["hook"] / steps
+        print(f"{mode} batch {batch}: unaudited {1e3 * mb:.2f} ms/step, audited "
+              f"{1e3 * ma:.2f} ms/step, ratio {ma / mb:.3f} (injection {inj:.2f} ms, "
+              f"observation + tests {hk:.2f} ms per step)", flush=True)
         aud.detach()
     table = markdown_table(
-        ["mode", "params", "check_every", "audited steps at end", "unaudited ms/step",
+        ["mode", "batch", "params", "check_every", "audited steps at end", "unaudited ms/step",
          "audited ms/step", "ratio", "injection ms/step", "observation+tests ms/step"], rows)
     print(table)
     if not args.no_write:
@@ -179,12 +181,13 @@ def main() -> None:
             "## Overhead of the auditor (benchmarks/overhead.py)\n\n"
             f"Command: `{command()}`  \nMachine: {machine()}\n\n"
             "Small CNN (2 conv + 2 linear), synthetic 28x28 inputs, sigma 1, C 1, expected batch "
-            f"{args.batch} (Poisson), one thread; auditor with default settings (16 pairs, 1000 "
-            "one-run canaries, both sequential tests). Audited and unaudited setups live in the "
-            f"same process; {args.reps} interleaved blocks of {args.block} steps after "
-            f"{args.warmup} warm-up steps; ratio of median per-step times. The last two columns "
-            "time the auditor's own code (injection wrapper without Opacus's clipping; step "
-            "pre-hook: observation, sequential tests, claimed epsilon).\n\n" + table + "\n")
+            f"{args.batches} (Poisson, n = {args.n}), one thread; auditor with default settings "
+            "(16 pairs, 1000 one-run canaries, canary norm 25, both sequential tests). Audited "
+            "and unaudited setups live in the same process; "
+            f"{args.reps} interleaved blocks of {args.block} steps after {args.warmup} warm-up "
+            "steps; ratio of median per-step times. The last two columns time the auditor's own "
+            "code (injection wrapper without Opacus's clipping; step pre-hook: observation, "
+            "sequential tests, claimed epsilon).\n\n" + table + "\n")
         write_section("overhead", body)
 
 

@@ -134,7 +134,11 @@ class PrivacyAuditor:
         k_pairs: sequential canary pairs (each gives one test pair per step).
         m_canaries: one-run canaries (IN with probability 1/2, secret until ``finalize``).
         canary_norm: raw canary norm as a multiple of the clipping bound C (> 1, so that clipping
-            is exercised and a clipping bug shows).
+            is exercised). A correct optimizer clips the canary to C whatever this is; a missing
+            or broken clipping lets ``canary_norm * C`` through, so a large value makes clipping
+            bugs stand out above the (then unclipped, large) real-data gradients. Default 25
+            (4 needed about twice as many steps to detect disabled clipping, see
+            docs/benchmarks.md).
         per_step_null: None (default: the Gaussian mechanism of the optimizer's current noise
             multiplier, tested at the grid :func:`per_step_null_grid`; a change of the noise
             multiplier starts new testers whose wealth multiplies the old one) or an explicit
@@ -177,7 +181,7 @@ class PrivacyAuditor:
         *,
         k_pairs: int = 16,
         m_canaries: int = 1000,
-        canary_norm: float = 4.0,
+        canary_norm: float = 25.0,
         per_step_null: tuple[float, float] | None = None,
         tests: Sequence[str] = ("mmd", "hockey_stick"),
         check_every: int = 5,
@@ -198,8 +202,7 @@ class PrivacyAuditor:
                 f"optimizer must be the DP optimizer returned by PrivacyEngine.make_private "
                 f"(an opacus DPOptimizer), got {type(optimizer).__module__}."
                 f"{type(optimizer).__name__}")
-        if type(optimizer).__name__ == "DistributedPerLayerOptimizer" or any(
-                c.__name__ == "DistributedPerLayerOptimizer" for c in type(optimizer).__mro__):
+        if any(c.__name__ == "DistributedPerLayerOptimizer" for c in type(optimizer).__mro__):
             raise TypeError("DistributedPerLayerOptimizer clips inside backward hooks and is not "
                             "supported by the auditor")
         accountant = getattr(privacy_engine, "accountant", None)
@@ -272,8 +275,16 @@ class PrivacyAuditor:
         params = list(optimizer.params)
         if not params:
             raise ValueError("the optimizer has no trainable parameters")
-        dev = torch.device(device) if device is not None else params[0].device
+        try:
+            dev = torch.device(device) if device is not None else params[0].device
+        except (RuntimeError, TypeError) as e:
+            raise ValueError(f"device must name a torch device, got {device!r} ({e})") from None
         seeds, self.seed_policy = derive_seeds(seed)
+        if seed is None and int(getattr(optimizer, "world_size", 1)) > 1:
+            msg = ("distributed optimizer with seed=None: every rank draws its own canaries; "
+                   "pass the same seed on every rank so that all ranks audit the same design")
+            logger.warning(msg)
+            warnings.warn(msg, RuntimeWarning, stacklevel=2)
         shapes = [tuple(p.shape) for p in params]
         total = sum(p.numel() for p in params)
         if 2 * self.k_pairs + self.m_canaries > total:
@@ -624,7 +635,7 @@ class PrivacyAuditor:
     def detach(self) -> None:
         """Restore every wrapped optimizer attribute and remove the step pre-hook (idempotent).
 
-        Buffered observations are fed to the testers first, so ``finalize`` still works after."""
+        Observations buffered since the last check are kept; ``finalize`` still works after."""
         if not self.attached:
             return
         self._injector.detach()

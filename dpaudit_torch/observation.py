@@ -57,17 +57,6 @@ class Observer:
         inv = torch.empty_like(order)
         inv[order] = torch.arange(order.numel())
         self._perm = inv.to(device)
-        # pair coordinates for the interference measurement (summed_grad before noise)
-        self._pair_which: list[int] = []
-        self._pair_pos: list[torch.Tensor] = []
-        self._pair_flat: list[torch.Tensor] = []
-        for i in range(design.n_params):
-            sel = torch.nonzero(design.pair_param == i).reshape(-1)
-            if sel.numel():
-                self._pair_which.append(i)
-                self._pair_pos.append(sel.to(device))
-                self._pair_flat.append(
-                    torch.stack([design.pair_a[sel], design.pair_b[sel]]).to(device))
         self.reset()
 
     def reset(self) -> None:
@@ -89,23 +78,34 @@ class Observer:
         self.nonfinite = torch.zeros((), dtype=torch.bool, device=dev)
         self.last_projection: torch.Tensor | None = None
 
-    def gather(self, rec: StepRecord) -> torch.Tensor:
-        """All canary projections of this step in units of C, design order, float64 [2k + m]."""
-        parts = []
+    def gather(self, rec: StepRecord) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """Projections of this step at every canary coordinate, design order, float64 [2k + m]:
+        the final gradient in units of C, and the pre-noise sum ``p.summed_grad`` / C (None when
+        some parameter has no ``summed_grad``)."""
+        parts, sums = [], []
         for i, flat in zip(self._which, self._flat):
-            g = self.params[i].grad
+            p = self.params[i]
+            g = p.grad
             if g is None:
                 raise ValueError(f"parameter tensor {i} has no gradient at the optimizer step; "
                                  f"the audit cannot observe it")
             parts.append(g.detach().reshape(-1)[flat].to(self.device, torch.float64)
                          * rec.unit_scale[i])
-        gathered = torch.cat(parts) if len(parts) > 1 else parts[0]
-        return gathered[self._perm]
+            sg = getattr(p, "summed_grad", None)
+            if sums is not None and isinstance(sg, torch.Tensor):
+                sums.append(sg.detach().reshape(-1)[flat].to(self.device, torch.float64)
+                            / rec.clip[i])
+            else:
+                sums = None
+        vals = (torch.cat(parts) if len(parts) > 1 else parts[0])[self._perm]
+        if sums is not None:
+            return vals, (torch.cat(sums) if len(sums) > 1 else sums[0])[self._perm]
+        return vals, None
 
     def observe(self, rec: StepRecord, step: int) -> torch.Tensor:
         """Record one logical step; returns the projections. Raises ValueError (state untouched)
         if a projection is not finite and ``check_finite_every_step``."""
-        vals = self.gather(rec)
+        vals, sums = self.gather(rec)
         fin = torch.isfinite(vals).all()
         if self.check_finite_every_step and not bool(fin):
             bad = torch.nonzero(~torch.isfinite(vals)).reshape(-1)[:3].tolist()
@@ -126,29 +126,16 @@ class Observer:
             self.scores += vals[2 * k:]
         self.y_sum += y.sum()
         self.y_sumsq += (y * y).sum()
-        self._interference(rec)
+        if sums is not None:  # W at the non-canary coordinate of each pair (pre-noise sum)
+            w = torch.where(c, sums[k:2 * k], sums[:k])
+            w = torch.where(torch.isfinite(w), w, torch.zeros_like(w))
+            self.w_sum += w.sum()
+            self.w_sumsq += (w * w).sum()
+            self.w_maxabs = torch.maximum(self.w_maxabs, w.abs().max())
+            self.w_count += k
         self.steps += 1
         self.last_projection = vals
         return vals
-
-    def _interference(self, rec: StepRecord) -> None:
-        """W at the non-canary coordinate of each pair, from ``p.summed_grad`` (pre-noise sum)."""
-        ws = []
-        for i, pos, flat in zip(self._pair_which, self._pair_pos, self._pair_flat):
-            sg = getattr(self.params[i], "summed_grad", None)
-            if sg is None or not isinstance(sg, torch.Tensor):
-                return
-            v = sg.detach().reshape(-1)[flat].to(self.device, torch.float64) / rec.clip[i]
-            c = rec.coins[pos]
-            ws.append(torch.where(c, v[1], v[0]))
-        if not ws:
-            return
-        w = torch.cat(ws)
-        w = torch.where(torch.isfinite(w), w, torch.zeros_like(w))
-        self.w_sum += w.sum()
-        self.w_sumsq += (w * w).sum()
-        self.w_maxabs = torch.maximum(self.w_maxabs, w.abs().max())
-        self.w_count += int(w.numel())
 
     def drain(self) -> tuple[torch.Tensor, torch.Tensor, list[int], list[float]]:
         """Buffered pairs as [n_steps, k] tensors (on device), their steps and sigmas; clears."""
