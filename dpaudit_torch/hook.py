@@ -69,6 +69,11 @@ _TESTS = {
     "hockey_stick": ("dpaudit_torch.stats.hockey_stick", "HockeyStickTest"),
 }
 _MODES = ("stop", "raise", "warn")
+#: tester options the auditor uses unless ``test_options`` overrides them. A training run feeds
+#: k_pairs pairs per step (10^5 to 10^6 pairs in a long run); the uncapped MMD witness costs
+#: O(t) per pair, so the auditor caps its support (FIFO, still a valid e-process: see
+#: stats/mmd.py), which bounds its cost per pair and its memory.
+DEFAULT_TEST_OPTIONS: dict[str, dict[str, Any]] = {"mmd": {"max_witness_points": 4096}}
 _OWNER_ATTR = "_dpaudit_auditor"
 
 
@@ -159,7 +164,8 @@ class PrivacyAuditor:
         history_stride: keep every ``history_stride``-th step in the log-wealth history.
         device: where the audit's buffers and testers live (default: the parameters' device).
         test_options: optional extra keyword arguments per test, e.g.
-            ``{"mmd": {"witness_radius": 0.5}, "hockey_stick": {"burn_in": 32}}``.
+            ``{"mmd": {"witness_radius": 0.5}, "hockey_stick": {"burn_in": 32}}``; they override
+            :data:`DEFAULT_TEST_OPTIONS` (the MMD witness is capped at 4096 pairs).
         on_step: a callable (or a sequence of callables) receiving :attr:`latest_metrics` after
             every audited step (for TensorBoard and the like); its exceptions are logged, never
             raised into training.
@@ -442,7 +448,8 @@ class PrivacyAuditor:
         per_test_alpha = self.alpha / len(self.tests)
         for name in self.tests:
             cls = _import_test(name)
-            opts = {"simultaneous": True, "device": self.device, **self.test_options.get(name, {})}
+            opts = {"simultaneous": True, "device": self.device,
+                    **DEFAULT_TEST_OPTIONS.get(name, {}), **self.test_options.get(name, {})}
             with warnings.catch_warnings(record=True) as caught:
                 warnings.simplefilter("always")
                 testers[name] = cls(eps, dels, per_test_alpha, **opts)
