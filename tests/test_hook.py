@@ -424,3 +424,50 @@ def test_unseeded_auditors_differ():
     da = PrivacyAuditor(a.engine, a.optimizer, a.loader, m_canaries=200).design
     db = PrivacyAuditor(b.engine, b.optimizer, b.loader, m_canaries=200).design
     assert not torch.equal(da.one_flat, db.one_flat) or not torch.equal(da.pair_a, db.pair_a)
+
+
+def test_chunked_decisions_match_step_by_step():
+    """check_every only changes when the testers are called, not what they compute: the per-step
+    wealth history read back from one call per check equals one call per step."""
+    hist = {}
+    for every in (1, 5):
+        s = make_private_setup(seed=12)
+        bugs.apply_bug(s.optimizer, "noise-halved")
+        aud = PrivacyAuditor(s.engine, s.optimizer, s.loader, seed=2, m_canaries=64,
+                             check_every=every, on_violation="warn")
+        for x, y in s.batches(10):
+            s.step(x, y)
+        hist[every] = aud.finalize().wealth_history
+    assert hist[1]["step"] == hist[5]["step"] == list(range(1, 11))
+    for key in ("combined", "mmd", "hockey_stick", "epsilon_lower_bound"):
+        assert hist[1][key] == pytest.approx(hist[5][key], abs=1e-9), key
+
+
+def test_non_injecting_rank_observes_without_injecting():
+    """DDP design: a rank other than 0 draws the same coins but adds no canary."""
+    a = make_private_setup(sigma=0.0, lr=0.0)
+    b = make_private_setup(sigma=0.0, lr=0.0)
+    a.optimizer.rank = 1
+    aud = PrivacyAuditor(a.engine, a.optimizer, a.loader, seed=0, k_pairs=4, m_canaries=64)
+    cap_b = _capture(b, aud.design)
+    x, y = next(a.batches(1))
+    a.step(x, y)
+    b.step(x, y)
+    assert aud.step == 1 and aud.insertions == 0
+    assert torch.allclose(aud._observer.last_projection.cpu(), cap_b[-1], atol=1e-6)
+
+
+def test_on_step_callback_errors_never_break_training():
+    s = make_private_setup()
+
+    def bad(_m):
+        raise RuntimeError("boom")
+
+    seen = []
+    aud = PrivacyAuditor(s.engine, s.optimizer, s.loader, seed=0, m_canaries=64,
+                         on_step=[bad, seen.append])
+    s.train(3)
+    assert [m["audited_steps"] for m in seen] == [1, 2, 3]
+    assert set(aud.latest_metrics) >= {"step", "combined_log_wealth", "violation",
+                                       "claimed_epsilon", "log_wealth_mmd",
+                                       "log_wealth_hockey_stick"}
