@@ -202,9 +202,12 @@ class HockeyStickTest(SequentialTest):
         l_ab = np.log1p(lam0 * (1.0 - ee - d))  # both
         l_0 = np.log1p(-lam0 * d)  # neither
         # t J(E) - t l_0 = na (l_a - l_0) + nb (l_b - l_0) + (na nb / t)(l_ab + l_0 - l_a - l_b)
+        c_a, c_b, c_ab = l_a - l_0, l_b - l_0, l_ab + l_0 - l_a - l_b
+        # columns 0..G-1: (a, b) = (x, y) (direction 1); G..2G-1: (a, b) = (y, x) (direction 2)
         self._kelly_coef = torch.as_tensor(
-            self.eta * np.stack((l_a - l_0, l_b - l_0, l_ab + l_0 - l_a - l_b)), dtype=torch.float64
-        )  # [3, G]
+            self.eta * np.stack((np.concatenate((c_a, c_b)), np.concatenate((c_b, c_a)),
+                                 np.concatenate((c_ab, c_ab)))), dtype=torch.float64
+        )  # [3, 2G]
 
     # ------------------------------------------------------------------ base-class hooks
     def _component_groups(self) -> np.ndarray:
@@ -247,7 +250,13 @@ class HockeyStickTest(SequentialTest):
     def _chunk_limit(self) -> int:
         V = self._n_scores * 3 * (self.grid_cells + 2 * self.max_atoms)  # >= candidates
         by_memory = max(1, _CHUNK_BUDGET // (self.grid_size * V))
-        return max(1, min(self.max_chunk, by_memory, self._next_refresh - self._t))
+        end = self._next_refresh
+        if self._t >= end:  # the next chunk starts with a refresh: it may run to the one after
+            end = self._refresh_after(self._t)
+        return max(1, min(self.max_chunk, by_memory, end - self._t))
+
+    def _refresh_after(self, t: int) -> int:
+        return max(t + 1, int(math.ceil(t * self.refresh_factor)))
 
     def _fit_burn_in(self, x: torch.Tensor, y: torch.Tensor) -> None:
         self._append_history(x, y)
@@ -274,12 +283,13 @@ class HockeyStickTest(SequentialTest):
         tab_y = (torch.cumsum(ohy, 0) - ohy + self._cnt_y).view(n, S, C)
         del ohx, ohy
         t_i = (self._t + torch.arange(n, device=dev)).to(torch.float64)  # pairs before pair i
-        f0x, f0y = self._soft_set(tab_x, tab_y, cx, cy, t_i)  # x-heavy set, at x_i and y_i
-        f1y, f1x = self._soft_set(tab_y, tab_x, cy, cx, t_i)  # y-heavy set, at y_i and x_i
+        fx, fy = self._soft_sets(tab_x, tab_y, cx, cy, t_i)  # [n, 2G] each
+        G = self.grid_size
         del tab_x, tab_y
         ee = torch.as_tensor(self._exp_eps, dtype=torch.float64, device=dev)
         dd = torch.as_tensor(self.deltas, dtype=torch.float64, device=dev)
-        pay = torch.stack((f0x - ee * f0y - dd, f1y - ee * f1x - dd), dim=2)  # [n, G, 2]
+        pay = torch.stack((fx[:, :G] - ee * fy[:, :G] - dd,  # direction 1: x-heavy sets
+                           fy[:, G:] - ee * fx[:, G:] - dd), dim=2)  # direction 2: y-heavy
         # state for the next chunk
         self._cnt_x = self._cnt_x + torch.bincount(gx.reshape(-1), minlength=S * C)
         self._cnt_y = self._cnt_y + torch.bincount(gy.reshape(-1), minlength=S * C)
@@ -287,36 +297,34 @@ class HockeyStickTest(SequentialTest):
         return pay.reshape(n, 2 * self.grid_size).cpu().numpy()  # one transfer per chunk
 
     # ------------------------------------------------------------------ the set learner
-    def _soft_set(self, tab_a: torch.Tensor, tab_b: torch.Tensor, ca: torch.Tensor,
-                  cb: torch.Tensor, t: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        """Soft set f for the payoff f(a) - e^eps f(b) - delta, evaluated at a_i and b_i.
+    def _soft_sets(self, tab_x: torch.Tensor, tab_y: torch.Tensor, cx: torch.Tensor,
+                   cy: torch.Tensor, t: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """The soft sets of both directions for every grid point, at x_i and at y_i.
 
-        tab_a, tab_b: [n, S, C] per-cell counts of past a and b (pairs < i); ca, cb: [n, S]
-        cells of a_i and b_i; t: [n] pairs before i. Returns f(a_i), f(b_i), each [n, G].
+        tab_x, tab_y: [n, S, C] per-cell counts of past x and y (pairs < i); cx, cy: [n, S]
+        cells of x_i and y_i; t: [n] pairs before i. Returns f_x, f_y, each [n, 2G]: columns
+        0..G-1 the x-heavy sets of direction 1, G..2G-1 the y-heavy sets of direction 2.
         """
-        n, S, C = tab_a.shape
         kind, flat, k, sc = self._cand_kind, self._cand_flat, self._cand_k, self._cand_score
-        na = self._cand_counts(tab_a, kind, flat).to(torch.float64)  # [n, V]
-        nb = self._cand_counts(tab_b, kind, flat).to(torch.float64)
-        # eta t J(E) - eta t log(1 - l0 delta) is linear in (na, nb, na nb / t); the empty set
-        # (abstain) then has logit 0
-        feats = torch.stack((na, nb, na * nb / t.view(-1, 1)), dim=2)  # [n, V, 3]
-        logit = feats @ self._kelly_coef.to(feats.device)  # [n, V, G]
+        nx = self._cand_counts(tab_x, flat).to(torch.float64)  # [n, V]
+        ny = self._cand_counts(tab_y, flat).to(torch.float64)
+        # eta t (J(E) - log(1 - l0 delta)) is linear in (n_a, n_b, n_a n_b / t), with (a, b) =
+        # (x, y) for direction 1 and (y, x) for direction 2; the empty set (abstain) has logit 0
+        feats = torch.stack((nx, ny, nx * ny / t.view(-1, 1)), dim=2)  # [n, V, 3]
+        logit = feats @ self._kelly_coef.to(feats.device)  # [n, V, 2G]
         top = logit.max(dim=1, keepdim=True).values.clamp(min=0.0)
         # weights below e^-60 of the leader's change nothing; clamping avoids slow subnormals
         w = torch.exp((logit - top).clamp(min=-60.0))
-        z = w.sum(dim=1, keepdim=True) + torch.exp(-top)  # [n, 1, G]; the empty set's weight
-        cell_a, cell_b = ca[:, sc], cb[:, sc]  # [n, V]
-        mem_a = torch.where(kind == 0, cell_a < k, torch.where(kind == 1, cell_a >= k,
-                                                               cell_a == k))
-        mem_b = torch.where(kind == 0, cell_b < k, torch.where(kind == 1, cell_b >= k,
-                                                               cell_b == k))
-        fa = (mem_a.to(torch.float64).unsqueeze(1) @ w).squeeze(1) / z.squeeze(1)  # [n, G]
-        fb = (mem_b.to(torch.float64).unsqueeze(1) @ w).squeeze(1) / z.squeeze(1)
-        return fa.clamp(0.0, 1.0), fb.clamp(0.0, 1.0)
+        z = w.sum(dim=1) + torch.exp(-top.squeeze(1))  # [n, 2G], with the empty set's weight
+        cells = torch.stack((cx[:, sc], cy[:, sc]), dim=1)  # [n, 2, V]
+        below = cells < k
+        mem = torch.where(kind == 2, cells == k, below ^ (kind == 1))  # [n, 2, V]
+        f = (mem.to(torch.float64) @ w) / z.unsqueeze(1)  # [n, 2, 2G]
+        f = f.clamp(0.0, 1.0)
+        return f[:, 0], f[:, 1]
 
     @staticmethod
-    def _cand_counts(tab: torch.Tensor, kind: torch.Tensor, flat: torch.Tensor) -> torch.Tensor:
+    def _cand_counts(tab: torch.Tensor, flat: torch.Tensor) -> torch.Tensor:
         """Past counts [n, V] in each candidate set, from per-cell counts [n, S, C]."""
         n, S, C = tab.shape
         zero = torch.zeros(n, S, 1, dtype=tab.dtype, device=tab.device)
@@ -449,7 +457,7 @@ class HockeyStickTest(SequentialTest):
         self._cnt_x = torch.bincount((self._cells(sx) + offs).reshape(-1), minlength=S * C)
         self._cnt_y = torch.bincount((self._cells(sy) + offs).reshape(-1), minlength=S * C)
         self._refresh_points.append(t)
-        self._next_refresh = max(t + 1, int(math.ceil(t * self.refresh_factor)))
+        self._next_refresh = self._refresh_after(t)
         logger.debug("hockey-stick refresh at t=%d: %d scores, %d cells", t, S, C)
 
     def _build_candidates(self) -> None:
