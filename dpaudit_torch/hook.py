@@ -843,37 +843,5 @@ class PrivacyAuditor:
 
 
 def _update_tracked(tester: Any, x: torch.Tensor, y: torch.Tensor, k: int) -> np.ndarray:
-    """``tester.update(x, y)`` in one call; returns its combined log-wealth after every k-th pair.
-
-    The per-pair trajectory is read from the chunks the base class books (``_record``, see
-    stats/base.py); pairs that were not bet on (burn-in) keep the wealth they started with.
-    """
-    n = int(x.numel())
-    start = float(tester.combined_log_wealth)
-    record = getattr(tester, "_record", None)
-    if record is None:  # a tester without the base-class bookkeeping: one update per step
-        out = []
-        for s in range(n // k):
-            tester.update(x[s * k:(s + 1) * k], y[s * k:(s + 1) * k])
-            out.append(float(tester.combined_log_wealth))
-        return np.asarray(out, dtype=np.float64)
-    chunks: list[np.ndarray] = []
-
-    def capture(traj: np.ndarray) -> None:
-        chunks.append(np.asarray(traj, dtype=np.float64))
-        record(traj)
-
-    tester._record = capture
-    try:
-        tester.update(x, y)
-    finally:
-        del tester._record
-    per_pair = np.full(n, start)
-    if chunks:
-        traj = np.concatenate(chunks)
-        if traj.shape[0]:
-            top = traj.max(axis=1, keepdims=True)
-            comb = (top + np.log(np.mean(np.exp(traj - top), axis=1, keepdims=True)))[:, 0]
-            per_pair[n - comb.shape[0]:] = comb
-    return per_pair[k - 1::k]
-
+    """Feed a run of steps (k pairs each) in one call; combined log-wealth after each step."""
+    return tester.update_with_trajectory(x, y)[k - 1 :: k]

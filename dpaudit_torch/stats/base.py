@@ -171,6 +171,34 @@ class SequentialTest:
         ``x`` and ``y`` are tensors (or array-likes) of shape [n] or [n, d] with identical shape.
         Checking finiteness costs one host synchronisation per call, never one per pair.
         """
+        self._consume(x, y, None)
+        return self
+
+    def update_with_trajectory(self, x: torch.Tensor, y: torch.Tensor) -> np.ndarray:
+        """Like :meth:`update`, and return the combined log-wealth after each of the n pairs.
+
+        Array [n] (host, float64). Burn-in pairs are not bet on: they carry the wealth the test
+        had before them. Lets a caller that feeds many pairs in one call (e.g. the training hook,
+        k pairs per step) read the decision's e-process at every pair, not only at the end.
+        """
+        current = self.combined_log_wealth
+        chunks: list[tuple[str, Any]] = []
+        n = self._consume(x, y, chunks)
+        out = np.empty(n)
+        pos = 0
+        for kind, item in chunks:
+            if kind == "burn":
+                out[pos : pos + item] = current
+                pos += item
+            else:
+                comb = log_mean_exp(item, axis=-1)
+                out[pos : pos + comb.size] = comb
+                pos += comb.size
+                current = float(comb[-1])
+        return out
+
+    def _consume(self, x: Any, y: Any, chunks: list[tuple[str, Any]] | None) -> int:
+        """Process pairs in order (burn-in, then betting chunks); optionally log the chunks."""
         x, y = self._as_pairs(x, y)
         n = int(x.shape[0])
         i = 0
@@ -180,6 +208,8 @@ class SequentialTest:
                 self._burn_x.append(x[i : i + take])
                 self._burn_y.append(y[i : i + take])
                 self._n_pairs += take
+                if chunks is not None:
+                    chunks.append(("burn", take))
                 if self._n_pairs == self.burn_in:
                     bx, by = torch.cat(self._burn_x), torch.cat(self._burn_y)
                     self._burn_x, self._burn_y = [], []
@@ -187,10 +217,12 @@ class SequentialTest:
                     self._fitted = True
             else:
                 take = max(1, min(n - i, int(self._chunk_limit())))
-                payoffs = self._payoffs(x[i : i + take], y[i : i + take])
-                self._record(self._bets.run(payoffs))
+                traj = self._bets.run(self._payoffs(x[i : i + take], y[i : i + take]))
+                self._record(traj)
+                if chunks is not None:
+                    chunks.append(("bet", traj))
             i += take
-        return self
+        return n
 
     @property
     def log_wealth(self) -> torch.Tensor:
