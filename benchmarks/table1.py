@@ -24,6 +24,7 @@ from _common import command, machine, write_section  # noqa: E402
 from dpaudit_torch.experiments import (  # noqa: E402
     format_table1,
     format_table1_checks,
+    format_table1_detail,
     run_table1,
     table1_checks,
 )
@@ -38,8 +39,9 @@ A rejection on these rows is therefore a **detected leak, never a type-I error**
 does not see it within the budget: under S' the noiseless outputs 1/n~ are small negative numbers
 next to 0, so the two kernel mean embeddings differ by less than tau; the hockey-stick test gives
 the repeated value its own cell, bets on the event {output = 0} and rejects within a few dozen
-pairs. False-rejection rates on truly DP mechanisms (the `clipped` variant, exact Gaussian
-and Laplace) are in the "type1" section.
+pairs. An MMD rejection on these rows is also a correct decision (the mechanism is not DP, so
+Theorem 3.1 does not bound its MMD). False-rejection rates on truly DP mechanisms (the `clipped`
+variant, exact Gaussian and Laplace) are in the "type1" section.
 
 The paper's column is its Table 1 (authors' code: witness radius R = 1/2, the paper's tau).
 "Kutta et al." is the best published sequential auditor (arXiv 2602.06518), mean pairs."""
@@ -78,6 +80,14 @@ def main(argv: list[str] | None = None) -> int:
     print(summary)
     if args.json:
         Path(args.json).write_text(json.dumps([r.to_dict() for r in rows], indent=1))
+    ratios = {c["cell"]: c["ratio"] for c in checks
+              if c["check"].startswith("MMD R=1/2 mean pairs") and c["ratio"] is not None}
+    others = [abs(v - 1.0) for k, v in ratios.items() if k != "NonDPLaplace2 eps=0.1"]
+    worst_other = max(others) if others else float("nan")
+    nl2_row = [r for r in rows if (r.mechanism, r.epsilon, r.method)
+               == ("NonDPLaplace2", 0.1, "mmd_r0.5")]
+    nl2 = ("-" if not nl2_row or nl2_row[0].mean_pairs is None
+           else f"{nl2_row[0].rate:.2f} / {nl2_row[0].mean_pairs:.0f}")
     if not args.quick and not args.no_write:
         body = "\n\n".join([
             "## Table 1 (Gonzalez et al., NeurIPS 2025): paper vs this project",
@@ -91,6 +101,13 @@ def main(argv: list[str] | None = None) -> int:
             "goal: fewer pairs than Kutta et al.",
             check_md,
             summary,
+            "**Known discrepancy.** On NonDPLaplace2 at eps = 0.1 the paper reports 0.95 / 770 for "
+            "MMD R=1/2; the independent numpy re-run of section 2 (ALGORITHMS.md section 7) gets "
+            f"0.90 / 450 and this implementation gets {nl2}, while it reproduces the paper's other "
+            f"{len(others)} rejecting cells within {worst_other:.0%} (see the standard errors in "
+            "the detail table).",
+            "<details><summary>Per-cell detail (mean +- standard error over the rejecting runs, "
+            "median)</summary>\n\n" + format_table1_detail(rows) + "\n\n</details>",
         ])
         write_section("table1", body)
         print("wrote the table1 section of docs/benchmarks.md")

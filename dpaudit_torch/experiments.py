@@ -48,6 +48,7 @@ __all__ = [
     "make_tester",
     "run_table1",
     "format_table1",
+    "format_table1_detail",
     "table1_checks",
     "format_table1_checks",
     "default_type1_cases",
@@ -342,6 +343,22 @@ def format_table1(rows: Iterable[Table1Row]) -> str:
         f"runs); {any_row.runs} runs per cell, budget {any_row.budget} pairs, alpha "
         f"{any_row.alpha:g}, variant `{any_row.variant}`."
     )
+    return "\n".join(lines)
+
+
+def format_table1_detail(rows: Iterable[Table1Row]) -> str:
+    """Markdown: per cell and method, rejections, mean pairs +- standard error, median."""
+    lines = ["| mechanism | eps | method | rejections | mean pairs +- SE | median pairs |",
+             "|---|---|---|---|---|---|"]
+    for r in rows:
+        if r.mean_pairs is None:
+            mean = "-"
+        else:
+            se = r.se_pairs
+            mean = f"{r.mean_pairs:.0f}" + ("" if se is None else f" +- {se:.0f}")
+        med = "-" if r.median_pairs is None else f"{r.median_pairs:.0f}"
+        lines.append(f"| {r.mechanism} | {r.epsilon:g} | {METHOD_LABELS.get(r.method, r.method)}"
+                     f" | {r.rejections} / {r.runs} | {mean} | {med} |")
     return "\n".join(lines)
 
 
