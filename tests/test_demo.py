@@ -1,0 +1,43 @@
+"""`dpaudit demo`: the README's main job, end to end through the real command."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+from dpaudit_torch.report import AuditReport
+
+
+def _demo(args: list[str]) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([sys.executable, "-m", "dpaudit_torch.cli", "demo", "--no-progress",
+                           *args], capture_output=True, text=True, timeout=600)
+
+
+def test_demo_correct_run_writes_report_and_exits_0(tmp_path: Path) -> None:
+    out = tmp_path / "out"
+    proc = _demo(["--steps", "25", "--out", str(out), "--seed", "3"])
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert "Traceback" not in proc.stderr
+    assert (out / "audit.json").is_file() and (out / "report.html").is_file()
+    report = AuditReport.load(out)
+    assert report.violation is False and report.claim_refuted is False
+    assert report.training["steps"] == 25
+    assert report.claimed_epsilon is not None and report.claimed_epsilon > 0
+    assert "nothing found" in proc.stdout.lower()
+    assert str(out / "report.html") in proc.stdout
+    data = json.loads((out / "audit.json").read_text())
+    assert data["config"]["demo"]["dataset"].startswith("scikit-learn digits")
+
+
+def test_demo_with_bug_stops_early_and_exits_3(tmp_path: Path) -> None:
+    out = tmp_path / "bug"
+    proc = _demo(["--bug", "no-noise", "--steps", "100", "--out", str(out), "--seed", "1"])
+    assert proc.returncode == 3, proc.stdout + proc.stderr
+    report = AuditReport.load(out)
+    assert report.violation is True
+    assert report.stopped_early is True
+    assert report.violation_step is not None and report.violation_step <= 10
+    assert report.training["steps"] < 100
+    assert "violation" in proc.stdout.lower()
