@@ -145,6 +145,14 @@ class CanaryDesign:
                 "pair_b": self.pair_b.clone(), "one_param": self.one_param.clone(),
                 "one_flat": self.one_flat.clone()}
 
+    @classmethod
+    def from_state(cls, sd: dict[str, Any]) -> CanaryDesign:
+        """Inverse of :meth:`to_state` (checkpoints)."""
+        return cls(shapes=[tuple(int(v) for v in s) for s in sd["shapes"]],
+                   pair_param=sd["pair_param"].long().cpu(), pair_a=sd["pair_a"].long().cpu(),
+                   pair_b=sd["pair_b"].long().cpu(), one_param=sd["one_param"].long().cpu(),
+                   one_flat=sd["one_flat"].long().cpu(), kind=str(sd.get("kind", "dirac")))
+
 
 def draw_design(shapes: list[tuple[int, ...]], k_pairs: int, m_canaries: int,
                 generator: torch.Generator) -> CanaryDesign:
@@ -210,6 +218,19 @@ class SecretCoins:
         return f"SecretCoins(m={self._in.numel()}, revealed={self._revealed})"
 
     __str__ = __repr__
+
+    @classmethod
+    def _from_state(cls, mask: torch.Tensor, revealed: bool) -> SecretCoins:
+        """Rebuild from a checkpoint (``PrivacyAuditor.load_state_dict``)."""
+        obj = cls.__new__(cls)
+        obj._in = mask.detach().to(device="cpu", dtype=torch.bool).clone()
+        obj._revealed = bool(revealed)
+        return obj
+
+    def _state(self) -> tuple[torch.Tensor, bool]:
+        """For ``PrivacyAuditor.state_dict`` only (a checkpoint holds the secret: keep it as
+        private as the model's weights)."""
+        return self._in.clone(), self._revealed
 
     @property
     def revealed(self) -> bool:

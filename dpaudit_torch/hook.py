@@ -69,6 +69,9 @@ _TESTS = {
     "hockey_stick": ("dpaudit_torch.stats.hockey_stick", "HockeyStickTest"),
 }
 _MODES = ("stop", "raise", "warn")
+_NONFINITE = ("raise", "skip")
+#: version of the layout of :meth:`PrivacyAuditor.state_dict`
+STATE_VERSION = 1
 #: tester options the auditor uses unless ``test_options`` overrides them. A training run feeds
 #: k_pairs pairs per step (10^5 to 10^6 pairs in a long run); the uncapped MMD witness costs
 #: O(t) per pair, so the auditor caps its support (FIFO, still a valid e-process: see
@@ -159,6 +162,10 @@ class PrivacyAuditor:
         on_violation: ``"stop"`` (set :attr:`should_stop`), ``"raise"`` (raise
             :class:`PrivacyViolationError` before that step's update is applied) or ``"warn"``
             (log a warning and continue).
+        on_nonfinite: what to do when the gradient at a canary coordinate is not finite:
+            ``"raise"`` (default: ``ValueError`` before the update, the audit state untouched) or
+            ``"skip"`` (drop that step's observation, count it in the report; the statistics never
+            see a NaN).
         seed: seed of the auditor's own random streams (canary design, role coins, Poisson
             inclusion, secret coins); None: OS entropy (secure default).
         history_stride: keep every ``history_stride``-th step in the log-wealth history.
@@ -193,6 +200,7 @@ class PrivacyAuditor:
         check_every: int = 5,
         claimed_every: int = 100,
         on_violation: str = "stop",
+        on_nonfinite: str = "raise",
         seed: int | None = None,
         history_stride: int = 1,
         device: torch.device | str | None = None,
@@ -259,6 +267,9 @@ class PrivacyAuditor:
         if on_violation not in _MODES:
             raise ValueError(f"on_violation must be one of {_MODES}, got {on_violation!r}")
         self.on_violation = on_violation
+        if on_nonfinite not in _NONFINITE:
+            raise ValueError(f"on_nonfinite must be one of {_NONFINITE}, got {on_nonfinite!r}")
+        self.on_nonfinite = on_nonfinite
         self.history_stride = check_positive_int(history_stride, "history_stride")
         self.test_options = {k: dict(v) for k, v in (test_options or {}).items()}
         if any(k not in _TESTS for k in self.test_options):
@@ -317,8 +328,7 @@ class PrivacyAuditor:
         self._mechanics = torch.Generator().manual_seed(seeds["mechanics"])
         self._coins = SecretCoins(self.m_canaries, torch.Generator().manual_seed(seeds["secret"]))
         self.ghost = is_ghost(optimizer)
-        self._injector = Injector(optimizer, params, self.design, self._coins, self._mechanics,
-                                  sample_rate, self.canary_norm, dev)
+        self._injector = self._make_injector()
         self._observer = Observer(params, self.design, dev,
                                   check_finite_every_step=(dev.type == "cpu"))
         self._segments.append(first)
@@ -340,6 +350,7 @@ class PrivacyAuditor:
         self._claimed: list[tuple[int, float | None]] = []
         self._seq_bound_cache = 0.0
         self._unobserved_steps = 0
+        self._failure: str | None = None
         self._sigma_claimed_seen: set[float] = {float(optimizer.noise_multiplier)}
         self._report: Any = None
         self._finalized = False
@@ -474,8 +485,35 @@ class PrivacyAuditor:
         self._warnings.append(msg)
         self._segments.append(self._new_segment(sigma, step))
 
+    def _make_injector(self) -> Injector:
+        inj = Injector(self.optimizer, self.params, self.design, self._coins, self._mechanics,
+                       self.sample_rate, self.canary_norm, self.device)
+        inj.on_failure = self._on_internal_failure
+        return inj
+
+    def _on_internal_failure(self, exc: BaseException) -> None:
+        """The auditor's own code failed inside a step: detach (every wrapped attribute back,
+        the pre-hook removed) so that training can go on unaudited; the step raises before its
+        update, so the parameters keep their values."""
+        msg = (f"internal auditor failure ({exc!r}); the auditor detached itself and restored "
+               f"the optimizer; this step's update was not applied")
+        logger.error(msg)
+        self._failure = msg
+        if msg not in self._warnings:
+            self._warnings.append(msg)
+        self.detach()
+
     # ------------------------------------------------------------------ the hook
     def _pre_hook(self, _opt: Any, _args: Any, _kwargs: Any) -> None:
+        try:
+            return self._pre_hook_inner()
+        except (PrivacyViolationError, ValueError):
+            raise  # decisions and refused observations: the audit state is consistent
+        except Exception as e:
+            self._on_internal_failure(e)
+            raise
+
+    def _pre_hook_inner(self) -> None:
         rec = self._injector.pop_record()
         if rec is None:
             self._unobserved_steps += 1
@@ -489,7 +527,9 @@ class PrivacyAuditor:
         if self._violation and self.on_violation == "raise":
             raise PrivacyViolationError(self._violation_message(), self._violation_step)
         step = self._step + 1
-        self._observer.observe(rec, self._steps_at_attach + step)  # may raise ValueError
+        # may raise ValueError (on_nonfinite="raise"; the audit state untouched)
+        self._observer.observe(rec, self._steps_at_attach + step,
+                               skip_nonfinite=self.on_nonfinite == "skip")
         self._step = step
         self._sigma_claimed_seen.add(rec.sigma_claimed)
         if step % self.check_every == 0:
@@ -541,7 +581,7 @@ class PrivacyAuditor:
             raise ValueError(f"non-finite gradient at canary coordinates during steps "
                              f"{steps[0]}..{steps[-1]}: those observations are discarded and this "
                              f"step's update was not applied")
-        x, y, steps, sigmas = obs.drain()
+        x, y, steps, sigmas = obs.drain(skip_nonfinite=self.on_nonfinite == "skip")
         i = 0
         while i < len(steps):  # split the chunk where the noise multiplier changed
             if sigmas[i] != self._segment.sigma:
@@ -637,6 +677,161 @@ class PrivacyAuditor:
             eps = None
         self._claimed.append((steps, eps))
         return eps
+
+    # ------------------------------------------------------------------ checkpoint / resume
+    def _config_fingerprint(self) -> dict[str, Any]:
+        """What must be equal between the auditor that saved a state and the one loading it."""
+        return {
+            "parameter_shapes": [list(p.shape) for p in self.params],
+            "k_pairs": self.k_pairs, "m_canaries": self.m_canaries,
+            "canary_norm": self.canary_norm, "delta": self.delta, "alpha": self.alpha,
+            "null": list(self._explicit_null) if self._explicit_null else None,
+            "tests": list(self.tests), "check_every": self.check_every,
+            "claimed_every": self.claimed_every, "on_violation": self.on_violation,
+            "on_nonfinite": self.on_nonfinite, "history_stride": self.history_stride,
+            "test_options": repr(sorted((k, sorted(v.items())) for k, v in
+                                        self.test_options.items())),
+            "ghost": self.ghost, "sample_rate": self.sample_rate,
+            "optimizer": type(self.optimizer).__name__,
+        }
+
+    def state_dict(self) -> dict[str, Any]:
+        """Everything needed to resume the audit (tensors and plain types; ``torch.save``-able).
+
+        Holds the canary design, the secret IN/OUT coins, the one-run scores, the buffered pairs
+        not yet fed, every segment's tester states, the auditor's generator state, the step
+        counters, the wealth history, the claimed-epsilon bookkeeping and the warnings. **The
+        checkpoint contains the secret coins**: keep it as private as the model's weights.
+
+        Call it between steps (after ``optimizer.step()``). To resume: build a new auditor with
+        the same configuration on the resumed model / optimizer / data loader, then
+        :meth:`load_state_dict`.
+        """
+        if self._injector._pending is not None:
+            raise RuntimeError("state_dict() called inside an optimizer step; call it between "
+                               "steps")
+        if self._finalized:
+            raise RuntimeError("state_dict() of a finalized auditor; checkpoint before "
+                               "finalize()")
+        mask, revealed = self._coins._state()
+        return {
+            "version": STATE_VERSION,
+            "config": self._config_fingerprint(),
+            "seed_policy": self.seed_policy,
+            "design": self.design.to_state(),
+            "coins": {"in": mask, "revealed": revealed},
+            "mechanics_rng": self._mechanics.get_state(),
+            "observer": self._observer.state_dict(),
+            "injector": {"insertions": self._injector.insertions,
+                         "one_run_insertions": self._injector.one_run_insertions,
+                         "steps_injected": self._injector.steps_injected},
+            "segments": [{"sigma": seg.sigma, "start_step": seg.start_step,
+                          "testers": {n: _plain(t.state_dict())
+                                      for n, t in seg.testers.items()}}
+                         for seg in self._segments],
+            "counters": {
+                "step": self._step, "steps_at_attach": self._steps_at_attach,
+                "combined_offset": self._combined_offset,
+                "test_offset": dict(self._test_offset), "combined_lw": self._combined_lw,
+                "test_lw": dict(self._test_lw), "crossed_at": self._crossed_at,
+                "violation_step": self._violation_step, "violation": self._violation,
+                "should_stop": self.should_stop, "raised": self._raised,
+                "seq_bound_cache": self._seq_bound_cache,
+                "unobserved_steps": self._unobserved_steps,
+                "sigma_claimed_seen": sorted(self._sigma_claimed_seen),
+            },
+            "history": {k: list(v) for k, v in self._history.items()},
+            "claimed": [[s, e] for s, e in self._claimed],
+            "warnings": list(self._warnings),
+        }
+
+    def load_state_dict(self, sd: dict[str, Any]) -> None:
+        """Resume from :meth:`state_dict` of an auditor with the same configuration.
+
+        Validates everything before changing anything: a state of another model (parameter
+        shapes) or configuration (k_pairs, m_canaries, null, tests, ...) raises ValueError naming
+        what differs, and leaves this auditor as it was. The design and the coins of the state
+        replace this auditor's own (so ``seed=None`` resumes correctly).
+        """
+        if not isinstance(sd, dict) or "config" not in sd or "version" not in sd:
+            raise ValueError("not a PrivacyAuditor state_dict (no 'config'/'version' entries)")
+        if sd["version"] != STATE_VERSION:
+            raise ValueError(f"PrivacyAuditor state_dict version {sd['version']!r} is not "
+                             f"supported (this version reads {STATE_VERSION})")
+        if self._finalized:
+            raise RuntimeError("load_state_dict() into a finalized auditor")
+        mine, theirs = self._config_fingerprint(), sd["config"]
+        diff = sorted(k for k in set(mine) | set(theirs) if mine.get(k) != theirs.get(k))
+        if diff:
+            raise ValueError(
+                "PrivacyAuditor state_dict was made for a different model or configuration; "
+                "differs in " + ", ".join(f"{k} (state: {theirs.get(k)!r}, this auditor: "
+                                          f"{mine.get(k)!r})" for k in diff))
+        # ---- build everything new first (any error leaves this auditor untouched)
+        design = CanaryDesign.from_state(sd["design"])
+        if [list(s) for s in design.shapes] != mine["parameter_shapes"] or (
+                design.k_pairs, design.m_canaries) != (self.k_pairs, self.m_canaries):
+            raise ValueError("PrivacyAuditor state_dict: its canary design does not fit this "
+                             "model's parameters / canary counts")
+        coins = SecretCoins._from_state(sd["coins"]["in"], sd["coins"]["revealed"])
+        if coins._mask().numel() != self.m_canaries:
+            raise ValueError(f"PrivacyAuditor state_dict: {coins._mask().numel()} secret coins "
+                             f"for m_canaries={self.m_canaries}")
+        mechanics = torch.Generator()
+        mechanics.set_state(sd["mechanics_rng"])
+        observer = Observer(self.params, design, self.device,
+                            check_finite_every_step=self._observer.check_finite_every_step)
+        observer.load_state_dict(sd["observer"])
+        segments: list[_Segment] = []
+        saved_warnings = list(self._warnings)
+        try:
+            for seg_sd in sd["segments"]:
+                seg = self._new_segment(float(seg_sd["sigma"]), int(seg_sd["start_step"]))
+                if set(seg.testers) != set(seg_sd["testers"]):
+                    raise ValueError(f"PrivacyAuditor state_dict: segment testers "
+                                     f"{sorted(seg_sd['testers'])} vs {sorted(seg.testers)}")
+                for name, t in seg.testers.items():
+                    t.load_state_dict(seg_sd["testers"][name])
+                segments.append(seg)
+        finally:
+            self._warnings = saved_warnings  # _new_segment may append; restored below
+        if not segments:
+            raise ValueError("PrivacyAuditor state_dict has no tester segments")
+        c = sd["counters"]
+        # ---- commit
+        was_attached = self.attached and self._injector._attached
+        if was_attached:
+            self._injector.detach()
+        self.design, self._coins, self._mechanics = design, coins, mechanics
+        self.seed_policy = str(sd["seed_policy"])
+        self._injector = self._make_injector()
+        if was_attached:
+            self._injector.attach()
+        inj = sd["injector"]
+        self._injector.insertions = int(inj["insertions"])
+        self._injector.one_run_insertions = int(inj["one_run_insertions"])
+        self._injector.steps_injected = int(inj["steps_injected"])
+        self._observer = observer
+        self._segments = segments
+        self._step = int(c["step"])
+        self._steps_at_attach = int(c["steps_at_attach"])
+        self._combined_offset = float(c["combined_offset"])
+        self._test_offset = {k: float(v) for k, v in c["test_offset"].items()}
+        self._combined_lw = float(c["combined_lw"])
+        self._test_lw = {k: float(v) for k, v in c["test_lw"].items()}
+        self._crossed_at = None if c["crossed_at"] is None else int(c["crossed_at"])
+        self._violation_step = (None if c["violation_step"] is None
+                                else int(c["violation_step"]))
+        self._violation = bool(c["violation"])
+        self.should_stop = bool(c["should_stop"])
+        self._raised = bool(c["raised"])
+        self._seq_bound_cache = float(c["seq_bound_cache"])
+        self._unobserved_steps = int(c["unobserved_steps"])
+        self._sigma_claimed_seen = {float(v) for v in c["sigma_claimed_seen"]}
+        self._history = {k: list(v) for k, v in sd["history"].items()}
+        self._claimed = [(int(s), None if e is None else float(e)) for s, e in sd["claimed"]]
+        self._warnings = list(sd["warnings"])
+        logger.info("PrivacyAuditor resumed at audited step %d", self._step)
 
     # ------------------------------------------------------------------ detach / finalize
     def detach(self) -> None:
@@ -734,6 +929,11 @@ class PrivacyAuditor:
                 f"claimed epsilon {claimed:.4g}; it assumes a Gaussian trade-off curve, so it is "
                 f"not used to refute the claim")
         obs = self._observer
+        if obs.skipped_nonfinite:
+            msg = (f"{obs.skipped_nonfinite} step(s) had a non-finite gradient at a canary "
+                   f"coordinate; their observations were dropped (on_nonfinite='skip')")
+            if msg not in self._warnings:
+                self._warnings.append(msg)
         summaries = {}
         for name in self.tests:
             t = seg.testers.get(name)
@@ -804,6 +1004,7 @@ class PrivacyAuditor:
                 if opt.expected_batch_size is not None else None,
                 "steps": self._accountant_steps(),
                 "audited_steps": self._step,
+                "nonfinite_steps_skipped": obs.skipped_nonfinite,
                 "steps_at_attach": self._steps_at_attach,
                 "optimizer": type(opt).__name__,
                 "grad_sample_mode": "ghost" if self.ghost else "per-sample",
@@ -811,7 +1012,9 @@ class PrivacyAuditor:
                 "loss_reduction": opt.loss_reduction,
                 "claimed_epsilon_history": [[s, e] for s, e in self._claimed],
             },
-            "threat_model": {"white_box": True, "every_step_observed": self._unobserved_steps == 0,
+            "threat_model": {"white_box": True,
+                             "every_step_observed": (self._unobserved_steps == 0
+                                                     and obs.skipped_nonfinite == 0),
                              "clipping_exercised": not self.ghost, "notes": notes},
             "interference": interference,
             "config": {
@@ -820,7 +1023,8 @@ class PrivacyAuditor:
                 "per_step_null": list(self._explicit_null) if self._explicit_null else None,
                 "tests": list(self.tests), "check_every": self.check_every,
                 "claimed_every": self.claimed_every, "on_violation": self.on_violation,
-                "history_stride": self.history_stride, "device": str(self.device),
+                "on_nonfinite": self.on_nonfinite, "history_stride": self.history_stride,
+                "device": str(self.device),
                 "test_options": self.test_options,
             },
             "seed_policy": self.seed_policy,
@@ -840,6 +1044,22 @@ class PrivacyAuditor:
         return (f"PrivacyAuditor(step={self._step}, k_pairs={self.k_pairs}, "
                 f"m_canaries={self.m_canaries}, violation={self._violation}, "
                 f"attached={self.attached})")
+
+
+def _plain(obj: Any) -> Any:
+    """Numpy scalars -> Python numbers, numpy arrays -> tensors (lossless), recursively, so that
+    a state loads with ``torch.load(weights_only=True)``."""
+    if isinstance(obj, dict):
+        return {k: _plain(v) for k, v in obj.items()}
+    if isinstance(obj, list):
+        return [_plain(v) for v in obj]
+    if isinstance(obj, tuple):
+        return tuple(_plain(v) for v in obj)
+    if isinstance(obj, np.generic):
+        return obj.item()
+    if isinstance(obj, np.ndarray):
+        return torch.from_numpy(obj.copy())
+    return obj
 
 
 def _update_tracked(tester: Any, x: torch.Tensor, y: torch.Tensor, k: int) -> np.ndarray:

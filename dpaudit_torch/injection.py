@@ -183,7 +183,10 @@ class Injector:
         self._pair_a_dev = design.pair_a.to(device)
         self._pair_b_dev = design.pair_b.to(device)
         self._pair_rows_dev = torch.arange(k, dtype=torch.long, device=device)
-        self._in_mask = coins._mask()
+        self._param_ids = [id(p) for p in params]
+        #: called with the exception when the auditor's own part of a step fails (the auditor
+        #: then detaches itself); set by PrivacyAuditor
+        self.on_failure: Callable[[BaseException], None] | None = None
 
     # ------------------------------------------------------------------ attach / detach
     def attach(self) -> None:
@@ -226,7 +229,8 @@ class Injector:
         g = self.mechanics
         coins_cpu = torch.rand(self._k, generator=g) < 0.5
         m = self.design.m_canaries
-        incl = (torch.rand(m, generator=g, dtype=torch.float64) < self.sample_rate) & self._in_mask
+        incl = ((torch.rand(m, generator=g, dtype=torch.float64) < self.sample_rate)
+                & self.coins._mask())
         clip = per_param_clip(opt, len(self.params))
         if self.ghost:
             acc = 1
@@ -308,10 +312,29 @@ class Injector:
         return buf
 
     # ------------------------------------------------------------------ the wrappers
+    def check_params(self) -> None:
+        """ValueError if the optimizer's trainable parameters are not those seen at attach
+        (``add_param_group``, or ``requires_grad`` changed): canaries could not be placed or read
+        consistently. Raised before anything of the step runs (state untouched)."""
+        now = self.optimizer.params
+        if len(now) != len(self._param_ids) or any(
+                id(p) != i for p, i in zip(now, self._param_ids)):
+            raise ValueError(
+                f"the optimizer's trainable parameters changed after the PrivacyAuditor was "
+                f"attached ({len(self._param_ids)} tensors at attach, {len(now)} now: "
+                f"add_param_group, or requires_grad changed); the audit cannot place or read its "
+                f"canaries consistently. Nothing of this step was applied; detach() or "
+                f"finalize() this auditor and attach a new one")
+
+    def _fail(self, exc: BaseException) -> None:
+        if self.on_failure is not None:
+            self.on_failure(exc)
+
     def _ends_logical_step(self) -> bool:
         return not self.optimizer._check_skip_next_step(pop_next=False)
 
     def _wrapper(self) -> Any:
+        self.check_params()
         original = self._original()
         if not self._ends_logical_step():
             return original()
@@ -321,7 +344,11 @@ class Injector:
             # let Opacus raise its own error (missing per-sample gradients, or zero_grad not
             # called): nothing is injected and nothing is recorded
             return original()
-        rec = self._plan()
+        try:
+            rec = self._plan()
+        except Exception as e:
+            self._fail(e)
+            raise
         result = original()  # the real examples, exactly as without the auditor
         if self.injects:
             # the canaries: one extra micro-batch of per-sample rows through the same clipping
@@ -330,9 +357,9 @@ class Injector:
             # gradient (B x d) at every step.
             n_rows = rec.n_rows
             saved = [p.grad_sample for p in params]
-            ref0 = saved[0][-1] if isinstance(saved[0], list) else saved[0]
-            buf = self._canary_rows(rec, ref0.dtype)
             try:
+                ref0 = saved[0][-1] if isinstance(saved[0], list) else saved[0]
+                buf = self._canary_rows(rec, ref0.dtype)
                 for i, p in enumerate(params):
                     start = n_rows * self._offsets[i]
                     rows = buf[start:start + n_rows * int(p.numel())].view((n_rows,) + p.shape)
@@ -342,11 +369,16 @@ class Injector:
                         rows = rows.to(device=ref.device, dtype=ref.dtype)
                     p.grad_sample = rows
                 original()
+                self._count(rec)
+                self._after_clip(rec)
+            except Exception as e:
+                # the auditor's part failed: per-sample gradients back (finally), the auditor
+                # detaches itself, the step raises before any noise or update
+                self._fail(e)
+                raise
             finally:
                 for p, gs in zip(params, saved):
                     p.grad_sample = gs
-            self._count(rec)
-            self._after_clip(rec)
         self._pending = rec
         return result
 
@@ -359,10 +391,19 @@ class Injector:
             opt.sample_size -= rec.n_rows
 
     def _wrapper_ghost(self) -> Any:
+        self.check_params()
         original = self._original()
         result = original()
         if not self._ends_logical_step():
             return result
+        try:
+            self._ghost_inject()
+        except Exception as e:
+            self._fail(e)
+            raise
+        return result
+
+    def _ghost_inject(self) -> None:
         rec = self._plan()
         if self.injects:
             targets = self._per_param_targets(rec)
@@ -384,7 +425,6 @@ class Injector:
                 sg.view(-1).index_add_(0, f, val.expand(f.numel()))
             self._count(rec)
         self._pending = rec
-        return result
 
     def _count(self, rec: StepRecord) -> None:
         self.insertions += rec.n_rows

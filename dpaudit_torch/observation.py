@@ -66,6 +66,8 @@ class Observer:
         self.buffer_y: list[torch.Tensor] = []
         self.buffer_steps: list[int] = []
         self.buffer_sigma: list[float] = []
+        self.buffer_ok: list[torch.Tensor] = []  # per step: all projections finite (device)
+        self.skipped_nonfinite = 0  # steps whose observation was dropped (on_nonfinite="skip")
         self.scores = torch.zeros(self.m, dtype=torch.float64, device=dev)
         # interference W (units of C) at the non-canary coordinate of each pair
         self.w_sum = torch.zeros((), dtype=torch.float64, device=dev)
@@ -102,17 +104,32 @@ class Observer:
             return vals, (torch.cat(sums) if len(sums) > 1 else sums[0])[self._perm]
         return vals, None
 
-    def observe(self, rec: StepRecord, step: int) -> torch.Tensor:
-        """Record one logical step; returns the projections. Raises ValueError (state untouched)
-        if a projection is not finite and ``check_finite_every_step``."""
+    def observe(self, rec: StepRecord, step: int, skip_nonfinite: bool = False
+                ) -> torch.Tensor | None:
+        """Record one logical step; returns the projections (None if dropped).
+
+        A non-finite projection: with ``skip_nonfinite`` the step's observation is dropped and
+        counted (on the host at once if ``check_finite_every_step``, else zeroed on the device and
+        removed from the pairs at :meth:`drain`); otherwise ValueError (state untouched) if
+        ``check_finite_every_step``, else flagged for the next drain."""
         vals, sums = self.gather(rec)
         fin = torch.isfinite(vals).all()
-        if self.check_finite_every_step and not bool(fin):
+        if skip_nonfinite:
+            if self.check_finite_every_step:
+                if not bool(fin):
+                    self.skipped_nonfinite += 1
+                    return None
+            else:  # no host sync: a dropped step contributes zeros, its pairs leave at drain
+                vals = torch.where(fin, vals, torch.zeros_like(vals))
+                if sums is not None:
+                    sums = torch.where(fin, sums, torch.zeros_like(sums))
+        elif self.check_finite_every_step and not bool(fin):
             bad = torch.nonzero(~torch.isfinite(vals)).reshape(-1)[:3].tolist()
             raise ValueError(
                 f"non-finite gradient at canary coordinate(s) {bad} (design order) at step "
                 f"{step}: the audit refuses this observation; the update was not applied")
-        self.nonfinite |= ~fin
+        if not skip_nonfinite:
+            self.nonfinite |= ~fin
         k = self.k
         a, b = vals[:k], vals[k:2 * k]
         c = rec.coins
@@ -122,6 +139,7 @@ class Observer:
         self.buffer_y.append(y)
         self.buffer_steps.append(step)
         self.buffer_sigma.append(rec.sigma)
+        self.buffer_ok.append(fin)
         if self.m:
             self.scores += vals[2 * k:]
         self.y_sum += y.sum()
@@ -137,16 +155,69 @@ class Observer:
         self.last_projection = vals
         return vals
 
-    def drain(self) -> tuple[torch.Tensor, torch.Tensor, list[int], list[float]]:
-        """Buffered pairs as [n_steps, k] tensors (on device), their steps and sigmas; clears."""
+    def drain(self, skip_nonfinite: bool = False
+              ) -> tuple[torch.Tensor, torch.Tensor, list[int], list[float]]:
+        """Buffered pairs as [n_steps, k] tensors (on device), their steps and sigmas; clears.
+        With ``skip_nonfinite`` the steps flagged non-finite are removed (and counted)."""
         if not self.buffer_x:
             empty = torch.zeros((0, self.k), dtype=torch.float64, device=self.device)
             return empty, empty, [], []
         x = torch.stack(self.buffer_x)
         y = torch.stack(self.buffer_y)
         steps, sig = self.buffer_steps, self.buffer_sigma
+        ok = torch.stack(self.buffer_ok)
         self.buffer_x, self.buffer_y, self.buffer_steps, self.buffer_sigma = [], [], [], []
+        self.buffer_ok = []
+        if skip_nonfinite:
+            keep = ok.cpu()
+            if not bool(keep.all()):
+                self.skipped_nonfinite += int((~keep).sum())
+                idx = torch.nonzero(keep).reshape(-1)
+                x, y = x[idx.to(x.device)], y[idx.to(y.device)]
+                steps = [s for s, kp in zip(steps, keep.tolist()) if kp]
+                sig = [s for s, kp in zip(sig, keep.tolist()) if kp]
         return x, y, steps, sig
+
+    def state_dict(self) -> dict[str, Any]:
+        """Checkpoint (CPU tensors and plain types); buffered pairs included."""
+        def cpu(t: torch.Tensor) -> torch.Tensor:
+            return t.detach().cpu().clone()
+
+        stack = (lambda b: torch.stack(b).detach().cpu()) if self.buffer_x else (
+            lambda b: torch.zeros((0, self.k), dtype=torch.float64))
+        return {
+            "steps": self.steps, "scores": cpu(self.scores),
+            "buffer_x": stack(self.buffer_x), "buffer_y": stack(self.buffer_y),
+            "buffer_ok": (torch.stack(self.buffer_ok).detach().cpu() if self.buffer_ok
+                          else torch.zeros(0, dtype=torch.bool)),
+            "buffer_steps": list(self.buffer_steps), "buffer_sigma": list(self.buffer_sigma),
+            "w_sum": cpu(self.w_sum), "w_sumsq": cpu(self.w_sumsq),
+            "w_maxabs": cpu(self.w_maxabs), "w_count": self.w_count,
+            "y_sum": cpu(self.y_sum), "y_sumsq": cpu(self.y_sumsq),
+            "nonfinite": cpu(self.nonfinite), "skipped_nonfinite": self.skipped_nonfinite,
+        }
+
+    def load_state_dict(self, sd: dict[str, Any]) -> None:
+        if tuple(sd["scores"].shape) != (self.m,) or (
+                sd["buffer_x"].numel() and sd["buffer_x"].shape[1] != self.k):
+            raise ValueError(f"observer state for {tuple(sd['scores'].shape)} one-run canaries /"
+                             f" {tuple(sd['buffer_x'].shape)} buffered pairs does not fit "
+                             f"m={self.m}, k={self.k}")
+        dev = self.device
+        self.reset()
+        self.steps = int(sd["steps"])
+        self.scores = sd["scores"].to(dev, torch.float64).clone()
+        n = len(sd["buffer_steps"])
+        self.buffer_x = [sd["buffer_x"][i].to(dev) for i in range(n)]
+        self.buffer_y = [sd["buffer_y"][i].to(dev) for i in range(n)]
+        self.buffer_ok = [sd["buffer_ok"][i].to(dev) for i in range(n)]
+        self.buffer_steps = [int(v) for v in sd["buffer_steps"]]
+        self.buffer_sigma = [float(v) for v in sd["buffer_sigma"]]
+        for name in ("w_sum", "w_sumsq", "w_maxabs", "y_sum", "y_sumsq"):
+            setattr(self, name, sd[name].to(dev, torch.float64).clone())
+        self.nonfinite = sd["nonfinite"].to(dev).clone()
+        self.w_count = int(sd["w_count"])
+        self.skipped_nonfinite = int(sd["skipped_nonfinite"])
 
     def interference_summary(self, sigma: float | None) -> dict[str, Any]:
         """Spread of the real-data gradient at canary coordinates, in units of C (host sync)."""

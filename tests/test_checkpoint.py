@@ -1,0 +1,178 @@
+"""PrivacyAuditor checkpoint / resume (issue 6, item 2).
+
+A run checkpointed at step t (model, optimizer, accountant, Opacus's noise generator, auditor)
+and resumed in a NEW PROCESS ends with exactly the same report as the uninterrupted run. The
+resumed process builds its auditor with ``seed=None``: the design and the secret coins must come
+from the checkpoint, not from the new auditor's own draws.
+
+This file is also the worker of the resumed process: ``python tests/test_checkpoint.py resume
+CKPT OUT``.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from conftest import make_private_setup  # noqa: E402
+
+from dpaudit_torch.hook import PrivacyAuditor  # noqa: E402
+from dpaudit_torch.testing import bugs  # noqa: E402
+
+REPO = Path(__file__).resolve().parent.parent
+TOTAL, CUT = 12, 4  # CUT is not a multiple of check_every: pairs are still buffered there
+CONFIG: dict[str, Any] = dict(delta=1e-5, k_pairs=8, m_canaries=40, check_every=3,
+                              claimed_every=4)
+
+
+def _setup():
+    s = make_private_setup(sigma=1.0, noise_seed=11)
+    # a bug, so that the wealth moves and the violation is proven after the checkpoint (step 6)
+    bugs.apply_bug(s.optimizer, "noise-divided-by-batch")
+    return s
+
+
+def _batches():
+    """The same fixed batches in every process (conftest's data, seeded index draws)."""
+    return list(make_private_setup(sigma=1.0).batches(TOTAL, batch=24, seed=3))
+
+
+def _strip(d: Any) -> Any:
+    """The report dict without creation times."""
+    if isinstance(d, dict):
+        return {k: _strip(v) for k, v in d.items() if k not in ("created_at", "timestamp")}
+    if isinstance(d, list):
+        return [_strip(v) for v in d]
+    return d
+
+
+def _report_json(aud: PrivacyAuditor) -> str:
+    return json.dumps(_strip(aud.finalize().to_dict()), sort_keys=True, default=str)
+
+
+def _train(s, aud, batches) -> None:
+    for x, y in batches:
+        s.step(x, y)  # the loop goes on after a violation (on_violation="stop" sets a flag)
+
+
+def _checkpoint(s, aud) -> dict[str, Any]:
+    return {
+        "model": s.model.state_dict(),
+        "optimizer": s.optimizer.state_dict(),
+        "accountant": s.engine.accountant.state_dict(),
+        "noise_rng": s.optimizer.generator.get_state(),
+        "auditor": aud.state_dict(),
+    }
+
+
+def _resume(ckpt_path: str, out_path: str) -> None:
+    """The resumed process: same configuration, state from the checkpoint, finish, report."""
+    ck = torch.load(ckpt_path, weights_only=False)
+    s = _setup()
+    s.model.load_state_dict(ck["model"])
+    s.optimizer.load_state_dict(ck["optimizer"])
+    s.engine.accountant.load_state_dict(ck["accountant"])
+    s.optimizer.generator.set_state(ck["noise_rng"])
+    aud = PrivacyAuditor(s.engine, s.optimizer, s.loader, seed=None, **CONFIG)
+    aud.load_state_dict(ck["auditor"])
+    _train(s, aud, _batches()[CUT:])
+    Path(out_path).write_text(_report_json(aud))
+
+
+def test_resume_in_new_process_gives_the_same_report(tmp_path):
+    batches = _batches()
+    # uninterrupted run
+    s = _setup()
+    full = PrivacyAuditor(s.engine, s.optimizer, s.loader, seed=5, **CONFIG)
+    _train(s, full, batches)
+    expected = _report_json(full)
+    # interrupted run: checkpoint at CUT, finish in a new process
+    s2 = _setup()
+    aud = PrivacyAuditor(s2.engine, s2.optimizer, s2.loader, seed=5, **CONFIG)
+    _train(s2, aud, batches[:CUT])
+    assert aud._observer.buffer_x, "the checkpoint must hold buffered, not yet fed pairs"
+    ckpt = tmp_path / "ckpt.pt"
+    torch.save(_checkpoint(s2, aud), ckpt)
+    out = tmp_path / "report.json"
+    env = dict(os.environ, PYTHONPATH=str(REPO) + os.pathsep + os.environ.get("PYTHONPATH", ""))
+    proc = subprocess.run([sys.executable, __file__, "resume", str(ckpt), str(out)], env=env,
+                          capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    got = out.read_text()
+    exp_d, got_d = json.loads(expected), json.loads(got)
+    assert exp_d["violation"] and exp_d["violation_step"] > CUT
+    assert exp_d["training"]["audited_steps"] == TOTAL
+    assert exp_d["training"]["steps"] == TOTAL
+    for key in exp_d:
+        assert got_d[key] == exp_d[key], key
+    assert got == expected
+
+
+def test_state_dict_is_torch_saveable_plain(tmp_path):
+    s = _setup()
+    aud = PrivacyAuditor(s.engine, s.optimizer, s.loader, seed=1, **CONFIG)
+    _train(s, aud, _batches()[:4])
+    sd = aud.state_dict()
+    torch.save(sd, tmp_path / "a.pt")
+    back = torch.load(tmp_path / "a.pt", weights_only=True)  # tensors and plain types only
+    assert set(back) == set(sd)
+    # loading into a fresh auditor in this process reproduces the state
+    s2 = _setup()
+    s2.model.load_state_dict(s.model.state_dict())
+    other = PrivacyAuditor(s2.engine, s2.optimizer, s2.loader, seed=99, **CONFIG)
+    other.load_state_dict(back)
+    assert torch.equal(other.design.one_flat, aud.design.one_flat)
+    assert torch.equal(other._coins._mask(), aud._coins._mask())
+    assert other.step == aud.step == 4
+    assert torch.equal(other._observer.scores, aud._observer.scores)
+    assert other._mechanics.get_state().equal(aud._mechanics.get_state())
+
+
+@pytest.mark.parametrize("change,needle", [
+    (dict(k_pairs=5), "k_pairs"),
+    (dict(m_canaries=41), "m_canaries"),
+    (dict(per_step_null=(0.5, 1e-6)), "null"),
+    (dict(tests=("mmd",)), "tests"),
+    (dict(check_every=2), "check_every"),
+    (dict(alpha=0.01), "alpha"),
+])
+def test_load_into_other_configuration_fails_clearly(change, needle):
+    s = _setup()
+    aud = PrivacyAuditor(s.engine, s.optimizer, s.loader, seed=1, **CONFIG)
+    _train(s, aud, _batches()[:2])
+    sd = aud.state_dict()
+    aud.detach()
+    other = PrivacyAuditor(s.engine, s.optimizer, s.loader, seed=2, **{**CONFIG, **change})
+    before = (other.design.one_flat.clone(), other.step, other._coins._mask().clone())
+    with pytest.raises(ValueError, match=needle):
+        other.load_state_dict(sd)
+    assert torch.equal(other.design.one_flat, before[0]) and other.step == before[1]
+    assert torch.equal(other._coins._mask(), before[2])
+
+
+def test_load_into_other_model_fails_clearly():
+    s = _setup()
+    aud = PrivacyAuditor(s.engine, s.optimizer, s.loader, seed=1, **CONFIG)
+    sd = aud.state_dict()
+    s2 = make_private_setup(sigma=1.0, hidden=16)
+    other = PrivacyAuditor(s2.engine, s2.optimizer, s2.loader, seed=1, **CONFIG)
+    with pytest.raises(ValueError, match="parameter_shapes"):
+        other.load_state_dict(sd)
+    with pytest.raises(ValueError, match="not a PrivacyAuditor state_dict"):
+        other.load_state_dict({"foo": 1})
+
+
+if __name__ == "__main__":
+    if len(sys.argv) == 4 and sys.argv[1] == "resume":
+        torch.set_num_threads(1)
+        _resume(sys.argv[2], sys.argv[3])
+    else:
+        raise SystemExit("usage: test_checkpoint.py resume CKPT OUT")

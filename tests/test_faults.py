@@ -1,0 +1,296 @@
+"""PrivacyAuditor under faults (issue 6, item 3): non-finite gradients, failures inside the
+auditor, frozen parameters, several parameter groups, parameters added after attach, autocast.
+
+All runs use a tiny MLP and a few steps (the whole file takes seconds)."""
+
+from __future__ import annotations
+
+import math
+import warnings
+
+import pytest
+import torch
+from conftest import make_private_setup
+from test_hook import _capture, _expected_presence, _untouched
+from torch import nn
+
+from dpaudit_torch.hook import PrivacyAuditor
+from dpaudit_torch.injection import Injector
+from dpaudit_torch.observation import Observer
+
+SMALL = dict(k_pairs=4, m_canaries=40, check_every=2)
+
+
+def _params(model) -> list[torch.Tensor]:
+    return [p.detach().clone() for p in model.parameters()]
+
+
+def _same(a: list[torch.Tensor], b: list[torch.Tensor]) -> bool:
+    return len(a) == len(b) and all(torch.equal(x, y) for x, y in zip(a, b))
+
+
+def _nan_batch(x: torch.Tensor) -> torch.Tensor:
+    x = x.clone()
+    x[0, 0] = float("nan")  # one example: its per-sample gradient, hence the clipped sum, is NaN
+    return x
+
+
+def _build(freeze_first: bool = False, groups: bool = False, first_layer_only: bool = False,
+           sigma: float = 1.0):
+    """A 16-32-2 MLP made private with a custom optimizer layout."""
+    from opacus import PrivacyEngine
+    from torch.utils.data import DataLoader, TensorDataset
+
+    torch.manual_seed(0)
+    g = torch.Generator().manual_seed(1234)
+    X = torch.randn(128, 16, generator=g)
+    Y = (X[:, 0] > 0).long()
+    model = nn.Sequential(nn.Linear(16, 32), nn.ReLU(), nn.Linear(32, 2))
+    if freeze_first:
+        model[0].weight.requires_grad_(False)
+    if groups:
+        opt = torch.optim.SGD([{"params": model[0].parameters(), "lr": 0.1},
+                               {"params": model[2].parameters(), "lr": 0.05}], lr=0.1)
+    elif first_layer_only:
+        opt = torch.optim.SGD(model[0].parameters(), lr=0.1)
+    else:
+        opt = torch.optim.SGD([p for p in model.parameters() if p.requires_grad], lr=0.1)
+    dl = DataLoader(TensorDataset(X, Y), batch_size=16)
+    engine = PrivacyEngine()
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        model, opt, dl = engine.make_private(
+            module=model, optimizer=opt, data_loader=dl, noise_multiplier=sigma,
+            max_grad_norm=1.0, noise_generator=torch.Generator().manual_seed(1))
+    return engine, model, opt, dl, X, Y
+
+
+def _step(model, opt, x, y) -> None:
+    opt.zero_grad()
+    nn.functional.cross_entropy(model(x), y).backward()
+    opt.step()
+
+
+# ------------------------------------------------------------------ non-finite gradients
+def test_nonfinite_raise_before_update_state_untouched():
+    s = make_private_setup(sigma=1.0)
+    aud = PrivacyAuditor(s.engine, s.optimizer, s.loader, seed=1, **SMALL)
+    batches = list(s.batches(3, batch=16))
+    s.step(*batches[0])
+    before, step, scores = _params(s.model), aud.step, aud._observer.scores.clone()
+    with pytest.raises(ValueError, match="non-finite gradient at canary"):
+        s.step(_nan_batch(batches[1][0]), batches[1][1])
+    assert _same(_params(s.model), before)  # the update was not applied
+    assert aud.step == step and torch.equal(aud._observer.scores, scores)
+    assert aud.attached and not _untouched(s.optimizer)  # still auditing
+    s.step(*batches[2])  # training goes on
+    assert aud.step == step + 1
+
+
+def _sanitizer(opt):
+    """A user's own pre-hook that runs after the auditor's and zeroes non-finite gradients (so
+    that one bad batch does not poison the parameters of the skip test)."""
+    def hook(_o, _a, _k):
+        for p in opt.params:
+            if p.grad is not None:
+                p.grad.nan_to_num_(nan=0.0, posinf=0.0, neginf=0.0)
+    return opt.original_optimizer.register_step_pre_hook(hook)
+
+
+def _skip_run(deferred: bool):
+    """on_nonfinite="skip": the bad step's observation is dropped and counted, on the host at
+    once (CPU) or at the next decision (the accelerator path, forced here on CPU)."""
+    s = make_private_setup(sigma=1.0)
+    aud = PrivacyAuditor(s.engine, s.optimizer, s.loader, seed=1, on_nonfinite="skip", **SMALL)
+    aud._observer.check_finite_every_step = not deferred
+    _sanitizer(s.optimizer)
+    n = 7
+    for i, (x, y) in enumerate(s.batches(n, batch=16)):
+        s.step(_nan_batch(x) if i in (2, 5) else x, y)
+    rep = aud.finalize()
+    assert rep.training["nonfinite_steps_skipped"] == 2
+    assert not rep.threat_model["every_step_observed"]
+    assert any("non-finite" in w for w in rep.warnings)
+    for t in aud._segment.testers.values():
+        assert t.n_pairs == (n - 2) * aud.k_pairs
+    hist = rep.wealth_history
+    assert all(math.isfinite(v) for k, vals in hist.items() for v in vals)
+    assert torch.isfinite(aud._observer.scores).all()
+    assert math.isfinite(rep.sequential["combined_log_wealth"])
+    return rep
+
+
+def test_nonfinite_skip_counts_and_never_nan_on_both_paths():
+    a = _skip_run(False)
+    b = _skip_run(True)
+    assert a.wealth_history == b.wealth_history
+    assert a.one_run_scores == b.one_run_scores
+
+
+def test_on_nonfinite_validated():
+    s = make_private_setup(sigma=1.0)
+    with pytest.raises(ValueError, match="on_nonfinite"):
+        PrivacyAuditor(s.engine, s.optimizer, s.loader, seed=1, on_nonfinite="ignore")
+    assert _untouched(s.optimizer)
+
+
+# ------------------------------------------------------------------ failures inside the auditor
+@pytest.mark.parametrize("where", ["observation", "injection", "plan"])
+def test_internal_failure_restores_optimizer_model_untouched(monkeypatch, where):
+    """An exception inside the auditor: the step raises before its update, the auditor detaches
+    itself (every wrapped attribute back, pre-hook removed), p.grad_sample holds the real
+    per-sample gradients, and training then goes on exactly like an unaudited optimizer (sigma =
+    0 so the comparison with the twin is exact)."""
+    a = make_private_setup(sigma=0.0)
+    b = make_private_setup(sigma=0.0)
+    aud = PrivacyAuditor(a.engine, a.optimizer, a.loader, seed=1, **SMALL)
+    target = {"observation": (Observer, "observe"), "injection": (Injector, "_canary_rows"),
+              "plan": (Injector, "_plan")}[where]
+
+    def boom(*_a, **_k):
+        raise RuntimeError("injected failure")
+
+    monkeypatch.setattr(*target, boom)
+    batches = list(a.batches(3, batch=16))
+    before = _params(a.model)
+    with pytest.raises(RuntimeError, match="injected failure"):
+        a.step(*batches[0])
+    monkeypatch.undo()
+    assert _same(_params(a.model), before)
+    assert _untouched(a.optimizer) and not aud.attached
+    for p in a.optimizer.params:  # the real per-sample gradients, as Opacus left them
+        assert p.grad_sample is not None and p.grad_sample.shape[0] == 16
+    assert any("internal auditor failure" in w for w in aud._warnings)
+    for x, y in batches:
+        a.step(x, y)
+        b.step(x, y)
+    assert _same(_params(a.model), _params(b.model))
+    rep = aud.finalize()  # the audit of what it saw is still reported
+    assert any("internal auditor failure" in w for w in rep.warnings)
+
+
+# ------------------------------------------------------------------ parameters
+def test_frozen_parameters_never_canaries():
+    engine, model, opt, dl, X, Y = _build(freeze_first=True)
+    aud = PrivacyAuditor(engine, opt, dl, seed=1, **SMALL)
+    frozen = model._module[0].weight
+    assert all(p is not frozen for p in aud.params)
+    assert [tuple(s) for s in aud.design.shapes] == [(32,), (2, 32), (2,)]
+    for i in range(3):
+        _step(model, opt, X[16 * i:16 * i + 16], Y[16 * i:16 * i + 16])
+    assert aud.step == 3
+    rep = aud.finalize()
+    assert all(p["pairs"] + p["one_run"] > 0 for p in rep.canaries["per_parameter"])
+
+
+def test_several_parameter_groups():
+    """Two groups with different learning rates: canaries in every tensor of both groups, and
+    at sigma = 0 a present canary adds exactly C (here 1) at its coordinate."""
+    engine, model, opt, dl, X, Y = _build(groups=True, sigma=0.0)
+    _, model_b, opt_b, _, _, _ = _build(groups=True, sigma=0.0)
+    aud = PrivacyAuditor(engine, opt, dl, seed=2, **SMALL)
+    assert len(opt.param_groups) == 2
+    recs = []
+    aud._injector.on_inject = recs.append
+
+    class _S:  # the shape _capture expects
+        def __init__(self, o):
+            self.optimizer = o
+
+    cap_a, cap_b = _capture(_S(opt), aud.design), _capture(_S(opt_b), aud.design)
+    for i in range(3):
+        x, y = X[16 * i:16 * i + 16], Y[16 * i:16 * i + 16]
+        _step(model, opt, x, y)
+        _step(model_b, opt_b, x, y)
+    rep = aud.finalize()
+    assert all(p["pairs"] + p["one_run"] > 0 for p in rep.canaries["per_parameter"])
+    assert len(rep.canaries["per_parameter"]) == 4
+    # the twins have the same parameters at step 1 only (the canaries move the audited one)
+    exp = _expected_presence(recs[0], aud.k_pairs, aud.m_canaries)
+    assert torch.allclose(cap_a[0] - cap_b[0], exp, rtol=1e-6, atol=1e-6)
+
+
+def test_model_parameter_added_after_attach_rejected():
+    engine, model, opt, dl, X, Y = _build(first_layer_only=True)
+    aud = PrivacyAuditor(engine, opt, dl, seed=1, k_pairs=4, m_canaries=20)
+    _step(model, opt, X[:16], Y[:16])
+    opt.add_param_group({"params": list(model._module[2].parameters()), "lr": 0.1})
+    before, step = _params(model), aud.step
+    with pytest.raises(ValueError, match="trainable parameters changed after"):
+        _step(model, opt, X[16:32], Y[16:32])
+    assert _same(_params(model), before) and aud.step == step and aud.attached
+    hist = len(engine.accountant.history)
+    assert hist == 1  # the step did not reach the accountant either
+
+
+def test_foreign_parameter_added_after_attach_rejected():
+    engine, model, opt, dl, X, Y = _build()
+    aud = PrivacyAuditor(engine, opt, dl, seed=1, **SMALL)
+    opt.add_param_group({"params": [nn.Parameter(torch.zeros(3))]})
+    before = _params(model)
+    with pytest.raises(ValueError):  # Opacus itself refuses first (no per-sample gradient)
+        _step(model, opt, X[:16], Y[:16])
+    assert _same(_params(model), before) and aud.step == 0
+
+
+def test_parameter_frozen_after_attach_rejected():
+    engine, model, opt, dl, X, Y = _build()
+    aud = PrivacyAuditor(engine, opt, dl, seed=1, **SMALL)
+    _step(model, opt, X[:16], Y[:16])
+    model._module[0].weight.requires_grad_(False)
+    before = _params(model)
+    with pytest.raises(ValueError, match="requires_grad changed"):
+        _step(model, opt, X[16:32], Y[16:32])
+    assert _same(_params(model), before) and aud.step == 1
+
+
+# ------------------------------------------------------------------ autocast
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+def test_autocast_training(dtype):
+    """Mixed precision forward (per-sample gradients in bf16 / fp16): the canary rows take the
+    per-sample gradients' dtype, the statistics stay in float64. At sigma = 0 a present canary
+    contributes C up to the half-precision rounding of Opacus's clipping (relative 2^-7 for
+    bf16's 8-bit mantissa, tighter for fp16)."""
+    a = make_private_setup(sigma=0.0, lr=0.0)
+    b = make_private_setup(sigma=0.0, lr=0.0)
+    aud = PrivacyAuditor(a.engine, a.optimizer, a.loader, seed=4, **SMALL)
+    recs = []
+    aud._injector.on_inject = recs.append
+    cap_a, cap_b = _capture(a, aud.design), _capture(b, aud.design)
+
+    def amp_step(s, x, y):
+        s.optimizer.zero_grad()
+        with torch.autocast("cpu", dtype=dtype):
+            loss = s.criterion(s.model(x), y)
+        loss.backward()
+        assert s.optimizer.params[0].grad_sample.dtype == dtype
+        s.optimizer.step()
+
+    for x, y in a.batches(4, batch=16):
+        amp_step(a, x, y)
+        amp_step(b, x, y)
+    aud.finalize()
+    for rec, va, vb in zip(recs, cap_a, cap_b):
+        exp = _expected_presence(rec, aud.k_pairs, aud.m_canaries)
+        assert torch.allclose(va - vb, exp, rtol=0, atol=2.0 ** -6)
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+def test_autocast_statistics_in_float64(dtype):
+    s = make_private_setup(sigma=1.0)
+    aud = PrivacyAuditor(s.engine, s.optimizer, s.loader, seed=4, k_pairs=4, m_canaries=40,
+                         check_every=3)
+    for i, (x, y) in enumerate(s.batches(6, batch=16)):
+        s.optimizer.zero_grad()
+        with torch.autocast("cpu", dtype=dtype):
+            loss = s.criterion(s.model(x), y)
+        loss.backward()
+        s.optimizer.step()
+        if i == 0:  # observations are float64 from the start
+            assert aud._observer.buffer_x[0].dtype == torch.float64
+    rep = aud.finalize()
+    assert aud._observer.scores.dtype == torch.float64
+    for t in aud._segment.testers.values():
+        assert t.n_pairs == 6 * 4
+    assert math.isfinite(rep.sequential["combined_log_wealth"])
+    assert all(math.isfinite(v) for v in rep.one_run_scores["in"] + rep.one_run_scores["out"])
