@@ -418,8 +418,8 @@ class HockeyStickTest(SequentialTest):
         """Sorted unique edges of one score's grid and, per edge, whether it is an atom."""
         N = int(pooled_sorted.shape[0])
         B = min(self.grid_cells, N)
-        k = torch.tensor([round(j * N / B) for j in range(1, B)], dtype=torch.int64,
-                         device=pooled_sorted.device).clamp(1, N - 1)
+        j = torch.arange(1, B, dtype=torch.float64, device=pooled_sorted.device)
+        k = torch.round(j * N / B).to(torch.int64).clamp(1, N - 1)  # half to even, as round()
         lo, hi = pooled_sorted[k - 1], pooled_sorted[k]
         mids = torch.maximum(torch.minimum(lo / 2 + hi / 2, hi), lo)  # no overflow
         vals, counts = torch.unique_consecutive(pooled_sorted, return_counts=True)
@@ -472,19 +472,17 @@ class HockeyStickTest(SequentialTest):
         """
         S, C = self._atom_cell.shape
         dev = self._atom_cell.device
-        kinds, scores, ks = [], [], []
+        pos = torch.arange(C + 1, device=dev)
+        atom = torch.cat((self._atom_cell, torch.zeros(S, 1, dtype=torch.bool, device=dev)), 1)
+        in_grid = pos.view(1, -1) < self._n_cells_s.view(-1, 1)  # [S, C + 1]
+        thresh = in_grid & (pos >= 1) & ((pos % 2 == 0) | atom)  # proper half-lines kept
+        single = in_grid & atom
+        parts = []  # per score: lower half-lines, upper half-lines, atom cells (in this order)
         for s in range(S):
-            nc = int(self._n_cells_s[s])
-            atom = self._atom_cell[s].cpu().numpy()
-            thresholds = [k for k in range(1, nc) if k % 2 == 0 or atom[k]]
-            singles = [c for c in range(nc) if atom[c]]
-            for kd, kk in ((0, thresholds), (1, thresholds), (2, singles)):
-                kinds += [kd] * len(kk)
-                scores += [s] * len(kk)
-                ks += kk
-        kind = torch.tensor(kinds, dtype=torch.int64, device=dev)
-        score = torch.tensor(scores, dtype=torch.int64, device=dev)
-        k = torch.tensor(ks, dtype=torch.int64, device=dev)
+            for kd, mask in ((0, thresh[s]), (1, thresh[s]), (2, single[s])):
+                kk = torch.nonzero(mask).flatten()
+                parts.append(torch.stack((torch.full_like(kk, kd), torch.full_like(kk, s), kk)))
+        kind, score, k = torch.cat(parts, dim=1)
         width = 3 * C + 2  # per score: C + 1 lower, C + 1 upper, C single-cell entries
         offset = torch.where(kind == 0, k, torch.where(kind == 1, C + 1 + k, 2 * C + 2 + k))
         self._cand_kind, self._cand_score, self._cand_k = kind, score, k
