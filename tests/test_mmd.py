@@ -764,3 +764,20 @@ def test_cap_bad_input() -> None:
     t = SequentialMMDTest(0.1, max_witness_points=np.int64(10))
     assert t.max_witness_points == 10 and t.summary()["max_witness_points"] == 10
     assert SequentialMMDTest(0.1).summary()["max_witness_points"] is None
+
+
+@pytest.mark.parametrize("device", _devices())
+@pytest.mark.parametrize("dtype", [torch.float64, torch.float32])
+def test_capped_device_and_dtype(device: str, dtype: torch.dtype) -> None:
+    """The ring buffer, the gathered dropped pairs and the refresh run on any device/dtype."""
+    gen = torch.Generator().manual_seed(26)
+    x = torch.randn(600, 3, generator=gen, dtype=torch.float64)
+    y = 0.7 + torch.randn(600, 3, generator=gen, dtype=torch.float64)
+    ref = SequentialMMDTest([0.01, 0.1], max_witness_points=40).update(x, y)
+    t = SequentialMMDTest([0.01, 0.1], max_witness_points=40, dtype=dtype)
+    t.update(x.to(device), y.to(device))
+    assert t._X.device.type == device and t._X.dtype == dtype and t._X.shape[0] == 40
+    assert t.n_norm_refreshes == ref.n_norm_refreshes > 0
+    tol = 1e-9 if dtype == torch.float64 else 1e-3
+    np.testing.assert_allclose(t.log_wealth.cpu().numpy(), ref.log_wealth.numpy(), atol=tol)
+    assert t.exact_witness_norm() <= 1.0 + 1e-6
