@@ -23,10 +23,12 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from _common import command, machine, write_section  # noqa: E402
 
 from dpaudit_torch.experiments import (  # noqa: E402
+    METHOD_LABELS,
     METHODS,
     _type1_chunk,
     default_type1_cases,
     format_type1,
+    make_tester,
     run_type1,
 )
 
@@ -57,6 +59,9 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--no-write", action="store_true")
     p.add_argument("--note", default="", help="a sentence added under the table")
     p.add_argument("--json", default=None)
+    p.add_argument("--cache", default=None,
+                   help="JSON-lines file of finished blocks of runs: reused, and appended to")
+    p.add_argument("--chunk-runs", type=int, default=50, help="runs per block (default 50)")
     args = p.parse_args(argv)
     torch.set_num_threads(1)
     methods = tuple(m.strip() for m in args.methods.split(",") if m.strip())
@@ -67,7 +72,8 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     t0 = time.perf_counter()
     rows = run_type1(methods=methods, runs=args.runs, pairs=args.pairs, alpha=args.alpha,
-                     seed=args.seed, progress=not args.no_progress, workers=args.workers)
+                     seed=args.seed, progress=not args.no_progress, workers=args.workers,
+                     chunk_runs=args.chunk_runs, cache=args.cache)
     wall = time.perf_counter() - t0
     table = format_type1(rows)
     n_ok = sum(r.passed for r in rows)
@@ -81,15 +87,20 @@ def main(argv: list[str] | None = None) -> int:
     if args.json:
         Path(args.json).write_text(json.dumps([r.to_dict() for r in rows], indent=1))
     if not args.no_write:
+        defaults = "; ".join(
+            f"{METHOD_LABELS[m]}: burn-in {make_tester(m, 1.0, 0.0, args.alpha).burn_in}"
+            + (f", witness radius R = {make_tester(m, 1.0, 0.0, args.alpha).witness_radius:g}"
+               if m.startswith("mmd") else "")
+            for m in methods)
         body = "\n\n".join(x for x in [
             "## Type-I error on truly DP mechanisms",
             f"Command: `{command()}`  \nMachine: {machine()}",
             f"{args.runs} independent runs of {args.pairs} pairs per case (each run its own "
             f"seeded generator, shared by the testers), level alpha = {args.alpha:g}; a run "
             "counts as a false rejection if the test rejects anywhere within its pairs. "
-            "Testers at their defaults (MMD: witness radius R = 1, burn-in 20; hockey-stick: "
-            "burn-in 8). 'Gaussian sigma=1 at (eps, delta_sigma)' tests a point ON the "
-            "mechanism's own privacy profile (a tight null, no slack); the 16-point grid is one "
+            f"Testers at their defaults ({defaults}). "
+            "'Gaussian sigma=1 at (eps, delta_sigma)' tests a point ON the mechanism's own "
+            "privacy profile (a tight null, no slack); the 16-point grid is one "
             "combined test (average of the grid's e-processes). The `clipped` DPGaussian has "
             "outputs up to ~1e14 (n~ clipped at 1e-12): heavy tails are part of the test.",
             table,

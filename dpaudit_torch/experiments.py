@@ -18,8 +18,10 @@ order, to the sequential testers of :mod:`dpaudit_torch.stats`.
 
 from __future__ import annotations
 
+import json
 import logging
 import math
+import os
 import sys
 import time
 from collections.abc import Callable, Iterable, Sequence
@@ -531,6 +533,20 @@ def _type1_chunk(args: tuple[Any, ...]) -> tuple[int, list[int], float]:
     return ci, counts, time.perf_counter() - t0
 
 
+def _code_fingerprint() -> str:
+    """Hash of the sources that determine a type-I result (testers, betting, mechanisms)."""
+    import hashlib
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parent
+    h = hashlib.sha1()
+    for rel in ("stats/base.py", "stats/betting.py", "stats/mmd.py", "stats/hockey_stick.py",
+                "stats/thresholds.py", "mechanisms.py"):
+        f = root / rel
+        h.update(f.read_bytes() if f.exists() else b"")
+    return h.hexdigest()[:16]
+
+
 def run_type1(
     cases: Sequence[NullCase] | None = None,
     methods: Sequence[str] = ("mmd_r1", "hockey_stick"),
@@ -542,14 +558,19 @@ def run_type1(
     *,
     batch: int = 500,
     workers: int = 1,
+    chunk_runs: int = 50,
+    cache: str | None = None,
 ) -> list[Type1Row]:
     """False-rejection rate of each method on each truly DP case over ``runs`` streams.
 
     A run counts as a false rejection if the method's combined decision (``rejected``) fires
     at any point within ``pairs`` pairs (the anytime guarantee bounds exactly this probability
     by alpha). Each run has its own seeded generator (derived from ``seed``, the case index and
-    the run index), shared by the methods; ``workers`` > 1 splits the runs over processes
-    (results do not depend on it).
+    the run index), shared by the methods. Runs are processed in blocks of ``chunk_runs``,
+    all cases' first blocks before any second block; ``workers`` > 1 spreads the blocks over
+    processes. Results depend on neither. With ``cache`` (a JSON-lines file) every finished
+    block is recorded with its configuration and a hash of the testers' source code, and
+    blocks already recorded are reused, so a long benchmark can be resumed or extended.
     """
     cases = list(default_type1_cases() if cases is None else cases)
     if not cases:
@@ -559,37 +580,63 @@ def run_type1(
     pairs = check_positive_int(pairs, "pairs")
     batch = check_positive_int(batch, "batch")
     workers = check_positive_int(workers, "workers")
+    chunk_runs = check_positive_int(chunk_runs, "chunk_runs")
     alpha = check_alpha(alpha)
-    n_chunks = max(1, min(runs, 4 * workers)) if workers > 1 else 1
-    bounds = np.linspace(0, runs, n_chunks + 1).astype(int)
-    jobs = [(ci, case, methods, int(bounds[j]), int(bounds[j + 1]), pairs, alpha, seed, batch)
-            for ci, case in enumerate(cases) for j in range(n_chunks)
-            if bounds[j + 1] > bounds[j]]
+    starts = list(range(0, runs, chunk_runs))
+    jobs = [(ci, case, methods, st, min(runs, st + chunk_runs), pairs, alpha, seed, batch)
+            for st in starts for ci, case in enumerate(cases)]
+    code = _code_fingerprint()
+
+    def key(job: tuple[Any, ...]) -> str:
+        ci, case, meths, st, sp, pr, al, sd, bt = job
+        return json.dumps([code, ci, case.label, list(case.epsilons), list(case.deltas),
+                           list(meths), st, sp, pr, al, sd, bt])
+
+    done: dict[str, tuple[list[int], float]] = {}
+    if cache is not None and os.path.exists(cache):
+        with open(cache) as fh:
+            for line in fh:
+                if line.strip():
+                    rec = json.loads(line)
+                    done[rec["key"]] = (rec["counts"], rec["seconds"])
     counts = [[0] * len(methods) for _ in cases]
     secs = [0.0] * len(cases)
     bar = _progress(runs * len(cases), progress, "type1")
 
-    def book(res: tuple[int, list[int], float], job: tuple[Any, ...]) -> None:
+    def book(res: tuple[int, list[int], float], job: tuple[Any, ...], fresh: bool) -> None:
         ci, c, s = res
         for i, v in enumerate(c):
             counts[ci][i] += v
         secs[ci] += s
+        if fresh and cache is not None:
+            with open(cache, "a") as fh:
+                fh.write(json.dumps({"key": key(job), "counts": c, "seconds": s}) + "\n")
         if bar is not None:
             bar.update(job[4] - job[3])
 
+    todo = []
+    for job in jobs:
+        k = key(job)
+        if k in done:
+            book((job[0], *done[k]), job, fresh=False)
+        else:
+            todo.append(job)
+    if len(todo) < len(jobs):
+        logger.info("run_type1: %d of %d blocks reused from %s", len(jobs) - len(todo),
+                    len(jobs), cache)
     try:
         if workers == 1:
-            for job in jobs:
-                book(_type1_chunk(job), job)
-        else:
+            for job in todo:
+                book(_type1_chunk(job), job, fresh=True)
+        elif todo:
             import multiprocessing as mp
             from concurrent.futures import ProcessPoolExecutor
 
             ctx = mp.get_context("spawn")
             with ProcessPoolExecutor(max_workers=workers, mp_context=ctx) as ex:
-                futs = [(ex.submit(_type1_chunk, job), job) for job in jobs]
+                futs = [(ex.submit(_type1_chunk, job), job) for job in todo]
                 for fut, job in futs:
-                    book(fut.result(), job)
+                    book(fut.result(), job, fresh=True)
     finally:
         if bar is not None:
             bar.close()

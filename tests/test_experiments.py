@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import json
 import math
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -191,3 +193,29 @@ def test_run_seed_independent_streams() -> None:
     g2 = torch.Generator().manual_seed(ex.run_seed(0, 1, 2))
     assert torch.equal(torch.rand(3, generator=g1), torch.rand(3, generator=g2))
     assert not math.isnan(ex.run_seed(2**40, 1))
+
+
+def test_run_type1_blocks_and_cache(tmp_path: Path) -> None:
+    """Counts do not depend on the block size; a cache file is reused (and keyed by config)."""
+    case = ex.NullCase("leaky", mech.get("DPLaplace", epsilon=0.1), (0.1,), (0.0,))
+    a = ex.run_type1([case], methods=("hockey_stick",), runs=4, pairs=60, progress=False,
+                     chunk_runs=1)
+    b = ex.run_type1([case], methods=("hockey_stick",), runs=4, pairs=60, progress=False,
+                     chunk_runs=3)
+    assert a[0].rejections == b[0].rejections
+    cache = tmp_path / "c.jsonl"
+    c1 = ex.run_type1([case], methods=("hockey_stick",), runs=4, pairs=60, progress=False,
+                      chunk_runs=2, cache=str(cache))
+    assert c1[0].rejections == a[0].rejections
+    lines = cache.read_text().splitlines()
+    assert len(lines) == 2
+    # forge the cached counts: a second call must read them instead of recomputing
+    forged = [json.dumps({**json.loads(line), "counts": [2]}) for line in lines]
+    cache.write_text("\n".join(forged) + "\n")
+    c2 = ex.run_type1([case], methods=("hockey_stick",), runs=4, pairs=60, progress=False,
+                      chunk_runs=2, cache=str(cache))
+    assert c2[0].rejections == 4
+    # another configuration (pairs) is not served from the cache
+    c3 = ex.run_type1([case], methods=("hockey_stick",), runs=4, pairs=61, progress=False,
+                      chunk_runs=2, cache=str(cache))
+    assert len(cache.read_text().splitlines()) == 4 and c3[0].runs == 4
