@@ -297,11 +297,8 @@ class PrivacyAuditor:
         except (RuntimeError, TypeError) as e:
             raise ValueError(f"device must name a torch device, got {device!r} ({e})") from None
         seeds, self.seed_policy = derive_seeds(seed)
-        if seed is None and int(getattr(optimizer, "world_size", 1)) > 1:
-            msg = ("distributed optimizer with seed=None: every rank draws its own canaries; "
-                   "pass the same seed on every rank so that all ranks audit the same design")
-            logger.warning(msg)
-            warnings.warn(msg, RuntimeWarning, stacklevel=2)
+        self.rank = int(getattr(optimizer, "rank", 0))
+        self.world_size = int(getattr(optimizer, "world_size", 1))
         shapes = [tuple(p.shape) for p in params]
         total = sum(p.numel() for p in params)
         if 2 * self.k_pairs + self.m_canaries > total:
@@ -311,6 +308,9 @@ class PrivacyAuditor:
                 f"(2 * k_pairs + m_canaries); lower k_pairs or m_canaries")
         # first segment's testers (validates the null and imports the statistics)
         self._warnings: list[str] = []
+        if self.world_size > 1:  # after all validation: a collective every rank reaches
+            seeds, self.seed_policy = _shared_seeds(seeds, self.seed_policy, seed, self.rank,
+                                                    params[0].device, self._warnings)
         self.privacy_engine = privacy_engine
         self.accountant = accountant
         self.optimizer = optimizer
@@ -375,6 +375,11 @@ class PrivacyAuditor:
                     sigma0, "ghost clipping" if self.ghost else "per-sample clipping")
 
     # ------------------------------------------------------------------ public state
+    @property
+    def is_main_process(self) -> bool:
+        """True on the rank that writes the report (rank 0; always True without DDP)."""
+        return self.rank == 0
+
     @property
     def step(self) -> int:
         """Logical steps observed so far."""
@@ -596,6 +601,33 @@ class PrivacyAuditor:
             self._violation_step = self._steps_at_attach + self._step
             logger.info("sequential audit: violation crossed at step %d, decided at step %d",
                         self._crossed_at, self._violation_step)
+        if self.world_size > 1:
+            self._sync_decision()
+
+    def _sync_decision(self) -> None:
+        """DDP: every rank observes the same all-reduced gradients, so its testers agree with
+        rank 0's; rank 0's decision is broadcast anyway (one small collective per check), so that
+        every rank stops at the same step whatever the floating-point details."""
+        import torch.distributed as dist
+
+        if not (dist.is_available() and dist.is_initialized()):
+            return
+        dev = self.params[0].device if dist.get_backend() == "nccl" else torch.device("cpu")
+        t = torch.tensor([int(self._violation), -1 if self._violation_step is None
+                          else self._violation_step, -1 if self._crossed_at is None
+                          else self._crossed_at], dtype=torch.int64, device=dev)
+        dist.broadcast(t, src=0)
+        v, vs, ca = (int(a) for a in t.cpu().tolist())
+        if bool(v) != self._violation or (v and (vs, ca) != (self._violation_step,
+                                                            self._crossed_at)):
+            msg = (f"rank {self.rank}: sequential decision differed from rank 0's; rank 0's "
+                   f"decision is used")
+            logger.warning(msg)
+            if msg not in self._warnings:
+                self._warnings.append(msg)
+        self._violation = bool(v)
+        self._violation_step = None if vs < 0 else vs
+        self._crossed_at = None if ca < 0 else ca
 
     def _feed(self, x: torch.Tensor, y: torch.Tensor, steps: list[int]) -> None:
         """One update per tester for a run of steps [n, k] (pairs in step order, then pair order);
@@ -1004,6 +1036,7 @@ class PrivacyAuditor:
                 if opt.expected_batch_size is not None else None,
                 "steps": self._accountant_steps(),
                 "audited_steps": self._step,
+                "world_size": self.world_size,
                 "nonfinite_steps_skipped": obs.skipped_nonfinite,
                 "steps_at_attach": self._steps_at_attach,
                 "optimizer": type(opt).__name__,
@@ -1044,6 +1077,34 @@ class PrivacyAuditor:
         return (f"PrivacyAuditor(step={self._step}, k_pairs={self.k_pairs}, "
                 f"m_canaries={self.m_canaries}, violation={self._violation}, "
                 f"attached={self.attached})")
+
+
+def _shared_seeds(seeds: dict[str, int], policy: str, seed: int | None, rank: int,
+                  device: torch.device, notes: list[str]) -> tuple[dict[str, int], str]:
+    """DDP: every rank uses rank 0's stream seeds (broadcast), so that all ranks share the canary
+    design, the role coins and the secret coins; with ``seed=None`` they come from rank 0's OS
+    entropy. The seed itself is never logged or reported."""
+    import torch.distributed as dist
+
+    if not (dist.is_available() and dist.is_initialized()):
+        raise ValueError("distributed DP optimizer (world_size > 1) but torch.distributed is not "
+                         "initialised: the auditor must share its seeds across ranks")
+    names = ("design", "mechanics", "secret")
+    dev = device if dist.get_backend() == "nccl" else torch.device("cpu")
+    t = torch.tensor([seeds[n] for n in names] + [int(seed is None)], dtype=torch.int64,
+                     device=dev)
+    dist.broadcast(t, src=0)
+    vals = t.cpu().tolist()
+    shared = dict(zip(names, (int(v) for v in vals[:3])))
+    if rank != 0 and ((seed is None) != bool(vals[3])
+                      or (seed is not None and shared != seeds)):
+        msg = (f"rank {rank}: its seed differs from rank 0's; rank 0's canary design and coins "
+               f"are used on every rank")
+        logger.warning(msg)
+        notes.append(msg)
+    shared_policy = ("os-entropy (rank 0, shared with every rank)" if vals[3]
+                     else "seeded (rank 0's seed, shared with every rank)")
+    return shared, shared_policy
 
 
 def _plain(obj: Any) -> Any:
