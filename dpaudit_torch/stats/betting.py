@@ -74,19 +74,22 @@ class OnlineNewtonStep:
         out = np.empty_like(p_all)
         lam, a_sum, lw, lmax = self.lam, self.a_sum, self.log_wealth, self.lambda_max
         c = ONS_C
+        log1p, minimum, maximum = np.log1p, np.minimum, np.maximum
         for t in range(n):
             p = p_all[t]
             lp = lam * p
-            if np.any(lp <= -1.0):
-                raise RuntimeError(
-                    "betting bound violated (1 + lambda * payoff <= 0): a payoff lies outside "
-                    "the range its lambda_max was derived for; this is a bug, please report it"
-                )
-            lw = lw + np.log1p(lp)
+            # 1 + lp <= 0 (a payoff outside its range) makes lw non-finite: checked once below
+            lw = lw + log1p(lp)
             z = -p / (1.0 + lp)
             a_sum = a_sum + z * z
-            lam = np.minimum(np.maximum(lam - c * z / a_sum, 0.0), lmax)
+            lam = minimum(maximum(lam - c * z / a_sum, 0.0), lmax)
             out[t] = lw
+        if n and not np.all(np.isfinite(out[-1])):
+            raise RuntimeError(
+                "betting bound violated (1 + lambda * payoff <= 0, or a non-finite payoff): a "
+                "payoff lies outside the range its lambda_max was derived for; this is a bug, "
+                "please report it (the bettor's state was left unchanged)"
+            )
         self.lam, self.a_sum, self.log_wealth = lam, a_sum, lw
         return out
 
