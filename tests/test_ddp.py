@@ -36,8 +36,10 @@ from dpaudit_torch.testing import bugs
 
 N, GLOBAL_BATCH, WORLD = 256, 32, 2
 CONFIG: dict[str, Any] = dict(k_pairs=8, m_canaries=40, check_every=2, claimed_every=4, seed=5)
-#: (name, noise multiplier, bug, steps): a correct run and a broken one that is caught
-RUNS = [("correct", 1.0, None, 6), ("no-noise", 1.0, "no-noise", 8)]
+#: (name, noise multiplier, bug, steps, grad_sample_mode): a correct run, a broken one that is
+#: caught, and ghost clipping (DistributedDPOptimizerFastGradientClipping)
+RUNS = [("correct", 1.0, None, 6, "hooks"), ("no-noise", 1.0, "no-noise", 8, "hooks"),
+        ("ghost", 1.0, None, 4, "ghost")]
 TOL = 1e-5
 
 
@@ -53,7 +55,7 @@ def _batches(steps: int) -> list[torch.Tensor]:
     return [torch.randint(0, N, (GLOBAL_BATCH,), generator=g) for _ in range(steps)]
 
 
-def _build(sigma: float, distributed: bool):
+def _build(sigma: float, distributed: bool, mode: str = "hooks"):
     from opacus import PrivacyEngine
     from opacus.distributed import DifferentiallyPrivateDistributedDataParallel
 
@@ -65,17 +67,23 @@ def _build(sigma: float, distributed: bool):
     opt = torch.optim.SGD(model.parameters(), lr=0.1)
     dl = DataLoader(TensorDataset(X, Y), batch_size=GLOBAL_BATCH)
     engine = PrivacyEngine()
+    crit = nn.CrossEntropyLoss()
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
-        model, opt, dl = engine.make_private(
+        out = engine.make_private(
             module=model, optimizer=opt, data_loader=dl, noise_multiplier=sigma,
-            max_grad_norm=1.0, noise_generator=torch.Generator().manual_seed(11))
-    return engine, model, opt, dl, X, Y
+            max_grad_norm=1.0, noise_generator=torch.Generator().manual_seed(11),
+            grad_sample_mode=mode, criterion=crit)
+    if mode == "ghost":
+        model, opt, crit, dl = out
+    else:
+        model, opt, dl = out
+    return engine, model, opt, dl, X, Y, crit
 
 
-def _run(sigma: float, bug: str | None, steps: int, rank: int, world: int,
+def _run(sigma: float, bug: str | None, steps: int, mode: str, rank: int, world: int,
          out_dir: Path | None) -> dict[str, Any]:
-    engine, model, opt, dl, X, Y = _build(sigma, distributed=world > 1)
+    engine, model, opt, dl, X, Y, crit = _build(sigma, distributed=world > 1, mode=mode)
     if bug:
         bugs.apply_bug(opt, bug)
     aud = PrivacyAuditor(engine, opt, dl, **CONFIG)
@@ -86,12 +94,12 @@ def _run(sigma: float, bug: str | None, steps: int, rank: int, world: int,
     for idx in _batches(steps):
         mine = idx[rank * per:(rank + 1) * per]
         opt.zero_grad()
-        nn.functional.cross_entropy(model(X[mine]), Y[mine]).backward()
+        crit(model(X[mine]), Y[mine]).backward()
         opt.step()
         stops.append(bool(aud.should_stop))
     rep = aud.finalize()
     if out_dir is not None and aud.is_main_process:
-        rep.save(out_dir / f"report_{bug or 'correct'}")
+        rep.save(out_dir / f"report_{mode}_{bug or 'correct'}")
     return {
         "expected_batch_size": float(opt.expected_batch_size),
         "type": [c.__name__ for c in type(opt).__mro__],
@@ -113,10 +121,10 @@ def _worker(rank: int, world: int, port: int, out: str) -> None:
         out_dir = Path(out) / f"rank{rank}"
         out_dir.mkdir(parents=True, exist_ok=True)
         res: dict[str, Any] = {}
-        for name, sigma, bug, steps in RUNS:
-            res[name] = _run(sigma, bug, steps, rank, world, out_dir)
+        for name, sigma, bug, steps, mode in RUNS:
+            res[name] = _run(sigma, bug, steps, mode, rank, world, out_dir)
         # seed=None: rank 0's OS-entropy seeds are shared with every rank
-        engine, model, opt, dl, X, Y = _build(1.0, distributed=True)
+        engine, model, opt, dl, X, Y, _ = _build(1.0, distributed=True)
         aud = PrivacyAuditor(engine, opt, dl, k_pairs=8, m_canaries=40, seed=None)
         res["unseeded"] = {"one_flat": aud.design.one_flat.tolist(),
                            "pair_a": aud.design.pair_a.tolist(),
@@ -142,11 +150,11 @@ def test_ddp_two_ranks_match_single_process(tmp_path):
     mp.spawn(_worker, args=(WORLD, _free_port(), str(tmp_path)), nprocs=WORLD, join=True)
     r0 = json.loads((tmp_path / "rank0" / "result.json").read_text())
     r1 = json.loads((tmp_path / "rank1" / "result.json").read_text())
-    for name, sigma, bug, steps in RUNS:
+    for name, sigma, bug, steps, mode in RUNS:
         a, b = r0[name], r1[name]
-        single = _run(sigma, bug, steps, 0, 1, None)
-        assert "DistributedDPOptimizer" in a["type"]
-        assert "DistributedDPOptimizer" not in single["type"]
+        single = _run(sigma, bug, steps, mode, 0, 1, None)
+        assert any(c.startswith("DistributedDPOptimizer") for c in a["type"])
+        assert not any(c.startswith("Distributed") for c in single["type"])
         assert a["expected_batch_size"] == single["expected_batch_size"] / WORLD
         # canaries on rank 0 only
         assert a["injected_rows"] > 0 and b["injected_rows"] == 0 and b["steps_injected"] == 0
@@ -169,5 +177,5 @@ def test_ddp_two_ranks_match_single_process(tmp_path):
     u0, u1 = r0["unseeded"], r1["unseeded"]
     assert u0 == u1 and u0["policy"].startswith("os-entropy")
     # the report written by rank 0 only
-    assert (tmp_path / "rank0" / "report_correct").exists()
-    assert not (tmp_path / "rank1" / "report_correct").exists()
+    assert (tmp_path / "rank0" / "report_hooks_correct").exists()
+    assert not (tmp_path / "rank1" / "report_hooks_correct").exists()
