@@ -167,7 +167,9 @@ class PrivacyAuditor:
             ``"skip"`` (drop that step's observation, count it in the report; the statistics never
             see a NaN).
         seed: seed of the auditor's own random streams (canary design, role coins, Poisson
-            inclusion, secret coins); None: OS entropy (secure default).
+            inclusion, secret coins); None: OS entropy (secure default). Under DDP (Opacus's
+            distributed optimizers) rank 0's seeds are broadcast to every rank, and rank 0's
+            decision at every check; construct the auditor and call ``finalize`` on every rank.
         history_stride: keep every ``history_stride``-th step in the log-wealth history.
         device: where the audit's buffers and testers live (default: the parameters' device).
         test_options: optional extra keyword arguments per test, e.g.
@@ -176,6 +178,11 @@ class PrivacyAuditor:
         on_step: a callable (or a sequence of callables) receiving :attr:`latest_metrics` after
             every audited step (for TensorBoard and the like); its exceptions are logged, never
             raised into training.
+
+    Checkpoints: :meth:`state_dict` / :meth:`load_state_dict` (exact resume, also in a new
+    process; see docs/auditor.md). Faults: ``on_nonfinite``; an exception inside the auditor
+    detaches it (optimizer restored) before the step's update; parameters added or frozen after
+    attach are refused at the next step (ValueError).
 
     Raises:
         TypeError: the optimizer is not an Opacus DP optimizer, or an argument has a wrong type.
