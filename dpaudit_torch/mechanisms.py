@@ -178,7 +178,13 @@ class Mechanism:
         gen_dev = generator.device if generator is not None else torch.device("cpu")
         x, y = self._sample_pair(n, generator, gen_dev)
         out_dev = torch.device(device) if device is not None else gen_dev
-        return x.to(device=out_dev, dtype=dtype), y.to(device=out_dev, dtype=dtype)
+        x, y = x.to(device=out_dev, dtype=dtype), y.to(device=out_dev, dtype=dtype)
+        if not bool(torch.isfinite(x).all() & torch.isfinite(y).all()):
+            raise ValueError(
+                f"{self.name}: parameters {self!r} produce non-finite outputs in {dtype} (the "
+                "noise scale overflows); use a larger epsilon / smaller noise or float64"
+            )
+        return x, y
 
     def __str__(self) -> str:
         return self.description or self.name

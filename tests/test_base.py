@@ -256,3 +256,11 @@ def test_update_with_trajectory_matches_pair_by_pair_updates() -> None:
     np.testing.assert_allclose(got, expected, rtol=0, atol=1e-12)
     assert np.all(got[:4] == 0.0)  # burn-in: not bet on
     assert batched.rejected_at == one.rejected_at
+
+
+def test_empty_batch_is_a_no_op_and_does_not_fix_the_dimension() -> None:
+    t = Dummy([0.5], burn_in=2)
+    t.update(torch.zeros(0), torch.zeros(0))
+    assert t.n_pairs == 0 and t.dim is None
+    t.update(torch.zeros(5, 3), torch.zeros(5, 3))
+    assert t.n_pairs == 5 and t.dim == 3

@@ -263,3 +263,18 @@ def test_bad_sample_arguments() -> None:
         m.sample(3, generator=0)  # type: ignore[arg-type]
     with pytest.raises(TypeError):
         mech.get(3)  # type: ignore[arg-type]
+
+
+@pytest.mark.parametrize(
+    ("name", "kwargs", "dtype"),
+    [
+        ("DPGaussian", {"epsilon": 1e-300, "variant": "clipped"}, torch.float64),
+        ("Gaussian", {"epsilon": 1.0, "sigma": 1e300}, torch.float32),
+    ],
+)
+def test_overflowing_parameters_raise_instead_of_returning_inf(
+    name: str, kwargs: dict, dtype: torch.dtype
+) -> None:
+    m = mech.get(name, **kwargs)
+    with pytest.raises(ValueError, match="non-finite"):
+        m.sample(3, generator=torch.Generator().manual_seed(0), dtype=dtype)

@@ -781,3 +781,21 @@ def test_capped_device_and_dtype(device: str, dtype: torch.dtype) -> None:
     tol = 1e-9 if dtype == torch.float64 else 1e-3
     np.testing.assert_allclose(t.log_wealth.cpu().numpy(), ref.log_wealth.numpy(), atol=tol)
     assert t.exact_witness_norm() <= 1.0 + 1e-6
+
+
+@pytest.mark.parametrize(("scale", "dtype"), [(1e160, torch.float64), (1e-170, torch.float64),
+                                              (1e19, torch.float32)])
+def test_bandwidth_is_scale_invariant_at_extreme_scales(scale: float, dtype: torch.dtype) -> None:
+    """Distances are computed on rescaled data: no overflow/underflow of squared distances, so
+    the decision equals the one at scale 1 (the kernel test is invariant to rescaling)."""
+    def run(s: float, dt: torch.dtype) -> SequentialMMDTest:
+        g = torch.Generator().manual_seed(0)
+        x = torch.randn(300, generator=g, dtype=torch.float64) * s
+        y = (torch.randn(300, generator=g, dtype=torch.float64) + 3.0) * s
+        return SequentialMMDTest(0.01, 1e-5, dtype=dt).update(x, y)
+
+    ref, t = run(1.0, dtype), run(scale, dtype)
+    assert t.bandwidth_source == "median"
+    assert math.isfinite(t.bandwidth) and t.bandwidth > 0
+    assert t.bandwidth == pytest.approx(ref.bandwidth * scale, rel=1e-5)
+    assert t.rejected_at == ref.rejected_at is not None

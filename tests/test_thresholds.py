@@ -127,3 +127,29 @@ def test_mmd_tau_bounds_randomised_response() -> None:
             mmd = (2 * p - 1) * math.sqrt(2 - 2 * k01)
             assert mmd <= float(mmd_tau(eps, 0.0)) * (1 + 1e-12)
         assert (2 * p - 1) * math.sqrt(2) == pytest.approx(float(mmd_tau(eps, 0.0)), rel=1e-12)
+
+
+@pytest.mark.parametrize(
+    ("call", "needle"),
+    [
+        (lambda: mmd_tau(float("nan"), 0.0), "epsilon"),
+        (lambda: mmd_tau(-1.0, 0.0), "epsilon"),
+        (lambda: mmd_tau(1.0, 1.5), "delta"),
+        (lambda: mmd_tau(1.0, -0.5), "delta"),
+        (lambda: mmd_tau([0.1, -0.1], 0.0), "epsilon"),
+        (lambda: gaussian_delta(float("nan"), 1.0), "epsilon"),
+        (lambda: gaussian_delta(-1.0, 1.0), "epsilon"),
+        (lambda: gaussian_delta(1.0, 0.0), "mu"),
+        (lambda: gaussian_profile_grid(1.0, [float("nan")]), "epsilon"),
+        (lambda: gaussian_profile_grid(-1.0, [1.0]), "noise multiplier"),
+    ],
+)
+def test_bad_threshold_inputs_raise_value_error(call, needle: str) -> None:
+    with pytest.raises(ValueError, match=needle):
+        call()
+
+
+@pytest.mark.parametrize("mu", ["a", True, None])
+def test_bad_mu_type_raises_type_error_naming_mu(mu: object) -> None:
+    with pytest.raises(TypeError, match="mu"):
+        gaussian_delta(1.0, mu)  # type: ignore[arg-type]

@@ -402,7 +402,8 @@ class SequentialTest:
                              f"{self._dim}")
         check_finite_tensor(x, "x")
         check_finite_tensor(y, "y")
-        if self._dim is None:  # only a batch that passed every check fixes the dimension
+        if self._dim is None and x.shape[0] > 0:
+            # only a non-empty batch that passed every check fixes the dimension
             self._dim = d
         return x, y
 

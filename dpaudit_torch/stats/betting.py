@@ -75,15 +75,17 @@ class OnlineNewtonStep:
         lam, a_sum, lw, lmax = self.lam, self.a_sum, self.log_wealth, self.lambda_max
         c = ONS_C
         log1p, minimum, maximum = np.log1p, np.minimum, np.maximum
-        for t in range(n):
-            p = p_all[t]
-            lp = lam * p
-            # 1 + lp <= 0 (a payoff outside its range) makes lw non-finite: checked once below
-            lw = lw + log1p(lp)
-            z = -p / (1.0 + lp)
-            a_sum = a_sum + z * z
-            lam = minimum(maximum(lam - c * z / a_sum, 0.0), lmax)
-            out[t] = lw
+        # 1 + lambda p <= 0 (a payoff outside its range) or a non-finite payoff makes the
+        # log-wealth non-finite for good: checked once per chunk below, not once per pair
+        with np.errstate(invalid="ignore", divide="ignore", over="ignore"):
+            for t in range(n):
+                p = p_all[t]
+                lp = lam * p
+                lw = lw + log1p(lp)
+                z = -p / (1.0 + lp)
+                a_sum = a_sum + z * z
+                lam = minimum(maximum(lam - c * z / a_sum, 0.0), lmax)
+                out[t] = lw
         if n and not np.all(np.isfinite(out[-1])):
             raise RuntimeError(
                 "betting bound violated (1 + lambda * payoff <= 0, or a non-finite payoff): a "

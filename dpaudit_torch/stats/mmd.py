@@ -266,8 +266,19 @@ class SequentialMMDTest(SequentialTest):
 
     def _fit_burn_in(self, x: torch.Tensor, y: torch.Tensor) -> None:
         pooled = torch.cat([x, y])
+        center = pooled.mean(dim=0)
+        # distances are computed on data rescaled by their largest deviation, so that scales
+        # like 1e160 or 1e-170 neither overflow nor underflow when squared inside pdist
+        span = float((pooled - center).abs().max())
+        if not math.isfinite(span):
+            raise ValueError(
+                f"burn-in pairs span {span!r}: too wide for {self.dtype} kernel computations; "
+                "rescale the outputs before testing"
+            )
+        unit = span if span > 0.0 else 1.0
         # torch.pdist computes the differences directly (no matmul trick): atoms give exact 0s
-        dist = torch.pdist(pooled).detach().to("cpu", torch.float64).numpy()
+        dist = torch.pdist((pooled - center) / unit).detach().to("cpu", torch.float64).numpy()
+        dist = dist * unit
         med = float(np.median(dist)) if dist.size else 0.0
         if med > 0.0 and math.isfinite(med):
             bw, source = med, "median"
@@ -281,9 +292,11 @@ class SequentialMMDTest(SequentialTest):
                 "SequentialMMDTest: median burn-in distance is 0 (atoms); bandwidth falls back "
                 "to %s = %g", source, bw
             )
+        if not (math.isfinite(bw) and bw > 0.0):
+            raise ValueError(f"kernel bandwidth {bw!r} from the burn-in is not a finite number > 0")
         self.bandwidth = bw
         self.bandwidth_source = source
-        self._center = pooled.mean(dim=0)
+        self._center = center
         logger.info("SequentialMMDTest: bandwidth %g (%s)", bw, source)
 
     def _payoffs(self, x: torch.Tensor, y: torch.Tensor) -> np.ndarray:
