@@ -15,6 +15,17 @@ from torch import nn
 from torch.utils.data import DataLoader, TensorDataset
 
 
+@pytest.fixture(scope="module")
+def one_thread():
+    """Run a module's tests with one torch thread: the statistics tests use small tensors, for
+    which threads only add contention on shared CI cores. Use with
+    ``pytestmark = pytest.mark.usefixtures("one_thread")``."""
+    n = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(n)
+
+
 @dataclass
 class PrivateSetup:
     engine: Any

@@ -16,13 +16,7 @@ from dpaudit_torch.stats.thresholds import gaussian_delta, gaussian_profile_grid
 ALPHA = 0.05
 
 
-@pytest.fixture(autouse=True, scope="module")
-def _one_thread():
-    """Small tensors: threads only add contention on the shared CI cores."""
-    n = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(n)
+pytestmark = pytest.mark.usefixtures("one_thread")
 
 
 def _gen(seed: int) -> torch.Generator:

@@ -28,12 +28,7 @@ from dpaudit_torch.stats.mmd import SequentialMMDTest
 LOG_FLOAT64_MAX = math.log(np.finfo(np.float64).max)  # 709.78
 
 
-@pytest.fixture(autouse=True, scope="module")
-def _one_thread():
-    n = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(n)
+pytestmark = pytest.mark.usefixtures("one_thread")
 
 
 def reference_ons(payoffs: np.ndarray, lambda_max: np.ndarray) -> tuple[np.ndarray, dict]:

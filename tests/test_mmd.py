@@ -18,13 +18,7 @@ from dpaudit_torch.stats.thresholds import gaussian_delta
 ONS_C = 2.0 / (2.0 - math.log(3.0))
 
 
-@pytest.fixture(autouse=True, scope="module")
-def _one_thread():
-    """Tiny matmuls: threads only add contention on the shared CI cores."""
-    n = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(n)
+pytestmark = pytest.mark.usefixtures("one_thread")
 
 
 # --------------------------------------------------------------------------------------------
