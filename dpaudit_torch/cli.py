@@ -61,7 +61,7 @@ def _build_parser() -> _Parser:
                     "attached. Writes audit.json and report.html to --out. Exit 3 if a "
                     "violation is proven or the claim refuted, else 0.")
     demo.add_argument("--out", default="audit_out", help="report directory (default audit_out)")
-    demo.add_argument("--steps", type=int, default=400, help="training steps (default 400)")
+    demo.add_argument("--steps", type=int, default=300, help="training steps (default 300)")
     demo.add_argument("--seed", type=_seed, default=0,
                       help="integer seed, or 'none' for OS entropy (default 0)")
     demo.add_argument("--device", default="cpu", help="torch device (default cpu)")

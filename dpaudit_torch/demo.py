@@ -69,7 +69,7 @@ def load_digits_tensors(
 class DemoConfig:
     """Settings of :func:`run_demo` (the ``dpaudit demo`` flags)."""
 
-    steps: int = 400
+    steps: int = 300
     batch_size: int = 64
     lr: float = 0.5
     noise_multiplier: float = 1.0
