@@ -122,8 +122,10 @@ def _cmd_demo(args: argparse.Namespace) -> int:
             post = {"loss": f"{m.get('loss', float('nan')):.3f}"}
             if m.get("claimed_epsilon") is not None:
                 post["eps"] = f"{m['claimed_epsilon']:.2f}"
-            if m.get("log_wealth") is not None:
-                post["logK"] = f"{m['log_wealth']:.2f}"
+            if m.get("combined_log_wealth") is not None:
+                # the sequential e-process, beside the level it must reach (log 1/alpha)
+                post["logK"] = (f"{m['combined_log_wealth']:.2f}/"
+                                f"{m.get('decision_threshold_log', float('nan')):.2f}")
             bar.set_postfix(post, refresh=False)
             bar.update(1)
 

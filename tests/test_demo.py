@@ -41,3 +41,13 @@ def test_demo_with_bug_stops_early_and_exits_3(tmp_path: Path) -> None:
     assert report.violation_step is not None and report.violation_step <= 10
     assert report.training["steps"] < 100
     assert "violation" in proc.stdout.lower()
+
+
+def test_demo_progress_bar_shows_loss_and_wealth(tmp_path: Path) -> None:
+    """The bar reads the auditor's `latest_metrics`: loss and the e-process vs its threshold."""
+    proc = subprocess.run([sys.executable, "-m", "dpaudit_torch.cli", "demo", "--steps", "6",
+                           "--out", str(tmp_path / "p")], capture_output=True, text=True,
+                          timeout=600)
+    assert proc.returncode == 0, proc.stderr
+    assert "loss=" in proc.stderr
+    assert "logK=" in proc.stderr and "/3.00" in proc.stderr  # log(1/0.05) = 3.00
