@@ -466,7 +466,8 @@ def main(argv: list[str] | None = None) -> int:
                "Memory: our state grows linearly in T (bytes per pair roughly constant across T; "
                "buffers grow by doubling, so the allocated capacity is up to 2x the pairs held); "
                "the peak RSS growth is dominated by transient per-chunk buffers whose size is "
-               "bounded independently of T (MMD kernel blocks of ~2^23 elements = 64 MiB), so it "
+               "bounded independently of T (MMD kernel blocks: ~2^17 elements on the CPU, "
+               "~2^23 on accelerators), so it "
                "grows far more slowly than T.")
     print(table)
     print()

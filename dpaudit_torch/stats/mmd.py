@@ -452,8 +452,11 @@ class SequentialMMDTest(SequentialTest):
         self._X, self._Y, self._Xn, self._Yn, self._a = X, Y, Xn, Yn, a
 
     def _block_rows(self, n_new: int) -> int:
-        # one [B, 2n] kernel block of at most ~2^23 elements (64 MiB in float64)
-        return int(min(1 << 16, max(1024, (1 << 23) // max(1, 2 * n_new))))
+        # one [B, 2n] kernel block: ~2^23 elements (64 MiB in float64) on accelerators; on the
+        # CPU ~2^17 elements (1 MiB), which stays in cache: large blocks made the CPU path
+        # memory-bound (2-3x slower, same numbers; see docs/benchmarks.md "throughput")
+        budget = 1 << (17 if self._out_dev.type == "cpu" else 23)
+        return int(min(1 << 16, max(128, budget // max(1, 2 * n_new))))
 
     def _kernel(
         self, P: torch.Tensor, Pn: torch.Tensor, Q: torch.Tensor, Qn: torch.Tensor
