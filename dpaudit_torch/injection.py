@@ -12,7 +12,9 @@ Hook points (Opacus 1.6, ``optimizers/optimizer.py``; see docs/auditor.md):
   example and accumulated into ``p.summed_grad``; then ``p.grad_sample`` is restored. A clipping
   bug therefore shows in the canaries. (Appending the rows to the real ones with ``torch.cat``
   would copy all B x d real per-sample gradients every step: 32 ms of a 144 ms step measured at
-  batch 256.)
+  batch 256.) The rows live in one persistent all-zero buffer: a step writes its k + (a few)
+  entries, Opacus reads the rows, and exactly those entries are set back to zero, so no step
+  allocates or clears R x d elements.
 * ghost clipping (``DPOptimizerFastGradientClipping``): there are no per-sample gradients in the
   optimizer (clipping happens in the loss's second backward), so ``accumulate`` is wrapped and
   the *already clipped* canary, ``raw * min(1, C / (raw + 1e-6))`` exactly as Opacus's flat
@@ -38,6 +40,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
+import numpy as np
 import torch
 
 from .canaries import CanaryDesign, SecretCoins
@@ -157,32 +160,25 @@ class Injector:
         self.insertions = 0  # canaries inserted (pairs + one-run), this rank
         self.one_run_insertions = 0
         self.steps_injected = 0
-        k = design.k_pairs
-        self._k = k
-        # per parameter: pair ids (rows) and their a / b coordinates, on device
-        self._pair_rows: list[torch.Tensor] = []
-        self._pair_a: list[torch.Tensor] = []
-        self._pair_b: list[torch.Tensor] = []
-        self._has_pairs: list[bool] = []
-        for i in range(design.n_params):
-            sel = torch.nonzero(design.pair_param == i).reshape(-1)
-            self._has_pairs.append(bool(sel.numel()))
-            self._pair_rows.append(sel.to(device))
-            self._pair_a.append(design.pair_a[sel].to(device))
-            self._pair_b.append(design.pair_b[sel].to(device))
-        # for building all canary rows of a step in one buffer (per-sample modes)
+        self._k = design.k_pairs
+        # the step's canary coordinates are computed on the host (numpy; k + a few entries) and
+        # sent to the device in one small copy; per-sample modes write them into one persistent
+        # zero buffer holding all canary rows of the step
         numel = [int(p.numel()) for p in params]
-        self._numel_dev = torch.tensor(numel, dtype=torch.long, device=device)
         off = [0]
         for n in numel[:-1]:
             off.append(off[-1] + n)
         self._offsets = off
-        self._offsets_dev = torch.tensor(off, dtype=torch.long, device=device)
         self._d_total = sum(numel)
-        self._pair_param_dev = design.pair_param.to(device)
-        self._pair_a_dev = design.pair_a.to(device)
-        self._pair_b_dev = design.pair_b.to(device)
-        self._pair_rows_dev = torch.arange(k, dtype=torch.long, device=device)
+        self._offsets_np = np.asarray(off, dtype=np.int64)
+        self._numel_np = np.asarray(numel, dtype=np.int64)
+        self._pair_param_np = design.pair_param.numpy().astype(np.int64)
+        self._pair_a_np = design.pair_a.numpy().astype(np.int64)
+        self._pair_b_np = design.pair_b.numpy().astype(np.int64)
+        self._one_param_np = design.one_param.numpy().astype(np.int64)
+        self._one_flat_np = design.one_flat.numpy().astype(np.int64)
+        self._zero_buf: torch.Tensor | None = None
+        self._ghost_values: dict[tuple[float, torch.dtype, torch.device], torch.Tensor] = {}
         self._param_ids = [id(p) for p in params]
         #: called with the exception when the auditor's own part of a step fails (the auditor
         #: then detaches itself); set by PrivacyAuditor
@@ -257,61 +253,39 @@ class Injector:
         )
         return rec
 
-    def _per_param_targets(self, rec: StepRecord
-                           ) -> list[tuple[torch.Tensor, torch.Tensor] | None]:
-        """For every parameter tensor: (rows, flat indices) of the canaries it carries."""
-        k = self._k
-        inc_idx = rec.included
-        inc_param = self.design.one_param[inc_idx]
-        inc_flat = self.design.one_flat[inc_idx]
-        inc_rows = torch.arange(k, k + inc_idx.numel())
-        counts = torch.bincount(inc_param, minlength=self.design.n_params).tolist()
-        # one small host->device copy for all included canaries (sorted by parameter)
-        both = torch.stack([inc_rows, inc_flat]).to(self.device, non_blocking=True)
-        rows_split = both[0].split(counts)
-        flat_split = both[1].split(counts)
-        out: list[tuple[torch.Tensor, torch.Tensor] | None] = []
-        for i in range(self.design.n_params):
-            parts_r, parts_f = [], []
-            if self._has_pairs[i]:
-                c = rec.coins[self._pair_rows[i]]
-                parts_r.append(self._pair_rows[i])
-                parts_f.append(torch.where(c, self._pair_a[i], self._pair_b[i]))
-            if counts[i]:
-                parts_r.append(rows_split[i])
-                parts_f.append(flat_split[i])
-            if not parts_r:
-                out.append(None)
-            elif len(parts_r) == 1:
-                out.append((parts_r[0], parts_f[0]))
-            else:
-                out.append((torch.cat(parts_r), torch.cat(parts_f)))
-        return out
+    def _step_coordinates(self, rec: StepRecord) -> tuple[np.ndarray, np.ndarray]:
+        """(parameter index, flat index) of every canary injected this step, in row order:
+        the k pair canaries (the coin picks a_j or b_j), then the included one-run canaries.
+        Tiny host arithmetic (k + a few entries)."""
+        inc = rec.included.numpy()
+        params = np.concatenate([self._pair_param_np, self._one_param_np[inc]])
+        flats = np.concatenate([np.where(rec.coins_cpu.numpy(), self._pair_a_np, self._pair_b_np),
+                                self._one_flat_np[inc]])
+        return params, flats
 
-    def _canary_rows(self, rec: StepRecord, dtype: torch.dtype) -> torch.Tensor:
-        """All canary rows of the step in one zero buffer: parameter i's rows are the contiguous
-        block ``[R * off_i, R * (off_i + numel_i))`` viewed as [R, numel_i]. One fill, one
-        scatter, no per-parameter loop on the device."""
-        k, n_rows = self._k, rec.n_rows
-        inc = rec.included
-        inc_pf = torch.stack([self.design.one_param[inc], self.design.one_flat[inc]])
-        inc_pf = inc_pf.to(self.device, non_blocking=True)
-        coins = rec.coins
-        params = torch.cat([self._pair_param_dev, inc_pf[0]])
-        flats = torch.cat([torch.where(coins, self._pair_a_dev, self._pair_b_dev), inc_pf[1]])
-        rows = torch.cat([self._pair_rows_dev,
-                          torch.arange(k, n_rows, dtype=torch.long, device=self.device)])
-        index = n_rows * self._offsets_dev[params] + rows * self._numel_dev[params] + flats
-        buf = torch.zeros(n_rows * self._d_total, dtype=dtype, device=self.device)
-        clip = rec.clip
-        if all(c == clip[0] for c in clip):
-            buf[index] = self.canary_norm * clip[0]
-        else:
-            vals = torch.tensor([self.canary_norm * c for c in clip], dtype=dtype)
-            buf[index] = vals.to(self.device, non_blocking=True)[params]
-        return buf
+    def _canary_index(self, rec: StepRecord) -> tuple[np.ndarray, np.ndarray]:
+        """Flat positions (and parameter tensor) of this step's canary entries in the rows
+        buffer: parameter i's rows are the contiguous block ``[R * off_i, R * (off_i + numel_i))``
+        viewed as [R, numel_i], R = ``rec.n_rows``."""
+        n_rows = rec.n_rows
+        params, flats = self._step_coordinates(rec)
+        rows = np.arange(n_rows, dtype=np.int64)
+        index = n_rows * self._offsets_np[params] + rows * self._numel_np[params] + flats
+        return index, params
 
-    # ------------------------------------------------------------------ the wrappers
+    def _rows_buffer(self, size: int, dtype: torch.dtype) -> torch.Tensor:
+        """A persistent all-zero buffer of at least ``size`` elements (grown geometrically).
+
+        Each step writes its few canary entries and sets exactly those back to zero after
+        Opacus has read the rows, so no step pays for zeroing R x d elements."""
+        buf = self._zero_buf
+        if buf is None or buf.dtype != dtype or buf.numel() < size:
+            cap = size if buf is None or buf.dtype != dtype else max(size, 2 * buf.numel())
+            buf = torch.zeros(cap, dtype=dtype, device=self.device)
+            self._zero_buf = buf
+        return buf[:size]
+
+        # ------------------------------------------------------------------ the wrappers
     def check_params(self) -> None:
         """ValueError if the optimizer's trainable parameters are not those seen at attach
         (``add_param_group``, or ``requires_grad`` changed): canaries could not be placed or read
@@ -357,9 +331,19 @@ class Injector:
             # gradient (B x d) at every step.
             n_rows = rec.n_rows
             saved = [p.grad_sample for p in params]
+            written: torch.Tensor | None = None
+            buf: torch.Tensor | None = None
             try:
                 ref0 = saved[0][-1] if isinstance(saved[0], list) else saved[0]
-                buf = self._canary_rows(rec, ref0.dtype)
+                index, which = self._canary_index(rec)
+                buf = self._rows_buffer(n_rows * self._d_total, ref0.dtype)
+                written = torch.from_numpy(index).to(self.device, non_blocking=True)
+                clip = rec.clip
+                if all(c == clip[0] for c in clip):
+                    buf.index_fill_(0, written, self.canary_norm * clip[0])
+                else:
+                    vals = torch.from_numpy(self.canary_norm * np.asarray(clip)[which])
+                    buf.index_copy_(0, written, vals.to(device=self.device, dtype=buf.dtype))
                 for i, p in enumerate(params):
                     start = n_rows * self._offsets[i]
                     rows = buf[start:start + n_rows * int(p.numel())].view((n_rows,) + p.shape)
@@ -379,6 +363,8 @@ class Injector:
             finally:
                 for p, gs in zip(params, saved):
                     p.grad_sample = gs
+                if written is not None and buf is not None:
+                    buf.index_fill_(0, written, 0.0)  # the buffer is all zeros again
         self._pending = rec
         return result
 
@@ -406,25 +392,41 @@ class Injector:
     def _ghost_inject(self) -> None:
         rec = self._plan()
         if self.injects:
-            targets = self._per_param_targets(rec)
-            for i, p in enumerate(self.params):
-                tgt = targets[i]
-                if tgt is None:
+            params, flats = self._step_coordinates(rec)
+            order = np.argsort(params, kind="stable")
+            counts = np.bincount(params, minlength=len(self.params))
+            flat_sorted = torch.from_numpy(flats[order]).to(self.device, non_blocking=True)
+            start = 0
+            for i, cnt in enumerate(counts.tolist()):
+                if not cnt:
                     continue
+                p = self.params[i]
                 sg = p.summed_grad
                 if sg is None:
                     sg = torch.zeros_like(p)
                     p.summed_grad = sg
-                raw = self.canary_norm * rec.clip[i]
-                # the value Opacus's flat clipping gives a one-coordinate row, in its dtype
-                raw_t = torch.tensor(raw, dtype=sg.dtype, device=sg.device)
-                val = (rec.clip[i] / (raw_t + OPACUS_NORM_EPS)).clamp(max=1.0) * raw_t
-                _, f = tgt
+                f = flat_sorted[start:start + cnt]
+                start += cnt
                 if f.device != sg.device:
                     f = f.to(sg.device)
-                sg.view(-1).index_add_(0, f, val.expand(f.numel()))
+                val = self._ghost_value(rec.clip[i], sg)
+                sg.view(-1).index_add_(0, f, val.expand(cnt))
             self._count(rec)
         self._pending = rec
+
+    def _ghost_value(self, clip: float, like: torch.Tensor) -> torch.Tensor:
+        """The clipped canary, ``raw * min(1, C / (raw + 1e-6))`` with ``raw = canary_norm * C``,
+        computed in the gradient's dtype exactly as Opacus's flat clipping would (0-d tensor;
+        cached per bound, dtype and device)."""
+        key = (clip, like.dtype, like.device)
+        val = self._ghost_values.get(key)
+        if val is None:
+            raw_t = torch.tensor(self.canary_norm * clip, dtype=like.dtype, device=like.device)
+            val = (clip / (raw_t + OPACUS_NORM_EPS)).clamp(max=1.0) * raw_t
+            if len(self._ghost_values) > 64:  # adaptive clipping: a new bound every step
+                self._ghost_values.clear()
+            self._ghost_values[key] = val
+        return val
 
     def _count(self, rec: StepRecord) -> None:
         self.insertions += rec.n_rows

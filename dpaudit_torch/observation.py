@@ -46,17 +46,15 @@ class Observer:
         self.k, self.m = k, m
         all_param, all_flat = design.coordinates()
         # gather order: parameter-major; `perm` maps design order -> gathered position
-        order = torch.argsort(all_param, stable=True)
-        self._flat: list[torch.Tensor] = []
-        self._which: list[int] = []
-        for i in range(design.n_params):
-            sel = order[all_param[order] == i]
-            if sel.numel():
-                self._which.append(i)
-                self._flat.append(all_flat[sel].to(device))
-        inv = torch.empty_like(order)
-        inv[order] = torch.arange(order.numel())
-        self._perm = inv.to(device)
+        self._flat, self._which, self._perm, self._pos_param = self._gather_plan(
+            all_param, all_flat, device)
+        # the pre-noise sum p.summed_grad is read at the 2k pair coordinates only (interference)
+        self._pflat, self._pwhich, self._pperm, self._ppos_param = self._gather_plan(
+            all_param[:2 * k], all_flat[:2 * k], device)
+        self._scale_key: tuple[float, ...] | None = None
+        self._scale_vec: torch.Tensor | None = None
+        self._inv_clip_key: tuple[float, ...] | None = None
+        self._inv_clip_vec: torch.Tensor | None = None
         self.reset()
 
     def reset(self) -> None:
@@ -80,29 +78,61 @@ class Observer:
         self.nonfinite = torch.zeros((), dtype=torch.bool, device=dev)
         self.last_projection: torch.Tensor | None = None
 
+    def _gather_plan(self, coord_param: torch.Tensor, coord_flat: torch.Tensor,
+                     device: torch.device
+                     ) -> tuple[list[torch.Tensor], list[int], torch.Tensor, torch.Tensor]:
+        """Per parameter tensor: the flat indices to read (parameter-major order), which
+        tensors, the permutation back to the given order and each gathered entry's tensor."""
+        order = torch.argsort(coord_param, stable=True)
+        flats: list[torch.Tensor] = []
+        which: list[int] = []
+        for i in range(self.design.n_params):
+            sel = order[coord_param[order] == i]
+            if sel.numel():
+                which.append(i)
+                flats.append(coord_flat[sel].to(device))
+        inv = torch.empty_like(order)
+        inv[order] = torch.arange(order.numel())
+        return flats, which, inv.to(device), coord_param[order].to(device)
+
+    def _per_entry(self, values: list[float], pos_param: torch.Tensor, cache: str
+                   ) -> torch.Tensor:
+        """A per-parameter factor spread over the gathered entries (rebuilt only when the factors
+        change, e.g. every step under adaptive clipping)."""
+        key = tuple(values)
+        if getattr(self, f"_{cache}_key") != key:
+            vec = torch.tensor(key, dtype=torch.float64).to(self.device)[pos_param]
+            setattr(self, f"_{cache}_key", key)
+            setattr(self, f"_{cache}_vec", vec)
+        return getattr(self, f"_{cache}_vec")
+
     def gather(self, rec: StepRecord) -> tuple[torch.Tensor, torch.Tensor | None]:
-        """Projections of this step at every canary coordinate, design order, float64 [2k + m]:
-        the final gradient in units of C, and the pre-noise sum ``p.summed_grad`` / C (None when
-        some parameter has no ``summed_grad``)."""
-        parts, sums = [], []
+        """Projections of this step, design order, float64: the final gradient in units of C at
+        every canary coordinate [2k + m], and the pre-noise sum ``p.summed_grad`` / C at the 2k
+        pair coordinates (None when some parameter has no ``summed_grad``)."""
+        parts = []
         for i, flat in zip(self._which, self._flat):
-            p = self.params[i]
-            g = p.grad
+            g = self.params[i].grad
             if g is None:
                 raise ValueError(f"parameter tensor {i} has no gradient at the optimizer step; "
                                  f"the audit cannot observe it")
-            parts.append(g.detach().reshape(-1)[flat].to(self.device, torch.float64)
-                         * rec.unit_scale[i])
-            sg = getattr(p, "summed_grad", None)
-            if sums is not None and isinstance(sg, torch.Tensor):
-                sums.append(sg.detach().reshape(-1)[flat].to(self.device, torch.float64)
-                            / rec.clip[i])
-            else:
+            parts.append(g.detach().reshape(-1).index_select(0, flat.to(g.device)))
+        raw = torch.cat(parts) if len(parts) > 1 else parts[0]
+        scale = self._per_entry(rec.unit_scale, self._pos_param, "scale")
+        vals = (raw.to(self.device, torch.float64) * scale)[self._perm]
+        sums: list[torch.Tensor] | None = []
+        for i, flat in zip(self._pwhich, self._pflat):
+            sg = getattr(self.params[i], "summed_grad", None)
+            if not isinstance(sg, torch.Tensor):
                 sums = None
-        vals = (torch.cat(parts) if len(parts) > 1 else parts[0])[self._perm]
-        if sums is not None:
-            return vals, (torch.cat(sums) if len(sums) > 1 else sums[0])[self._perm]
-        return vals, None
+                break
+            sums.append(sg.detach().reshape(-1).index_select(0, flat.to(sg.device)))
+        if sums is None:
+            return vals, None
+        inv_clip = self._per_entry([1.0 / c if c else math.inf for c in rec.clip],
+                                   self._ppos_param, "inv_clip")
+        raw_s = torch.cat(sums) if len(sums) > 1 else sums[0]
+        return vals, (raw_s.to(self.device, torch.float64) * inv_clip)[self._pperm]
 
     def observe(self, rec: StepRecord, step: int, skip_nonfinite: bool = False
                 ) -> torch.Tensor | None:

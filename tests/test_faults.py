@@ -144,7 +144,7 @@ def test_internal_failure_restores_optimizer_model_untouched(monkeypatch, where)
     a = make_private_setup(sigma=0.0)
     b = make_private_setup(sigma=0.0)
     aud = PrivacyAuditor(a.engine, a.optimizer, a.loader, seed=1, **SMALL)
-    target = {"observation": (Observer, "observe"), "injection": (Injector, "_canary_rows"),
+    target = {"observation": (Observer, "observe"), "injection": (Injector, "_canary_index"),
               "plan": (Injector, "_plan")}[where]
 
     def boom(*_a, **_k):
@@ -167,6 +167,57 @@ def test_internal_failure_restores_optimizer_model_untouched(monkeypatch, where)
     assert _same(_params(a.model), _params(b.model))
     rep = aud.finalize()  # the audit of what it saw is still reported
     assert any("internal auditor failure" in w for w in rep.warnings)
+
+
+def test_canary_rows_buffer_is_zero_between_steps(monkeypatch):
+    """The canary rows live in one persistent buffer: after every step (and after a step whose
+    second clipping call raised) it is all zeros again, and each step's rows hold exactly its
+    own canaries (one entry of canary_norm * C per row)."""
+    a = make_private_setup(sigma=0.0)
+    aud = PrivacyAuditor(a.engine, a.optimizer, a.loader, seed=2, **SMALL)
+    inj = aud._injector
+    seen: list[tuple[int, int, float]] = []
+    original = inj._original
+
+    def spy():
+        orig = original()
+
+        def call():
+            gs = a.optimizer.params[0].grad_sample
+            if gs is not None and not isinstance(gs, list) and inj._zero_buf is not None and \
+                    gs.data_ptr() == inj._zero_buf.data_ptr():
+                rows = torch.cat([p.grad_sample.reshape(gs.shape[0], -1)
+                                  for p in a.optimizer.params], dim=1)
+                seen.append((int(rows.shape[0]), int((rows != 0).sum()),
+                             float(rows.abs().max())))
+            return orig()
+        return call
+
+    monkeypatch.setattr(inj, "_original", spy)
+    for x, y in a.batches(4, batch=16):
+        a.step(x, y)
+        assert inj._zero_buf is not None and not bool(inj._zero_buf.any())
+    assert len(seen) == 4
+    for n_rows, nonzero, biggest in seen:
+        assert nonzero == n_rows  # one entry per row
+        assert biggest == pytest.approx(aud.canary_norm * 1.0)
+    # a failure inside Opacus's second clipping call still leaves the buffer clean
+    calls = {"n": 0}
+
+    def failing():
+        orig = original()
+
+        def call():
+            calls["n"] += 1
+            if calls["n"] == 2:
+                raise RuntimeError("clipping failed")
+            return orig()
+        return call
+
+    monkeypatch.setattr(inj, "_original", failing)
+    with pytest.raises(RuntimeError, match="clipping failed"):
+        a.step(*next(iter(a.batches(1, batch=16))))
+    assert not bool(inj._zero_buf.any())
 
 
 # ------------------------------------------------------------------ parameters

@@ -88,6 +88,12 @@ class SequentialTest:
         self.dtype = dtype
         self._device = torch.device(device) if device is not None else None
         self._groups = np.asarray(self._component_groups(), dtype=np.int64)
+        # components laid out as G contiguous blocks of equal size c (both tests): the per-grid
+        # wealth is then a reshape, not a loop over the grid
+        G, K = self.grid_size, self._groups.size
+        c = K // G if G and K % G == 0 else 0
+        self._group_block = (c if c and np.array_equal(self._groups, np.repeat(np.arange(G), c))
+                             else None)
         self._bets = OnlineNewtonStep(self._lambda_max())
         ub = np.asarray(self._payoff_upper_bound(), dtype=np.float64)
         # a grid point whose every component has payoff <= 0 surely can never be rejected
@@ -190,11 +196,10 @@ class SequentialTest:
             if kind == "burn":
                 out[pos : pos + item] = current
                 pos += item
-            else:
-                comb = log_mean_exp(item, axis=-1)
-                out[pos : pos + comb.size] = comb
-                pos += comb.size
-                current = float(comb[-1])
+            elif item.size:
+                out[pos : pos + item.size] = item
+                pos += item.size
+                current = float(item[-1])
         return out
 
     def _consume(self, x: Any, y: Any, chunks: list[tuple[str, Any]] | None) -> int:
@@ -218,9 +223,9 @@ class SequentialTest:
             else:
                 take = max(1, min(n - i, int(self._chunk_limit())))
                 traj = self._bets.run(self._payoffs(x[i : i + take], y[i : i + take]))
-                self._record(traj)
+                combined = self._record(traj)
                 if chunks is not None:
-                    chunks.append(("bet", traj))
+                    chunks.append(("bet", combined))
             i += take
         return n
 
@@ -409,19 +414,26 @@ class SequentialTest:
 
     def _grid_log_wealth(self, comp_lw: np.ndarray) -> np.ndarray:
         """Per grid point log-wealth (average over its components), for [K] or [n, K] input."""
-        comp_lw = np.asarray(comp_lw)
+        comp_lw = np.asarray(comp_lw, dtype=np.float64)
+        c = self._group_block
+        if c == 1:
+            return comp_lw.copy()
+        if c is not None:
+            return log_mean_exp(comp_lw.reshape(comp_lw.shape[:-1] + (self.grid_size, c)),
+                                axis=-1)
         out = np.empty(comp_lw.shape[:-1] + (self.grid_size,))
         for g in range(self.grid_size):
             out[..., g] = log_mean_exp(comp_lw[..., self._groups == g], axis=-1)
         return out
 
-    def _record(self, traj: np.ndarray) -> None:
-        """Book-keep a chunk's log-wealth trajectory [n, K]; first crossings, running maxima."""
+    def _record(self, traj: np.ndarray) -> np.ndarray:
+        """Book-keep a chunk's log-wealth trajectory [n, K]; first crossings, running maxima.
+        Returns the combined log-wealth after each pair, [n]."""
         n = traj.shape[0]
         start = self._n_pairs  # pairs consumed before this chunk
         self._n_pairs += n
         if n == 0:
-            return
+            return np.empty(0)
         combined = log_mean_exp(traj, axis=-1)
         thr = math.log(1.0 / self.alpha)
         if self._rejected_at is None:
@@ -438,3 +450,4 @@ class SequentialTest:
             hits = np.nonzero(grid[:, g] >= thr_g)[0]
             if hits.size:
                 self._grid_rejected_at[g] = start + int(hits[0]) + 1
+        return combined

@@ -15,8 +15,9 @@ section 1: lambda_1 = 0, A_0 = 1, and after payoff p_t
 Wealth is kept in log space (a sum of log1p terms), so 10^6 steps neither overflow nor underflow.
 
 The recursion is O(1) per pair but inherently sequential. It runs on the host in float64 over a
-whole chunk of pairs at once (one device-to-host copy per chunk, never one per pair); the heavy
-per-pair work of each test (kernel rows, set membership) is batched on the device before it.
+whole chunk of pairs at once (one device-to-host copy per chunk, never one per pair), as a loop
+compiled by Numba (``stats/_kernels.py``, about 0.1 microseconds per pair and component); the
+heavy per-pair work of each test (kernel rows, set membership) is batched on the device before it.
 """
 
 from __future__ import annotations
@@ -24,6 +25,8 @@ from __future__ import annotations
 import math
 
 import numpy as np
+
+from ._kernels import ons_run
 
 __all__ = ["ONS_C", "OnlineNewtonStep", "log_mean_exp"]
 
@@ -33,9 +36,11 @@ ONS_C: float = 2.0 / (2.0 - math.log(3.0))
 
 def log_mean_exp(a: np.ndarray, axis: int = -1) -> np.ndarray:
     """log(mean(exp(a))) along ``axis``, stable (the wealth of an average of e-processes)."""
-    m = np.max(a, axis=axis, keepdims=True)
+    a = np.asarray(a, dtype=np.float64)
+    m = a.max(axis=axis, keepdims=True)
     m = np.where(np.isfinite(m), m, 0.0)
-    out = np.log(np.mean(np.exp(a - m), axis=axis, keepdims=True)) + m
+    total = np.exp(a - m).sum(axis=axis, keepdims=True)
+    out = np.log(total / a.shape[axis]) + m
     return np.squeeze(out, axis=axis)
 
 
@@ -70,23 +75,13 @@ class OnlineNewtonStep:
         p_all = np.asarray(payoffs, dtype=np.float64)
         if p_all.ndim != 2 or p_all.shape[1] != self.size:
             raise ValueError(f"payoffs must have shape [n, {self.size}], got {p_all.shape}")
-        n = p_all.shape[0]
+        p_all = np.ascontiguousarray(p_all)
         out = np.empty_like(p_all)
-        lam, a_sum, lw, lmax = self.lam, self.a_sum, self.log_wealth, self.lambda_max
-        c = ONS_C
-        log1p, minimum, maximum = np.log1p, np.minimum, np.maximum
-        # 1 + lambda p <= 0 (a payoff outside its range) or a non-finite payoff makes the
-        # log-wealth non-finite for good: checked once per chunk below, not once per pair
-        with np.errstate(invalid="ignore", divide="ignore", over="ignore"):
-            for t in range(n):
-                p = p_all[t]
-                lp = lam * p
-                lw = lw + log1p(lp)
-                z = -p / (1.0 + lp)
-                a_sum = a_sum + z * z
-                lam = minimum(maximum(lam - c * z / a_sum, 0.0), lmax)
-                out[t] = lw
-        if n and not np.all(np.isfinite(out[-1])):
+        # the compiled loop (stats/_kernels.py) works on copies: the bettor's state changes only
+        # when the whole chunk was valid
+        lam, a_sum, lw = self.lam.copy(), self.a_sum.copy(), self.log_wealth.copy()
+        ok = ons_run(p_all, lam, a_sum, lw, self.lambda_max, ONS_C, out)
+        if not ok:
             raise RuntimeError(
                 "betting bound violated (1 + lambda * payoff <= 0, or a non-finite payoff): a "
                 "payoff lies outside the range its lambda_max was derived for; this is a bug, "

@@ -45,6 +45,7 @@ from typing import Any
 import numpy as np
 import torch
 
+from ._kernels import mmd_recursion, mmd_recursion_capped
 from .base import CannotRejectWarning, SequentialTest
 from .thresholds import mmd_tau
 
@@ -210,8 +211,14 @@ class SequentialMMDTest(SequentialTest):
     # ------------------------------------------------------------------ subclass interface
     @property
     def tau(self) -> np.ndarray:
-        """The paper's threshold tau(eps, delta) per grid point, array [len(epsilons)]."""
-        return np.asarray(mmd_tau(self.epsilons, self.deltas), dtype=np.float64)
+        """The paper's threshold tau(eps, delta) per grid point, array [len(epsilons)]
+        (computed once; read-only)."""
+        tau = self.__dict__.get("_tau")
+        if tau is None:
+            tau = np.asarray(mmd_tau(self.epsilons, self.deltas), dtype=np.float64).copy()
+            tau.setflags(write=False)
+            self._tau = tau
+        return tau
 
     def _component_groups(self) -> np.ndarray:
         return np.arange(self.grid_size, dtype=np.int64)
@@ -649,64 +656,21 @@ class SequentialMMDTest(SequentialTest):
         ``a_ev``: the dropped pairs' coefficients. Pair e is dropped right after new pair
         ``j = n - E + e`` has been added, before the projection of that step.
         """
-        R = self.witness_radius
-        S, m, s = self._scale, self._m, self._s
-        old = old.copy()
-        u = u.copy()
-        a_ev = a_ev.copy()
-        Hn = H[:n, :n]  # new-new
-        He = H[n:, :n]  # He[e, j] = <g_e, g_j>
-        Hee = H[n:, n:]
-        a_c = np.zeros(n)
-        v_out = np.empty(n)
-        pending = 1.0
-        first_drop = n - E
-        for j in range(n):
-            ne = max(0, j - first_drop)  # pairs already dropped before pair j is scored
-            inner = old[j]
-            if j:
-                inner += float(a_c[:j] @ Hn[j, :j])
-            if ne:
-                inner -= float(a_ev[:ne] @ He[:ne, j])
-            v = S * inner
-            gj = float(g2[j])
-            m += gj
-            eta = 0.5 / math.sqrt(m) if m > 0.0 else 0.0
-            n2 = s + 2.0 * eta * v + eta * eta * gj
-            if n2 < 0.0:  # rounding only: ||f + eta g||^2 >= 0
-                n2 = 0.0
-            a_c[j] = eta / S
-            if j >= first_drop:
-                e = j - first_drop
-                # <f', g_e> with f' = f_start - dropped so far + new pairs <= j (units of S)
-                w = u[e] + float(a_c[: j + 1] @ He[e, : j + 1])
-                if e:
-                    w -= float(a_ev[:e] @ Hee[:e, e])
-                ce = S * a_ev[e]
-                fg = S * w
-                cross = 2.0 * ce * fg
-                sq = ce * ce * float(g2e[e])
-                dropped = n2 - cross + sq
-                if dropped < 0.0:
-                    if dropped < -_NORM_TOL * (n2 + abs(cross) + sq):
-                        raise RuntimeError(
-                            f"SequentialMMDTest: witness norm^2 {dropped!r} < 0 after dropping a "
-                            f"pair (terms {n2!r}, {cross!r}, {sq!r}); this is a bug, please "
-                            f"report it"
-                        )
-                    dropped = 0.0
-                n2 = dropped
-            gamma = R / math.sqrt(n2) if n2 > R * R else 1.0
-            S *= gamma
-            s = gamma * gamma * n2
-            v_out[j] = v
-            if S < _RENORM_BELOW:
-                a_c[: j + 1] *= S
-                old[j + 1 :] *= S
-                u *= S
-                a_ev *= S
-                pending *= S
-                S = 1.0
+        old = np.array(old, dtype=np.float64)
+        u = np.array(u, dtype=np.float64)
+        a_ev = np.array(a_ev, dtype=np.float64)
+        v_out, a_c, bad = np.empty(n), np.zeros(n), np.zeros(3)
+        S, m, s, pending, status = mmd_recursion_capped(
+            old, np.ascontiguousarray(g2, dtype=np.float64), u,
+            np.ascontiguousarray(g2e, dtype=np.float64), a_ev,
+            np.ascontiguousarray(H, dtype=np.float64), n, E, self.witness_radius, self._scale,
+            self._m, self._s, _RENORM_BELOW, _NORM_TOL, v_out, a_c, bad)
+        if status:
+            n2, cross, sq = bad.tolist()
+            raise RuntimeError(
+                f"SequentialMMDTest: witness norm^2 {n2 - cross + sq!r} < 0 after dropping a "
+                f"pair (terms {n2!r}, {cross!r}, {sq!r}); this is a bug, please report it"
+            )
         if pending != 1.0:
             logger.debug("SequentialMMDTest: renormalised the witness coefficients")
         self._scale, self._m, self._s = S, m, s
@@ -722,34 +686,12 @@ class SequentialMMDTest(SequentialTest):
         which the stored coefficients must be multiplied).
         """
         n = old.shape[0]
-        R = self.witness_radius
-        S, m, s = self._scale, self._m, self._s
-        old = old.copy()
-        a_c = np.zeros(n)
-        v_out = np.empty(n)
-        pending = 1.0
-        for j in range(n):
-            inner = old[j]
-            if j:
-                inner += float(a_c[:j] @ Ht[j, :j])
-            v = S * inner
-            gj = float(g2[j])
-            m += gj
-            eta = 0.5 / math.sqrt(m) if m > 0.0 else 0.0
-            n2 = s + 2.0 * eta * v + eta * eta * gj
-            if n2 < 0.0:  # rounding only: ||f + eta g||^2 >= 0
-                n2 = 0.0
-            gamma = R / math.sqrt(n2) if n2 > R * R else 1.0
-            a_c[j] = eta / S
-            S *= gamma
-            s = gamma * gamma * n2
-            v_out[j] = v
-            if S < _RENORM_BELOW:
-                # fold the scale into every coefficient (host part now, stored part later)
-                a_c[: j + 1] *= S
-                old[j + 1 :] *= S
-                pending *= S
-                S = 1.0
+        old = np.array(old, dtype=np.float64)
+        v_out, a_c = np.empty(n), np.zeros(n)
+        S, m, s, pending = mmd_recursion(
+            old, np.ascontiguousarray(g2, dtype=np.float64),
+            np.ascontiguousarray(Ht, dtype=np.float64), self.witness_radius, self._scale,
+            self._m, self._s, _RENORM_BELOW, v_out, a_c)
         if pending != 1.0:
             logger.debug("SequentialMMDTest: renormalised the witness coefficients")
         self._scale, self._m, self._s = S, m, s
