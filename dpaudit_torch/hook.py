@@ -338,7 +338,8 @@ class PrivacyAuditor:
         self.ghost = is_ghost(optimizer)
         self._injector = self._make_injector()
         self._observer = Observer(params, self.design, dev,
-                                  check_finite_every_step=(dev.type == "cpu"))
+                                  check_finite_every_step=(dev.type == "cpu"),
+                                  interference_every=self.check_every)
         self._segments.append(first)
 
         # ---------------------------------------------------------------- state
@@ -820,7 +821,8 @@ class PrivacyAuditor:
         mechanics = torch.Generator()
         mechanics.set_state(sd["mechanics_rng"])
         observer = Observer(self.params, design, self.device,
-                            check_finite_every_step=self._observer.check_finite_every_step)
+                            check_finite_every_step=self._observer.check_finite_every_step,
+                            interference_every=self.check_every)
         observer.load_state_dict(sd["observer"])
         segments: list[_Segment] = []
         saved_warnings = list(self._warnings)

@@ -34,11 +34,16 @@ class Observer:
         device: where buffers and running sums live.
         check_finite_every_step: raise on non-finite projections at the step itself (free on
             CPU); otherwise the check happens when the buffer is drained.
+        interference_every: read the pre-noise sum at the pair coordinates (the interference
+            diagnostic W) at every this many observed steps (a systematic subsample; the
+            sequential pairs and one-run scores use every step).
     """
 
     def __init__(self, params: list[torch.nn.Parameter], design: CanaryDesign,
-                 device: torch.device, check_finite_every_step: bool) -> None:
+                 device: torch.device, check_finite_every_step: bool,
+                 interference_every: int = 1) -> None:
         self.params = params
+        self.interference_every = max(1, int(interference_every))
         self.design = design
         self.device = device
         self.check_finite_every_step = check_finite_every_step
@@ -106,29 +111,31 @@ class Observer:
             setattr(self, f"_{cache}_vec", vec)
         return getattr(self, f"_{cache}_vec")
 
-    def gather(self, rec: StepRecord) -> tuple[torch.Tensor, torch.Tensor | None]:
+    @torch.no_grad()
+    def gather(self, rec: StepRecord, with_sums: bool = True
+               ) -> tuple[torch.Tensor, torch.Tensor | None]:
         """Projections of this step, design order, float64: the final gradient in units of C at
-        every canary coordinate [2k + m], and the pre-noise sum ``p.summed_grad`` / C at the 2k
-        pair coordinates (None when some parameter has no ``summed_grad``)."""
+        every canary coordinate [2k + m], and (if ``with_sums``) the pre-noise sum
+        ``p.summed_grad`` / C at the 2k pair coordinates (None when not read, or when some
+        parameter has no ``summed_grad``)."""
         parts = []
         for i, flat in zip(self._which, self._flat):
             g = self.params[i].grad
             if g is None:
                 raise ValueError(f"parameter tensor {i} has no gradient at the optimizer step; "
                                  f"the audit cannot observe it")
-            parts.append(g.detach().reshape(-1).index_select(0, flat.to(g.device)))
+            parts.append(torch.take(g, flat if flat.device == g.device else flat.to(g.device)))
         raw = torch.cat(parts) if len(parts) > 1 else parts[0]
         scale = self._per_entry(rec.unit_scale, self._pos_param, "scale")
         vals = (raw.to(self.device, torch.float64) * scale)[self._perm]
-        sums: list[torch.Tensor] | None = []
+        if not with_sums:
+            return vals, None
+        sums: list[torch.Tensor] = []
         for i, flat in zip(self._pwhich, self._pflat):
             sg = getattr(self.params[i], "summed_grad", None)
             if not isinstance(sg, torch.Tensor):
-                sums = None
-                break
-            sums.append(sg.detach().reshape(-1).index_select(0, flat.to(sg.device)))
-        if sums is None:
-            return vals, None
+                return vals, None
+            sums.append(torch.take(sg, flat if flat.device == sg.device else flat.to(sg.device)))
         inv_clip = self._per_entry([1.0 / c if c else math.inf for c in rec.clip],
                                    self._ppos_param, "inv_clip")
         raw_s = torch.cat(sums) if len(sums) > 1 else sums[0]
@@ -142,7 +149,8 @@ class Observer:
         counted (on the host at once if ``check_finite_every_step``, else zeroed on the device and
         removed from the pairs at :meth:`drain`); otherwise ValueError (state untouched) if
         ``check_finite_every_step``, else flagged for the next drain."""
-        vals, sums = self.gather(rec)
+        # the interference W (diagnostic) is read every `interference_every` steps
+        vals, sums = self.gather(rec, with_sums=self.steps % self.interference_every == 0)
         fin = torch.isfinite(vals).all()
         if skip_nonfinite:
             if self.check_finite_every_step:
@@ -252,7 +260,8 @@ class Observer:
     def interference_summary(self, sigma: float | None) -> dict[str, Any]:
         """Spread of the real-data gradient at canary coordinates, in units of C (host sync)."""
         out: dict[str, Any] = {"units": "C (clipping bound)",
-                               "coordinates": "non-canary coordinate of each sequential pair"}
+                               "coordinates": "non-canary coordinate of each sequential pair",
+                               "read_every_steps": self.interference_every}
         n_y = self.steps * self.k
         if n_y:
             ym = float(self.y_sum) / n_y

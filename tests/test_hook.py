@@ -394,7 +394,8 @@ def test_finalize_builds_a_complete_report():
     assert rep.sequential["per_step_null"]["type"] == "gaussian_profile"
     assert rep.training["sample_rate"] == s.loader.sample_rate and rep.training["steps"] == 12
     assert rep.training["noise_multiplier"] == 1.0 and rep.threat_model["white_box"] is True
-    assert rep.interference["n"] == 12 * 16 and rep.interference["std"] >= 0
+    # W is read at every check_every-th observed step (steps 1, 6, 11 of 12), 16 pairs each
+    assert rep.interference["n"] == 3 * 16 and rep.interference["std"] >= 0
     assert not rep.violation and not rep.claim_refuted and rep.seed_policy == "seeded (0)"
     json.dumps(rep.to_dict())
 

@@ -12,7 +12,7 @@ import pytest
 import torch
 
 from dpaudit_torch.stats.base import CannotRejectWarning
-from dpaudit_torch.stats.mmd import SequentialMMDTest
+from dpaudit_torch.stats.mmd import _REFRESH_FACTOR, SequentialMMDTest
 from dpaudit_torch.stats.thresholds import gaussian_delta
 
 ONS_C = 2.0 / (2.0 - math.log(3.0))
@@ -635,8 +635,8 @@ def test_capped_norm_never_exceeds_radius(radius: float) -> None:
         assert t.witness_norm == pytest.approx(exact, rel=1e-9, abs=1e-15)
         assert t.exact_witness_norm() == pytest.approx(exact, rel=1e-9, abs=1e-15)
     assert t.n_evicted == 1200 - 20 - 50
-    # 1130 drops >= 4 * 50: the from-scratch norm refresh ran (and changed nothing visible)
-    assert t.n_norm_refreshes == (1130 // 200)
+    # 1130 drops >= 16 * 50: the from-scratch norm refresh ran (and changed nothing visible)
+    assert t.n_norm_refreshes == 1130 // (_REFRESH_FACTOR * 50) == 1
 
 
 def test_capped_memory_bounded() -> None:
@@ -723,15 +723,48 @@ def test_capped_state_round_trip_after_wrap() -> None:
         SequentialMMDTest([0.01, 0.1]).load_state_dict(a.state_dict())
 
 
-def test_capped_norm_refresh_repairs_drift() -> None:
-    """A drifted tracked norm is replaced by the from-scratch value within 4 * cap drops."""
-    gen = torch.Generator().manual_seed(25)
+@pytest.mark.parametrize("chunk", [7, 25, 64])
+def test_capped_forward_sums_match_recomputation(chunk: int) -> None:
+    """The tracked fwd_i (witness at stored pair i from the pairs no older than i), which
+    replaces the kernel evaluations at the dropped points, equals its from-scratch value after
+    many wraps of the ring buffer, renormalisations included."""
+    gen = torch.Generator().manual_seed(26)
+    x = torch.randn(900, generator=gen, dtype=torch.float64)
+    y = 0.7 + torch.randn(900, generator=gen, dtype=torch.float64)
+    t = SequentialMMDTest([0.05, 0.5], max_witness_points=60, chunk_size=chunk)
+    for i in range(0, 900, 113):
+        t.update(x[i : i + 113], y[i : i + 113])
+        tracked = t._fwd[: t.n_stored].clone()
+        t._recompute_fwd()
+        torch.testing.assert_close(tracked, t._fwd[: t.n_stored], rtol=1e-10, atol=1e-12)
+    assert t.n_evicted > 10 * 60
+
+
+def test_capped_state_without_forward_sums_is_rebuilt() -> None:
+    """A state saved without fwd (earlier versions) is loaded by recomputing it: the continued
+    stream gives the same log-wealth as the uninterrupted test."""
+    gen = torch.Generator().manual_seed(27)
     x = torch.randn(400, generator=gen, dtype=torch.float64)
-    y = 1.0 + torch.randn(400, generator=gen, dtype=torch.float64)
+    y = 0.5 + torch.randn(400, generator=gen, dtype=torch.float64)
+    a = SequentialMMDTest(0.1, max_witness_points=50, chunk_size=20).update(x[:177], y[:177])
+    sd = a.state_dict()
+    del sd["extra"]["fwd"]
+    b = SequentialMMDTest(0.1, max_witness_points=50, chunk_size=20)
+    b.load_state_dict(sd)
+    a.update(x[177:], y[177:])
+    b.update(x[177:], y[177:])
+    np.testing.assert_allclose(a.log_wealth.numpy(), b.log_wealth.numpy(), rtol=0, atol=1e-10)
+
+
+def test_capped_norm_refresh_repairs_drift() -> None:
+    """A drifted tracked norm is replaced by the from-scratch value within 16 * cap drops."""
+    gen = torch.Generator().manual_seed(25)
+    x = torch.randn(500, generator=gen, dtype=torch.float64)
+    y = 1.0 + torch.randn(500, generator=gen, dtype=torch.float64)
     t = SequentialMMDTest(0.1, max_witness_points=20, chunk_size=10).update(x[:100], y[:100])
     refreshes = t.n_norm_refreshes
     t._s = (1.0 - 1e-4) * t._s  # pretend rounding made the tracked ||f||^2 slightly too small
-    t.update(x[100:], y[100:])
+    t.update(x[100:], y[100:])  # 400 more drops >= 16 * 20
     assert t.n_norm_refreshes > refreshes
     assert t.witness_norm == pytest.approx(t.exact_witness_norm(), rel=1e-9)
     assert t.exact_witness_norm() <= 1.0 + 1e-12
@@ -765,8 +798,8 @@ def test_cap_bad_input() -> None:
 def test_capped_device_and_dtype(device: str, dtype: torch.dtype) -> None:
     """The ring buffer, the gathered dropped pairs and the refresh run on any device/dtype."""
     gen = torch.Generator().manual_seed(26)
-    x = torch.randn(600, 3, generator=gen, dtype=torch.float64)
-    y = 0.7 + torch.randn(600, 3, generator=gen, dtype=torch.float64)
+    x = torch.randn(800, 3, generator=gen, dtype=torch.float64)  # 740 drops >= 16 * 40
+    y = 0.7 + torch.randn(800, 3, generator=gen, dtype=torch.float64)
     ref = SequentialMMDTest([0.01, 0.1], max_witness_points=40).update(x, y)
     t = SequentialMMDTest([0.01, 0.1], max_witness_points=40, dtype=dtype)
     t.update(x.to(device), y.to(device))

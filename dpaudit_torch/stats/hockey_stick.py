@@ -94,6 +94,7 @@ import numpy as np
 import torch
 
 from .._validation import check_positive_int
+from ._kernels import hockey_stick_finish, hockey_stick_gaps
 from .base import SequentialTest
 
 logger = logging.getLogger(__name__)
@@ -211,6 +212,9 @@ class HockeyStickTest(SequentialTest):
             self.eta * np.stack((np.concatenate((c_a, c_b)), np.concatenate((c_b, c_a)),
                                  np.concatenate((c_ab, c_ab)))), dtype=torch.float64
         )  # [3, 2G]
+        self._kelly_np = np.ascontiguousarray(self._kelly_coef.numpy())
+        #: tests only: run the vectorised (accelerator) path on the CPU too
+        self._force_vectorised = False
 
     # ------------------------------------------------------------------ base-class hooks
     def _component_groups(self) -> np.ndarray:
@@ -273,9 +277,11 @@ class HockeyStickTest(SequentialTest):
             raise RuntimeError("internal error: a chunk crosses a refresh point")
         dev = x.device
         S, C = self._n_scores, self._n_cells
-        offs = torch.arange(S, device=dev) * C
         cx = self._cells(self._scores(x))  # [n, S] cell of x_i in each score's grid
         cy = self._cells(self._scores(y))
+        if self._use_compiled(dev):
+            return self._payoffs_compiled(x, y, cx, cy)
+        offs = torch.arange(S, device=dev) * C
         gx, gy = cx + offs, cy + offs  # ids into the flat [S * C] count tables
         # counts over pairs < i for each pair i of the chunk: earlier chunks + exclusive cumsum
         ohx = torch.zeros(n, S * C, dtype=torch.int64, device=dev)
@@ -298,6 +304,35 @@ class HockeyStickTest(SequentialTest):
         self._cnt_y = self._cnt_y + torch.bincount(gy.reshape(-1), minlength=S * C)
         self._append_history(x, y)
         return pay.reshape(n, 2 * self.grid_size).cpu().numpy()  # one transfer per chunk
+
+    def _use_compiled(self, dev: torch.device) -> bool:
+        """CPU tensors go through the compiled pair-by-pair kernel; accelerators keep the
+        vectorised chunk computation (same payoffs up to floating-point summation order)."""
+        return dev.type == "cpu" and not self._force_vectorised
+
+    def _payoffs_compiled(self, x: torch.Tensor, y: torch.Tensor, cx: torch.Tensor,
+                          cy: torch.Tensor) -> np.ndarray:
+        """Host path of :meth:`_payoffs` (float64): compiled loops over the pairs
+        (:mod:`~dpaudit_torch.stats._kernels`; counts updated pair by pair in place) around one
+        vectorised exponential of the chunk's log-weights."""
+        n = int(x.shape[0])
+        assert self._cnt_x is not None and self._cnt_y is not None
+        cnt_x = self._cnt_x.numpy()  # CPU int64: shares memory with the state tensors
+        cnt_y = self._cnt_y.numpy()
+        cxn = np.ascontiguousarray(cx.numpy(), dtype=np.int64)
+        cyn = np.ascontiguousarray(cy.numpy(), dtype=np.int64)
+        kind, score, k = self._cand_np
+        G2 = 2 * self.grid_size
+        gaps = np.empty((n, kind.size, G2))
+        top = np.empty((n, G2))
+        hockey_stick_gaps(cxn, cyn, cnt_x, cnt_y, self._n_cells, kind, score, k,
+                          self._kelly_np, self._t, gaps, top)
+        np.exp(gaps, out=gaps)  # vectorised; the compiled loops do the rest
+        out = np.empty((n, G2))
+        hockey_stick_finish(cxn, cyn, kind, score, k, gaps, top, self._exp_eps, self.deltas,
+                            out)
+        self._append_history(x, y)
+        return out
 
     # ------------------------------------------------------------------ the set learner
     def _soft_sets(self, tab_x: torch.Tensor, tab_y: torch.Tensor, cx: torch.Tensor,
@@ -487,11 +522,14 @@ class HockeyStickTest(SequentialTest):
         offset = torch.where(kind == 0, k, torch.where(kind == 1, C + 1 + k, 2 * C + 2 + k))
         self._cand_kind, self._cand_score, self._cand_k = kind, score, k
         self._cand_flat = score * width + offset
+        self._cand_np = tuple(np.ascontiguousarray(v.cpu().numpy(), dtype=np.int64)
+                              for v in (kind, score, k))
 
     # ------------------------------------------------------------------ state
     def _extra_state(self) -> dict[str, Any]:
         def cpu(t: torch.Tensor | None) -> torch.Tensor | None:
-            return None if t is None else t.detach().cpu()
+            # a copy: the CPU path updates the counts in place
+            return None if t is None else t.detach().cpu().clone()
 
         return {
             "hist_x": torch.cat(self._hist_x).cpu() if self._hist_x else None,
@@ -522,7 +560,8 @@ class HockeyStickTest(SequentialTest):
         self._edges = to(sd["edges"])
         self._n_cells_s = to(sd["n_cells_s"])
         self._atom_cell = to(sd["atom_cell"])
-        self._cnt_x = to(sd["cnt_x"])
-        self._cnt_y = to(sd["cnt_y"])
+        # own copies: the CPU path updates the counts in place
+        self._cnt_x = None if sd["cnt_x"] is None else sd["cnt_x"].to(dev, torch.int64).clone()
+        self._cnt_y = None if sd["cnt_y"] is None else sd["cnt_y"].to(dev, torch.int64).clone()
         if self._atom_cell is not None:
             self._build_candidates()

@@ -64,7 +64,9 @@ _CEILING_TOL = 1e-12
 _NORM_TOL = 1e-9
 #: capped witness: ||f||^2 is recomputed from scratch (float64 Gram form) after every
 #: _REFRESH_FACTOR * max_witness_points evictions, so rounding cannot accumulate over long runs
-_REFRESH_FACTOR = 4
+#: (one update adds ~1e-16 relative error; 16 * cap updates stay far below _NORM_TOL, and the
+#: O(cap^2) recomputation is then ~1% of the test's work)
+_REFRESH_FACTOR = 16
 #: capped witness, once full: smallest chunk (pairs per device round trip)
 _MIN_DROP_CHUNK = 64
 
@@ -267,6 +269,9 @@ class SequentialMMDTest(SequentialTest):
         self._Xn: torch.Tensor | None = None  # [cap] squared norms
         self._Yn: torch.Tensor | None = None
         self._a: torch.Tensor | None = None  # [cap] coefficients in units of self._scale
+        # capped witness only: fwd_i = sum over stored pairs l no older than i of a_l <g_l, g_i>
+        # (the witness at pair i from the pairs that outlive it; see _witness_values_capped)
+        self._fwd: torch.Tensor | None = None
         self._scale = 1.0  # global factor: c_i = scale * a_i
         self._m = 0.0  # AdaGrad sum of ||g_i||^2
         self._s = 0.0  # ||f||^2, tracked recursively
@@ -327,6 +332,7 @@ class SequentialMMDTest(SequentialTest):
             "x": cpu(self._X),
             "y": cpu(self._Y),
             "coef": cpu(self._a),
+            "fwd": cpu(self._fwd),
             "scale": self._scale,
             "m": self._m,
             "s": self._s,
@@ -364,6 +370,12 @@ class SequentialMMDTest(SequentialTest):
             self._Xn[:T] = (x * x).sum(dim=1)
             self._Yn[:T] = (y * y).sum(dim=1)
             self._T = T
+            if self._fwd is not None:
+                fwd = sd.get("fwd")
+                if fwd is not None and tuple(fwd.shape) == (T,):
+                    self._fwd[:T] = fwd.to(device=dev, dtype=self.dtype)
+                else:  # a state saved without it (older versions)
+                    self._recompute_fwd()
         self._scale = float(sd["scale"])
         self._m = float(sd["m"])
         self._s = float(sd["s"])
@@ -450,13 +462,17 @@ class SequentialMMDTest(SequentialTest):
         kw = {"device": dev, "dtype": self.dtype}
         X, Y = torch.empty(new_cap, d, **kw), torch.empty(new_cap, d, **kw)
         Xn, Yn, a = (torch.empty(new_cap, **kw) for _ in range(3))
+        fwd = torch.empty(new_cap, **kw) if self.max_witness_points is not None else None
         T = self._T
         if T and self._X is not None:
             assert self._Y is not None and self._Xn is not None and self._Yn is not None
             assert self._a is not None
             X[:T], Y[:T] = self._X[:T], self._Y[:T]
             Xn[:T], Yn[:T], a[:T] = self._Xn[:T], self._Yn[:T], self._a[:T]
+            if fwd is not None and self._fwd is not None:
+                fwd[:T] = self._fwd[:T]
         self._X, self._Y, self._Xn, self._Yn, self._a = X, Y, Xn, Yn, a
+        self._fwd = fwd
 
     def _block_rows(self, n_new: int) -> int:
         # one [B, 2n] kernel block: ~2^23 elements (64 MiB in float64) on accelerators; on the
@@ -493,16 +509,8 @@ class SequentialMMDTest(SequentialTest):
 
         # old part: r_j = sum_{i < T} a_i (k(x_i, q_j) - k(y_i, q_j)), blocked over past points
         T = self._T
-        r = torch.zeros(2 * n, device=dev, dtype=self.dtype)
-        if T:
-            assert self._X is not None and self._Y is not None and self._a is not None
-            assert self._Xn is not None and self._Yn is not None
-            B = self._block_rows(n)
-            for b0 in range(0, T, B):
-                b1 = min(T, b0 + B)
-                a = self._a[b0:b1]
-                r += a @ self._kernel(self._X[b0:b1], self._Xn[b0:b1], Q, Qn)
-                r -= a @ self._kernel(self._Y[b0:b1], self._Yn[b0:b1], Q, Qn)
+        track = cap is not None  # keep fwd for the FIFO drops that start once the cap is hit
+        r, gram = self._stored_part(Q, Qn, n, T, track)
         old = r[:n] - r[n:]
         # in-chunk block: Ht[j, i] = h_i(j) = k(x_i,x_j) - k(x_i,y_j) - k(y_i,x_j) + k(y_i,y_j)
         K = self._kernel(Q, Qn, Q, Qn)
@@ -525,7 +533,12 @@ class SequentialMMDTest(SequentialTest):
         self._Y[T : T + n] = zy
         self._Xn[T : T + n] = Qn[:n]
         self._Yn[T : T + n] = Qn[n:]
-        self._a[T : T + n] = torch.from_numpy(a_new).to(device=dev, dtype=self.dtype)
+        a_dev = torch.from_numpy(a_new).to(device=dev, dtype=self.dtype)
+        self._a[T : T + n] = a_dev
+        if track:
+            assert self._fwd is not None
+            self._update_fwd(T, gram, a_dev, pending, torch.arange(T, T + n, device=dev),
+                             host_np[:, 2:], a_new)
         self._T = T + n
         return v
 
@@ -549,7 +562,9 @@ class SequentialMMDTest(SequentialTest):
         P, Pn = torch.cat([X, Y]), torch.cat([Xn, Yn])
         w = torch.cat([a, -a])  # f = S * sum_k w_k k(p_k, .)
         total = torch.zeros((), dtype=f64, device=X.device)
-        B = max(16, (1 << 22) // (2 * T))  # a [B, 2T] block: at most ~32 MiB
+        # a [B, 2T] block: ~2^17 elements (cache-resident) on the CPU, ~2^22 on accelerators
+        budget = 1 << (17 if X.device.type == "cpu" else 22)
+        B = max(16, budget // (2 * T))
         for b0 in range(0, 2 * T, B):
             b1 = min(2 * T, b0 + B)
             total += w[b0:b1] @ (self._kernel(P[b0:b1], Pn[b0:b1], P, Pn) @ w)
@@ -593,25 +608,21 @@ class SequentialMMDTest(SequentialTest):
         ev = (self._head + torch.arange(E, device=dev)) % max(buf, 1)
         ex, ey = self._X[ev], self._Y[ev]
         N = n + E
+        # stored part, against the NEW points only: r_q = sum_{i stored} a_i (k(x_i,q)-k(y_i,q))
+        # and the Gram block <g_i, g_j> (stored i, new j) that updates fwd afterwards
+        Qs = torch.cat([zx, zy])
+        Qsn = (Qs * Qs).sum(dim=1)
+        r, gram = self._stored_part(Qs, Qsn, n, T, True)
+        old = r[:n] - r[n:]  # f_start(x_j) - f_start(y_j) of new pair j, units of S
+        # in-chunk block over [new pairs, dropped pairs]: H[i, j] = <g_i, g_j>
         Q = torch.cat([zx, ex, zy, ey])  # [2N, d]: x parts (new, dropped), then y parts
         Qn = (Q * Q).sum(dim=1)
-
-        # stored part against new AND dropped points: r_q = sum_{i stored} a_i (k(x_i,q)-k(y_i,q))
-        r = torch.zeros(2 * N, device=dev, dtype=self.dtype)
-        B = self._block_rows(N)
-        for b0 in range(0, T, B):
-            b1 = min(T, b0 + B)
-            a = self._a[b0:b1]
-            r += a @ self._kernel(self._X[b0:b1], self._Xn[b0:b1], Q, Qn)
-            r -= a @ self._kernel(self._Y[b0:b1], self._Yn[b0:b1], Q, Qn)
-        fv = r[:N] - r[N:]  # f_start(x) - f_start(y): new pairs j (first n), dropped pairs e
-        old, u = fv[:n], fv[n:]
         K = self._kernel(Q, Qn, Q, Qn)
-        # H[i, j] = <g_i, g_j> over [new pairs, dropped pairs]
         H = K[:N, :N] - K[:N, N:] - K[N:, :N] + K[N:, N:]
         g2 = 2.0 - 2.0 * torch.exp(-0.5 * (zx - zy).square().sum(dim=1))
         g2e = 2.0 - 2.0 * torch.exp(-0.5 * (ex - ey).square().sum(dim=1))
-        flat = torch.cat([old, g2, u, g2e, self._a[ev], H.reshape(-1)])
+        assert self._fwd is not None
+        flat = torch.cat([old, g2, self._fwd[ev], g2e, self._a[ev], H.reshape(-1)])
         host = flat.to("cpu", torch.float64).numpy()  # the ONE device-to-host copy
         o = 0
         parts = []
@@ -619,6 +630,10 @@ class SequentialMMDTest(SequentialTest):
             parts.append(host[o : o + size])
             o += size
         Hh = host[o:].reshape(n + E, n + E)
+        # f_start at dropped pair e: the pairs that outlive it (fwd) plus the older stored pairs,
+        # which are exactly the dropped pairs e' < e of this chunk (FIFO)
+        Hee = Hh[n:, n:]
+        parts[2] = parts[2] + np.triu(Hee, 1).T @ parts[4]
 
         v, a_new, pending = self._recursion_capped(*parts, Hh, n, E)
 
@@ -629,7 +644,9 @@ class SequentialMMDTest(SequentialTest):
         self._Y[pos] = zy
         self._Xn[pos] = Qn[:n]
         self._Yn[pos] = Qn[N : N + n]
-        self._a[pos] = torch.from_numpy(a_new).to(device=dev, dtype=self.dtype)
+        a_dev = torch.from_numpy(a_new).to(device=dev, dtype=self.dtype)
+        self._a[pos] = a_dev
+        self._update_fwd(T, gram, a_dev, pending, pos, Hh[:n, :n], a_new)
         self._head = (self._head + E) % buf
         self._T = cap
         self._n_evicted += E
@@ -637,6 +654,75 @@ class SequentialMMDTest(SequentialTest):
         if self._since_refresh >= _REFRESH_FACTOR * cap:
             self._refresh_norm()
         return v
+
+    def _stored_part(self, Q: torch.Tensor, Qn: torch.Tensor, n: int, T: int, gram: bool
+                     ) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """Witness of the T stored pairs (physical slots 0..T-1) at the 2n query points
+        ``Q = [x parts; y parts]``: ``r_q = sum_i a_i (k(x_i, q) - k(y_i, q))`` (units of S),
+        blocked over stored pairs. With ``gram`` also the block ``<g_i, g_j>`` [T, n] (stored
+        pair i, new pair j), which the kernel values give for free."""
+        dev = Q.device
+        r = torch.zeros(2 * n, device=dev, dtype=self.dtype)
+        G = torch.empty(T, n, device=dev, dtype=self.dtype) if gram and T else None
+        if T:
+            assert self._X is not None and self._Y is not None and self._a is not None
+            assert self._Xn is not None and self._Yn is not None
+            B = self._block_rows(n)
+            for b0 in range(0, T, B):
+                b1 = min(T, b0 + B)
+                a = self._a[b0:b1]
+                kx = self._kernel(self._X[b0:b1], self._Xn[b0:b1], Q, Qn)
+                ky = self._kernel(self._Y[b0:b1], self._Yn[b0:b1], Q, Qn)
+                r += a @ kx
+                r -= a @ ky
+                if G is not None:
+                    kx -= ky  # k(x_i, q) - k(y_i, q)
+                    torch.sub(kx[:, :n], kx[:, n:], out=G[b0:b1])
+        return r, G
+
+    def _update_fwd(self, T: int, gram: torch.Tensor | None, a_new: torch.Tensor,
+                    pending: float, pos: torch.Tensor, H_new: np.ndarray,
+                    a_new_host: np.ndarray) -> None:
+        """Maintain ``fwd_i = sum_{l stored, l no older than i} a_l <g_l, g_i>`` after a chunk:
+        the stored pairs gain the new pairs' terms (their coefficients rescaled by ``pending``
+        first), the new pair j gets the in-chunk terms of pairs j' >= j. Pairs dropped later
+        never enter it, so FIFO drops need no update; each value lives at most
+        ``max_witness_points`` pairs, so its rounding stays bounded."""
+        assert self._fwd is not None
+        if T:
+            f = self._fwd[:T]
+            if pending != 1.0:
+                f.mul_(pending)
+            if gram is not None:
+                f.add_(gram @ a_new)
+        fwd_new = np.triu(H_new) @ a_new_host  # H is symmetric
+        self._fwd[pos] = torch.from_numpy(fwd_new).to(device=self._fwd.device,
+                                                      dtype=self.dtype)
+
+    def _recompute_fwd(self) -> None:
+        """fwd from scratch over the stored pairs (logical order), blocked over rows: for
+        states saved without it."""
+        T = self._T
+        if T == 0 or self._X is None:
+            return
+        assert self._Y is not None and self._a is not None and self._fwd is not None
+        assert self._Xn is not None and self._Yn is not None
+        order = self._logical_order()
+        idx = torch.arange(T, device=self._X.device) if order is None else order
+        X, Y, a = self._X[idx], self._Y[idx], self._a[idx]
+        Xn, Yn = self._Xn[idx], self._Yn[idx]
+        Q, Qn = torch.cat([X, Y]), torch.cat([Xn, Yn])
+        out = torch.empty(T, dtype=self.dtype, device=X.device)
+        cols = torch.arange(T, device=X.device)
+        B = max(16, (1 << 20) // (2 * T))
+        for b0 in range(0, T, B):
+            b1 = min(T, b0 + B)
+            kx = self._kernel(X[b0:b1], Xn[b0:b1], Q, Qn)
+            kx -= self._kernel(Y[b0:b1], Yn[b0:b1], Q, Qn)
+            h = kx[:, :T] - kx[:, T:]  # <g_i, g_l>, rows i in [b0, b1), all l
+            keep = cols.unsqueeze(0) >= torch.arange(b0, b1, device=X.device).unsqueeze(1)
+            out[b0:b1] = (h * keep) @ a
+        self._fwd[idx] = out
 
     def _recursion_capped(
         self,
