@@ -10,7 +10,8 @@ the figure of merit is the ratio of the median per-step CPU times of the trainin
 auditor's own share is also
 measured by timing its step pre-hook (observation + decisions) and its injection wrapper.
 
-    python benchmarks/overhead.py [--reps 15] [--block 15] [--warmup 100] [--modes hooks,ghost]
+    python benchmarks/overhead.py [--trials 3] [--reps 15] [--block 15] [--warmup 100]
+                                  [--modes hooks,ghost] [--batches 64,256]
 """
 
 from __future__ import annotations
@@ -135,8 +136,42 @@ def instrument(aud: PrivacyAuditor) -> dict[str, float]:
     return acc
 
 
+def one_trial(mode: str, batch: int, trial: int, args: argparse.Namespace) -> dict[str, Any]:
+    """Two identical private setups (seed = trial); the auditor goes on the first in even trials
+    and on the second in odd ones (memory placement effects average out); interleaved blocks."""
+    pair = [make(mode, trial, args.n, batch), make(mode, trial, args.n, batch)]
+    audited, base = (pair[0], pair[1]) if trial % 2 == 0 else (pair[1], pair[0])
+    aud = PrivacyAuditor(audited["engine"], audited["opt"], audited["dl"], seed=trial)
+    acc = instrument(aud)
+    run_block(base, args.warmup)
+    run_block(audited, args.warmup)
+    acc["hook"] = acc["inject"] = 0.0
+    w_base, w_aud, c_base, c_aud = [], [], [], []
+    for r in range(args.reps):
+        first, second = (base, audited) if r % 2 == 0 else (audited, base)
+        a = run_block(first, args.block)
+        b = run_block(second, args.block)
+        ra, rb = (a, b) if first is base else (b, a)  # (base, audited)
+        w_base.append(ra[0])
+        w_aud.append(rb[0])
+        c_base.append(ra[1])
+        c_aud.append(rb[1])
+    steps = args.reps * args.block
+    out = {
+        "n_params": base["n_params"], "check_every": aud.check_every,
+        "cpu_base": statistics.median(c_base), "cpu_aud": statistics.median(c_aud),
+        "cpu_paired": statistics.median(a / b for a, b in zip(c_aud, c_base)),
+        "wall_ratio": statistics.median(w_aud) / statistics.median(w_base),
+        "inject": acc["inject"] / steps, "hook": acc["hook"] / steps,
+    }
+    out["cpu_ratio"] = out["cpu_aud"] / out["cpu_base"]
+    aud.detach()
+    return out
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--trials", type=int, default=3)
     ap.add_argument("--reps", type=int, default=15)
     ap.add_argument("--block", type=int, default=15)
     ap.add_argument("--warmup", type=int, default=100)
@@ -149,40 +184,22 @@ def main() -> None:
     rows = []
     combos = [(m, int(b)) for b in args.batches.split(",") for m in args.modes.split(",")]
     for mode, batch in combos:
-        base = make(mode, 0, args.n, batch)
-        audited = make(mode, 0, args.n, batch)
-        aud = PrivacyAuditor(audited["engine"], audited["opt"], audited["dl"], seed=0)
-        acc = instrument(aud)
-        run_block(base, args.warmup)
-        run_block(audited, args.warmup)
-        acc["hook"] = acc["inject"] = 0.0
-        w_base, w_aud, c_base, c_aud = [], [], [], []
-        for r in range(args.reps):
-            first, second = (base, audited) if r % 2 == 0 else (audited, base)
-            a = run_block(first, args.block)
-            b = run_block(second, args.block)
-            ra, rb = (a, b) if first is base else (b, a)  # (base, audited)
-            w_base.append(ra[0])
-            w_aud.append(rb[0])
-            c_base.append(ra[1])
-            c_aud.append(rb[1])
-        wb, wa = statistics.median(w_base), statistics.median(w_aud)
-        cb, ca = statistics.median(c_base), statistics.median(c_aud)
-        w_paired = statistics.median(a / b for a, b in zip(w_aud, w_base))
-        c_paired = statistics.median(a / b for a, b in zip(c_aud, c_base))
-        steps = args.reps * args.block
-        inj, hk = 1e3 * acc["inject"] / steps, 1e3 * acc["hook"] / steps
-        rows.append([mode, batch, base["n_params"], aud.check_every, args.warmup + steps,
-                     1e3 * cb, 1e3 * ca, ca / cb, c_paired, wa / wb, w_paired, inj, hk])
-        print(f"{mode} batch {batch}: CPU unaudited {1e3 * cb:.2f} ms/step, audited "
-              f"{1e3 * ca:.2f} ms/step, ratio {ca / cb:.3f} (paired {c_paired:.3f}); wall ratio "
-              f"{wa / wb:.3f} (paired {w_paired:.3f}); injection {inj:.2f} ms, observation + "
-              f"tests {hk:.2f} ms per step", flush=True)
-        aud.detach()
+        res = [one_trial(mode, batch, t, args) for t in range(args.trials)]
+        med = {k: statistics.median(r[k] for r in res) for k in res[0]}
+        per_trial = ", ".join(f"{r['cpu_ratio']:.3f}" for r in res)
+        rows.append([mode, batch, res[0]["n_params"], res[0]["check_every"],
+                     args.warmup + args.reps * args.block, 1e3 * med["cpu_base"],
+                     1e3 * med["cpu_aud"], med["cpu_ratio"], per_trial, med["cpu_paired"],
+                     med["wall_ratio"], 1e3 * med["inject"], 1e3 * med["hook"]])
+        print(f"{mode} batch {batch}: CPU unaudited {1e3 * med['cpu_base']:.2f} ms/step, audited "
+              f"{1e3 * med['cpu_aud']:.2f} ms/step; ratio {med['cpu_ratio']:.3f} (trials "
+              f"{per_trial}; paired {med['cpu_paired']:.3f}); wall ratio "
+              f"{med['wall_ratio']:.3f}; injection {1e3 * med['inject']:.2f} ms, observation + "
+              f"tests {1e3 * med['hook']:.2f} ms per step", flush=True)
     table = markdown_table(
         ["mode", "batch", "params", "check_every", "audited steps at end",
-         "unaudited CPU ms/step", "audited CPU ms/step", "CPU ratio of medians",
-         "CPU median paired ratio", "wall ratio of medians", "wall median paired ratio",
+         "unaudited CPU ms/step", "audited CPU ms/step", "CPU ratio (median of trials)",
+         "CPU ratio per trial", "CPU median paired ratio", "wall ratio",
          "injection CPU ms/step", "observation+tests CPU ms/step"], rows)
     print(table)
     if not args.no_write:
@@ -193,14 +210,16 @@ def main() -> None:
             f"{args.batches} (Poisson, n = {args.n}), one thread; auditor with default settings "
             "(16 pairs, 1000 one-run canaries, canary norm 25, both sequential tests). Audited "
             "and unaudited setups live in the same process; "
-            f"{args.reps} interleaved blocks of {args.block} steps after {args.warmup} warm-up "
-            "steps (the MMD witness is full, at its 1024-pair cap, after 64 steps). The figure of "
-            "merit is the CPU time of the training thread (everything runs on it: one torch "
-            "thread, no data-loader workers), which other processes on a shared machine barely "
-            "disturb; wall-clock ratios are shown beside it. Ratio of the median per-step times, "
-            "and median of the ratios of adjacent (paired) blocks. The last two columns time the "
-            "auditor's own code (injection wrapper without Opacus's clipping calls; step "
-            "pre-hook: observation, "
+            f"{args.trials} trials; each builds two identical setups (the auditor on the first "
+            "in even trials, on the second in odd ones, so that memory placement averages out) "
+            f"and runs {args.reps} interleaved blocks of {args.block} steps after "
+            f"{args.warmup} warm-up steps (the MMD witness is full, at its 1024-pair cap, after "
+            "64 steps). The figure of merit is the CPU time of the training thread (everything "
+            "runs on it: one torch thread, no data-loader workers): the ratio of the median "
+            "per-step times, median over trials (each trial's ratio is listed; the paired "
+            "column is the median ratio of adjacent blocks, the wall column the wall-clock "
+            "ratio). The last two columns time the auditor's own code (injection wrapper "
+            "without Opacus's clipping calls; step pre-hook: observation, "
             "sequential tests, claimed epsilon).\n\n" + table + "\n")
         write_section("overhead", body)
 

@@ -590,7 +590,7 @@ class PrivacyAuditor:
             # accelerators: the finiteness of the buffered steps is checked here, at the one
             # synchronisation per check interval, so the statistics never see a NaN
             steps = list(obs.buffer_steps)
-            obs.drain()
+            obs.drain(record=False)
             obs.nonfinite.zero_()
             raise ValueError(f"non-finite gradient at canary coordinates during steps "
                              f"{steps[0]}..{steps[-1]}: those observations are discarded and this "
@@ -761,7 +761,10 @@ class PrivacyAuditor:
             "seed_policy": self.seed_policy,
             "design": self.design.to_state(),
             "coins": {"in": mask, "revealed": revealed},
-            "mechanics_rng": self._mechanics.get_state(),
+            # the role coins and inclusions are drawn in blocks of steps: the generator state
+            # at the current block's start and the position in it resume them exactly
+            "mechanics_rng": self._injector.draw_position()[0],
+            "mechanics_pos": self._injector.draw_position()[1],
             "observer": self._observer.state_dict(),
             "injector": {"insertions": self._injector.insertions,
                          "one_run_insertions": self._injector.one_run_insertions,
@@ -847,6 +850,7 @@ class PrivacyAuditor:
         self.design, self._coins, self._mechanics = design, coins, mechanics
         self.seed_policy = str(sd["seed_policy"])
         self._injector = self._make_injector()
+        self._injector.resume_draws(int(sd.get("mechanics_pos", 0)))
         if was_attached:
             self._injector.attach()
         inj = sd["injector"]

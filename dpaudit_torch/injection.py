@@ -43,6 +43,7 @@ from typing import Any
 import numpy as np
 import torch
 
+from ._step_kernels import plan_step
 from .canaries import CanaryDesign, SecretCoins
 
 logger = logging.getLogger(__name__)
@@ -120,6 +121,9 @@ class StepRecord:
     n_one_run: int  # one-run canaries included this step
     injected: bool  # False on DDP ranks other than 0
     included: torch.Tensor | None = None  # [n] one-run canaries included (host; private)
+    entry_param: np.ndarray | None = None  # [n_rows] parameter tensor of each row's entry
+    entry_flat: np.ndarray | None = None  # [n_rows] flat index of each row's entry
+    entry_index: np.ndarray | None = None  # [n_rows] position in the step's rows buffer
 
 
 class Injector:
@@ -177,7 +181,20 @@ class Injector:
         self._pair_b_np = design.pair_b.numpy().astype(np.int64)
         self._one_param_np = design.one_param.numpy().astype(np.int64)
         self._one_flat_np = design.one_flat.numpy().astype(np.int64)
+        self._in_mask_np = coins._mask().numpy()  # shares memory with the private coins
+        # design constants of plan_step in one array: pair_param, pair_a, pair_b (k each),
+        # one_param, one_flat (m each), offsets, numel (one per parameter tensor)
+        self._consts = np.concatenate([self._pair_param_np, self._pair_a_np, self._pair_b_np,
+                                       self._one_param_np, self._one_flat_np,
+                                       self._offsets_np, self._numel_np]).astype(np.int64)
+        # uniforms drawn ahead for this many steps (at most ~2^16 numbers)
+        self._draw_block = max(1, min(64, (1 << 16) // (self._k + design.m_canaries)))
+        self._draws: np.ndarray | None = None
+        self._draw_state: torch.Tensor | None = None
+        self._draw_pos = 0
+        self._resume_pos = 0
         self._zero_buf: torch.Tensor | None = None
+        self._views: dict[tuple[int, torch.dtype], list[torch.Tensor]] = {}
         self._ghost_values: dict[tuple[float, torch.dtype, torch.device], torch.Tensor] = {}
         self._param_ids = [id(p) for p in params]
         #: called with the exception when the auditor's own part of a step fails (the auditor
@@ -220,27 +237,31 @@ class Injector:
         return getattr(type(opt), self._attr).__get__(opt, type(opt))
 
     def _plan(self) -> StepRecord:
-        """Draw this step's role coins and Poisson inclusions (host) and fill a StepRecord."""
+        """Draw this step's role coins and Poisson inclusions (host) and fill a StepRecord:
+        k + m uniforms from the auditor's own stream (drawn in blocks of steps), one compiled
+        call (:func:`~dpaudit_torch._step_kernels.plan_step`) for coins, inclusions and the rows'
+        entries."""
         opt = self.optimizer
-        g = self.mechanics
-        coins_cpu = torch.rand(self._k, generator=g) < 0.5
-        m = self.design.m_canaries
-        incl = ((torch.rand(m, generator=g, dtype=torch.float64) < self.sample_rate)
-                & self.coins._mask())
+        coins, included, e_param, e_flat, e_index = plan_step(
+            self._uniforms(), self._in_mask_np, self.sample_rate, self._consts, self._k,
+            self.design.m_canaries, len(self.params))
         clip = per_param_clip(opt, len(self.params))
         if self.ghost:
             acc = 1
-        else:
-            acc = int(opt.accumulated_iterations)
+        else:  # Opacus's accumulated_iterations, read off one parameter (they all agree)
+            gs = self.params[0].grad_sample
+            acc = len(gs) if isinstance(gs, list) else 1
         world = int(getattr(opt, "world_size", 1))
         if opt.loss_reduction == "mean":
             denom = float(opt.expected_batch_size) * acc * world
         else:
             denom = float(world) if world > 1 else 1.0
         unit_scale = [denom / c if c > 0 else math.nan for c in clip]
-        n_one = int(incl.sum())
-        rec = StepRecord(
-            coins=coins_cpu.to(self.device, non_blocking=True),
+        coins_cpu = torch.from_numpy(coins)
+        n_one = int(included.shape[0])
+        return StepRecord(
+            coins=(coins_cpu if self.device.type == "cpu"
+                   else coins_cpu.to(self.device, non_blocking=True)),
             coins_cpu=coins_cpu,
             clip=clip,
             unit_scale=unit_scale,
@@ -249,29 +270,54 @@ class Injector:
             n_rows=self._k + n_one,
             n_one_run=n_one,
             injected=self.injects,
-            included=torch.nonzero(incl).reshape(-1),
+            included=torch.from_numpy(included),
+            entry_param=e_param,
+            entry_flat=e_flat,
+            entry_index=e_index,
         )
-        return rec
+
+    def _uniforms(self) -> np.ndarray:
+        """The next step's k + m uniforms. They are drawn from the ``mechanics`` generator for
+        a block of steps at once (one call instead of one per step); the generator state at
+        the block's start and the position in it make a checkpoint exact
+        (:meth:`draw_position`, :meth:`resume_draws`)."""
+        if self._draws is None or self._draw_pos >= self._draws.shape[0]:
+            self._draw_state = self.mechanics.get_state()
+            self._draws = torch.rand(self._draw_block, self._k + self.design.m_canaries,
+                                     generator=self.mechanics, dtype=torch.float64).numpy()
+            self._draw_pos = self._resume_pos
+            self._resume_pos = 0
+        u = self._draws[self._draw_pos]
+        self._draw_pos += 1
+        return u
+
+    def draw_position(self) -> tuple[torch.Tensor, int]:
+        """(generator state, steps already used) that reproduce the coming draws exactly."""
+        if self._draws is None:
+            return self.mechanics.get_state(), self._resume_pos
+        assert self._draw_state is not None
+        return self._draw_state, self._draw_pos
+
+    def resume_draws(self, steps_used: int) -> None:
+        """The generator was just set to a block's start state: skip its first ``steps_used``
+        rows at the next draw."""
+        if not 0 <= int(steps_used) < self._draw_block:
+            raise ValueError(f"draw position {steps_used!r} outside [0, {self._draw_block})")
+        self._draws, self._draw_state, self._draw_pos = None, None, 0
+        self._resume_pos = int(steps_used)
 
     def _step_coordinates(self, rec: StepRecord) -> tuple[np.ndarray, np.ndarray]:
         """(parameter index, flat index) of every canary injected this step, in row order:
-        the k pair canaries (the coin picks a_j or b_j), then the included one-run canaries.
-        Tiny host arithmetic (k + a few entries)."""
-        inc = rec.included.numpy()
-        params = np.concatenate([self._pair_param_np, self._one_param_np[inc]])
-        flats = np.concatenate([np.where(rec.coins_cpu.numpy(), self._pair_a_np, self._pair_b_np),
-                                self._one_flat_np[inc]])
-        return params, flats
+        the k pair canaries (the coin picks a_j or b_j), then the included one-run canaries."""
+        assert rec.entry_param is not None and rec.entry_flat is not None
+        return rec.entry_param, rec.entry_flat
 
     def _canary_index(self, rec: StepRecord) -> tuple[np.ndarray, np.ndarray]:
         """Flat positions (and parameter tensor) of this step's canary entries in the rows
         buffer: parameter i's rows are the contiguous block ``[R * off_i, R * (off_i + numel_i))``
         viewed as [R, numel_i], R = ``rec.n_rows``."""
-        n_rows = rec.n_rows
-        params, flats = self._step_coordinates(rec)
-        rows = np.arange(n_rows, dtype=np.int64)
-        index = n_rows * self._offsets_np[params] + rows * self._numel_np[params] + flats
-        return index, params
+        assert rec.entry_index is not None and rec.entry_param is not None
+        return rec.entry_index, rec.entry_param
 
     def _rows_buffer(self, size: int, dtype: torch.dtype) -> torch.Tensor:
         """A persistent all-zero buffer of at least ``size`` elements (grown geometrically).
@@ -283,7 +329,20 @@ class Injector:
             cap = size if buf is None or buf.dtype != dtype else max(size, 2 * buf.numel())
             buf = torch.zeros(cap, dtype=dtype, device=self.device)
             self._zero_buf = buf
+            self._views.clear()  # views of the old buffer
         return buf[:size]
+
+    def _row_views(self, n_rows: int, dtype: torch.dtype) -> list[torch.Tensor]:
+        """Per parameter, the [R, *shape] view of the rows buffer for R = ``n_rows`` rows
+        (cached per R: a step then creates no tensors for its rows)."""
+        key = (n_rows, dtype)
+        views = self._views.get(key)
+        if views is None:
+            buf = self._rows_buffer(n_rows * self._d_total, dtype)
+            views = [buf[n_rows * off:n_rows * (off + int(p.numel()))].view((n_rows,) + p.shape)
+                     for off, p in zip(self._offsets, self.params)]
+            self._views[key] = views
+        return views
 
         # ------------------------------------------------------------------ the wrappers
     def check_params(self) -> None:
@@ -332,25 +391,26 @@ class Injector:
             n_rows = rec.n_rows
             saved = [p.grad_sample for p in params]
             written: torch.Tensor | None = None
-            buf: torch.Tensor | None = None
+            views: list[torch.Tensor] = []
             try:
                 ref0 = saved[0][-1] if isinstance(saved[0], list) else saved[0]
                 index, which = self._canary_index(rec)
-                buf = self._rows_buffer(n_rows * self._d_total, ref0.dtype)
-                written = torch.from_numpy(index).to(self.device, non_blocking=True)
+                views = self._row_views(n_rows, ref0.dtype)
+                buf = self._zero_buf
+                assert buf is not None
+                written = torch.from_numpy(index)
+                if written.device != buf.device:
+                    written = written.to(buf.device, non_blocking=True)
                 clip = rec.clip
                 if all(c == clip[0] for c in clip):
                     buf.index_fill_(0, written, self.canary_norm * clip[0])
                 else:
                     vals = torch.from_numpy(self.canary_norm * np.asarray(clip)[which])
-                    buf.index_copy_(0, written, vals.to(device=self.device, dtype=buf.dtype))
-                for i, p in enumerate(params):
-                    start = n_rows * self._offsets[i]
-                    rows = buf[start:start + n_rows * int(p.numel())].view((n_rows,) + p.shape)
-                    gs = saved[i]
+                    buf.index_copy_(0, written, vals.to(device=buf.device, dtype=buf.dtype))
+                for p, rows, gs in zip(params, views, saved):
                     ref = gs[-1] if isinstance(gs, list) else gs
                     if rows.dtype != ref.dtype or rows.device != ref.device:
-                        rows = rows.to(device=ref.device, dtype=ref.dtype)
+                        rows = rows.to(device=ref.device, dtype=ref.dtype)  # a copy
                     p.grad_sample = rows
                 original()
                 self._count(rec)
@@ -363,8 +423,11 @@ class Injector:
             finally:
                 for p, gs in zip(params, saved):
                     p.grad_sample = gs
-                if written is not None and buf is not None:
-                    buf.index_fill_(0, written, 0.0)  # the buffer is all zeros again
+                for v in views:  # Opacus marks what it clipped; the cached views are reused
+                    if hasattr(v, "_processed"):
+                        del v._processed
+                if written is not None and self._zero_buf is not None:
+                    self._zero_buf.index_fill_(0, written, 0.0)  # all zeros again
         self._pending = rec
         return result
 

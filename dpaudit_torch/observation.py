@@ -80,6 +80,7 @@ class Observer:
         # spread of the observation at the non-canary coordinate (W + noise)
         self.y_sum = torch.zeros((), dtype=torch.float64, device=dev)
         self.y_sumsq = torch.zeros((), dtype=torch.float64, device=dev)
+        self.y_count = 0  # observations summed into y_sum (drained steps x k)
         self.nonfinite = torch.zeros((), dtype=torch.bool, device=dev)
         self.last_projection: torch.Tensor | None = None
 
@@ -180,8 +181,6 @@ class Observer:
         self.buffer_ok.append(fin)
         if self.m:
             self.scores += vals[2 * k:]
-        self.y_sum += y.sum()
-        self.y_sumsq += (y * y).sum()
         if sums is not None:  # W at the non-canary coordinate of each pair (pre-noise sum)
             w = torch.where(c, sums[k:2 * k], sums[:k])
             w = torch.where(torch.isfinite(w), w, torch.zeros_like(w))
@@ -193,10 +192,11 @@ class Observer:
         self.last_projection = vals
         return vals
 
-    def drain(self, skip_nonfinite: bool = False
+    def drain(self, skip_nonfinite: bool = False, record: bool = True
               ) -> tuple[torch.Tensor, torch.Tensor, list[int], list[float]]:
         """Buffered pairs as [n_steps, k] tensors (on device), their steps and sigmas; clears.
-        With ``skip_nonfinite`` the steps flagged non-finite are removed (and counted)."""
+        With ``skip_nonfinite`` the steps flagged non-finite are removed (and counted);
+        ``record=False`` discards them without adding them to the observation spread."""
         if not self.buffer_x:
             empty = torch.zeros((0, self.k), dtype=torch.float64, device=self.device)
             return empty, empty, [], []
@@ -214,7 +214,17 @@ class Observer:
                 x, y = x[idx.to(x.device)], y[idx.to(y.device)]
                 steps = [s for s, kp in zip(steps, keep.tolist()) if kp]
                 sig = [s for s, kp in zip(sig, keep.tolist()) if kp]
+        if record:
+            self._add_y_stats(y)
         return x, y, steps, sig
+
+    def _add_y_stats(self, y: torch.Tensor) -> None:
+        """Spread of the observation at the non-canary coordinates (interference + noise),
+        accumulated once per drained chunk rather than per step."""
+        if y.numel():
+            self.y_sum += y.sum()
+            self.y_sumsq += (y * y).sum()
+            self.y_count += int(y.numel())
 
     def state_dict(self) -> dict[str, Any]:
         """Checkpoint (CPU tensors and plain types); buffered pairs included."""
@@ -231,7 +241,7 @@ class Observer:
             "buffer_steps": list(self.buffer_steps), "buffer_sigma": list(self.buffer_sigma),
             "w_sum": cpu(self.w_sum), "w_sumsq": cpu(self.w_sumsq),
             "w_maxabs": cpu(self.w_maxabs), "w_count": self.w_count,
-            "y_sum": cpu(self.y_sum), "y_sumsq": cpu(self.y_sumsq),
+            "y_sum": cpu(self.y_sum), "y_sumsq": cpu(self.y_sumsq), "y_count": self.y_count,
             "nonfinite": cpu(self.nonfinite), "skipped_nonfinite": self.skipped_nonfinite,
         }
 
@@ -255,6 +265,8 @@ class Observer:
             setattr(self, name, sd[name].to(dev, torch.float64).clone())
         self.nonfinite = sd["nonfinite"].to(dev).clone()
         self.w_count = int(sd["w_count"])
+        # states from before y was summed at drain time counted every observed step
+        self.y_count = int(sd.get("y_count", (self.steps - n) * self.k))
         self.skipped_nonfinite = int(sd["skipped_nonfinite"])
 
     def interference_summary(self, sigma: float | None) -> dict[str, Any]:
@@ -262,10 +274,14 @@ class Observer:
         out: dict[str, Any] = {"units": "C (clipping bound)",
                                "coordinates": "non-canary coordinate of each sequential pair",
                                "read_every_steps": self.interference_every}
-        n_y = self.steps * self.k
+        y_sum, y_sumsq, n_y = float(self.y_sum), float(self.y_sumsq), self.y_count
+        if self.buffer_y:  # steps not drained yet
+            yb = torch.stack(self.buffer_y)
+            y_sum, y_sumsq, n_y = (y_sum + float(yb.sum()), y_sumsq + float((yb * yb).sum()),
+                                   n_y + int(yb.numel()))
         if n_y:
-            ym = float(self.y_sum) / n_y
-            yv = max(float(self.y_sumsq) / n_y - ym * ym, 0.0)
+            ym = y_sum / n_y
+            yv = max(y_sumsq / n_y - ym * ym, 0.0)
             out["observation_std"] = math.sqrt(yv)
             if sigma is not None and math.isfinite(sigma):
                 out["std_from_observation_minus_noise"] = math.sqrt(max(yv - sigma * sigma, 0.0))

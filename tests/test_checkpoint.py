@@ -18,6 +18,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import pytest
 import torch
 
@@ -133,7 +134,9 @@ def test_state_dict_is_torch_saveable_plain(tmp_path):
     assert torch.equal(other._coins._mask(), aud._coins._mask())
     assert other.step == aud.step == 4
     assert torch.equal(other._observer.scores, aud._observer.scores)
-    assert other._mechanics.get_state().equal(aud._mechanics.get_state())
+    # the coming role coins and inclusions are the same (drawn in blocks of steps)
+    for _ in range(70):
+        np.testing.assert_array_equal(other._injector._uniforms(), aud._injector._uniforms())
 
 
 @pytest.mark.parametrize("change,needle", [

