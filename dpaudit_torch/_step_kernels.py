@@ -18,7 +18,7 @@ __all__ = ["plan_step"]
 @njit(cache=True, nogil=True)
 def plan_step(u: np.ndarray, in_mask: np.ndarray, sample_rate: float, consts: np.ndarray,
               k: int, m: int, n_params: int
-              ) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+              ) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
     """One logical step's canary plan from k + m uniforms ``u`` (the auditor's own stream).
 
     ``consts`` holds, in order, pair_param, pair_a, pair_b (k each), one_param, one_flat (m
@@ -29,9 +29,11 @@ def plan_step(u: np.ndarray, in_mask: np.ndarray, sample_rate: float, consts: np
     pairs, then the included one-run canaries in index order.
 
     Returns (coins [k] bool, included [n] int64, param [R] int64, flat [R] int64,
-    index [R] int64) with R = k + n: the parameter tensor and flat index of each row's entry,
-    and its position in the step's rows buffer, where parameter p's rows are the contiguous
-    block ``[R * offsets[p], R * (offsets[p] + numel[p]))`` viewed as [R, numel[p]].
+    index [R] int64, pair_order [2k] int64) with R = k + n: the parameter tensor and flat index
+    of each row's entry, and its position in the step's rows buffer, where parameter p's rows
+    are the contiguous block ``[R * offsets[p], R * (offsets[p] + numel[p]))`` viewed as
+    [R, numel[p]]; ``pair_order`` picks, from the projections at [a_1..a_k, b_1..b_k], the
+    canary's coordinate of each pair (x, first k) and the other one (y, last k).
     """
     pair_param = consts[0:k]
     pair_a = consts[k:2 * k]
@@ -65,4 +67,8 @@ def plan_step(u: np.ndarray, in_mask: np.ndarray, sample_rate: float, consts: np
     for r in range(R):
         p = param[r]
         index[r] = R * offsets[p] + r * numel[p] + flat[r]
-    return coins, included, param, flat, index
+    pair_order = np.empty(2 * k, dtype=np.int64)
+    for j in range(k):
+        pair_order[j] = j if coins[j] else k + j
+        pair_order[k + j] = k + j if coins[j] else j
+    return coins, included, param, flat, index, pair_order

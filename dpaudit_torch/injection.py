@@ -124,6 +124,7 @@ class StepRecord:
     entry_param: np.ndarray | None = None  # [n_rows] parameter tensor of each row's entry
     entry_flat: np.ndarray | None = None  # [n_rows] flat index of each row's entry
     entry_index: np.ndarray | None = None  # [n_rows] position in the step's rows buffer
+    pair_order: np.ndarray | None = None  # [2k] positions of (x_j), then (y_j), in [a, b]
 
 
 class Injector:
@@ -242,7 +243,7 @@ class Injector:
         call (:func:`~dpaudit_torch._step_kernels.plan_step`) for coins, inclusions and the rows'
         entries."""
         opt = self.optimizer
-        coins, included, e_param, e_flat, e_index = plan_step(
+        coins, included, e_param, e_flat, e_index, pair_order = plan_step(
             self._uniforms(), self._in_mask_np, self.sample_rate, self._consts, self._k,
             self.design.m_canaries, len(self.params))
         clip = per_param_clip(opt, len(self.params))
@@ -274,6 +275,7 @@ class Injector:
             entry_param=e_param,
             entry_flat=e_flat,
             entry_index=e_index,
+            pair_order=pair_order,
         )
 
     def _uniforms(self) -> np.ndarray:

@@ -24,6 +24,10 @@ from .injection import StepRecord
 
 __all__ = ["Observer"]
 
+#: models with at most this many trainable coordinates are read by one copy of all gradients and
+#: one gather (on the CPU); larger ones by one gather per parameter tensor
+_CONCAT_MAX = 1 << 20
+
 
 class Observer:
     """Gathers canary projections, forms the sequential pairs, keeps one-run running scores.
@@ -56,6 +60,19 @@ class Observer:
         # the pre-noise sum p.summed_grad is read at the 2k pair coordinates only (interference)
         self._pflat, self._pwhich, self._pperm, self._ppos_param = self._gather_plan(
             all_param[:2 * k], all_flat[:2 * k], device)
+        # small models on the CPU: one copy of all gradients (d elements) and one gather in
+        # design order costs less than a gather per parameter tensor (fewer operations)
+        numel = [int(p.numel()) for p in params]
+        offsets = [0]
+        for n_i in numel[:-1]:
+            offsets.append(offsets[-1] + n_i)
+        self._concat = (device.type == "cpu" and sum(numel) <= _CONCAT_MAX
+                        and all(p.device.type == "cpu" for p in params))
+        self._global_idx = (torch.tensor(offsets, dtype=torch.long)[all_param] + all_flat).to(
+            device)
+        self._design_param = all_param.to(device)
+        self._gscale_key: tuple[float, ...] | None = None
+        self._gscale_vec: torch.Tensor | None = None
         self._scale_key: tuple[float, ...] | None = None
         self._scale_vec: torch.Tensor | None = None
         self._inv_clip_key: tuple[float, ...] | None = None
@@ -119,16 +136,28 @@ class Observer:
         every canary coordinate [2k + m], and (if ``with_sums``) the pre-noise sum
         ``p.summed_grad`` / C at the 2k pair coordinates (None when not read, or when some
         parameter has no ``summed_grad``)."""
-        parts = []
-        for i, flat in zip(self._which, self._flat):
-            g = self.params[i].grad
-            if g is None:
-                raise ValueError(f"parameter tensor {i} has no gradient at the optimizer step; "
-                                 f"the audit cannot observe it")
-            parts.append(torch.take(g, flat if flat.device == g.device else flat.to(g.device)))
-        raw = torch.cat(parts) if len(parts) > 1 else parts[0]
-        scale = self._per_entry(rec.unit_scale, self._pos_param, "scale")
-        vals = (raw.to(self.device, torch.float64) * scale)[self._perm]
+        if self._concat:
+            grads = [p.grad for p in self.params]
+            for i in self._which:
+                if grads[i] is None:
+                    raise ValueError(f"parameter tensor {i} has no gradient at the optimizer "
+                                     f"step; the audit cannot observe it")
+            flat_all = torch.cat([torch.zeros(p.numel(), dtype=p.dtype) if g is None
+                                  else g.reshape(-1) for p, g in zip(self.params, grads)])
+            scale = self._per_entry(rec.unit_scale, self._design_param, "gscale")
+            vals = flat_all.take(self._global_idx).to(torch.float64) * scale
+        else:
+            parts = []
+            for i, flat in zip(self._which, self._flat):
+                g = self.params[i].grad
+                if g is None:
+                    raise ValueError(f"parameter tensor {i} has no gradient at the optimizer "
+                                     f"step; the audit cannot observe it")
+                parts.append(torch.take(g, flat if flat.device == g.device
+                                        else flat.to(g.device)))
+            raw = torch.cat(parts) if len(parts) > 1 else parts[0]
+            scale = self._per_entry(rec.unit_scale, self._pos_param, "scale")
+            vals = (raw.to(self.device, torch.float64) * scale)[self._perm]
         if not with_sums:
             return vals, None
         sums: list[torch.Tensor] = []
@@ -167,13 +196,19 @@ class Observer:
             raise ValueError(
                 f"non-finite gradient at canary coordinate(s) {bad} (design order) at step "
                 f"{step}: the audit refuses this observation; the update was not applied")
-        if not skip_nonfinite:
-            self.nonfinite |= ~fin
+        if not skip_nonfinite and not self.check_finite_every_step:
+            self.nonfinite |= ~fin  # checked at the next drain
         k = self.k
-        a, b = vals[:k], vals[k:2 * k]
         c = rec.coins
-        x = torch.where(c, a, b)
-        y = torch.where(c, b, a)
+        if rec.pair_order is not None:  # x: the canary's coordinate of each pair, y: the other
+            order = torch.from_numpy(rec.pair_order)
+            xy = vals.index_select(0, order if order.device == vals.device
+                                   else order.to(vals.device))
+            x, y = xy[:k], xy[k:]
+        else:
+            a, b = vals[:k], vals[k:2 * k]
+            x = torch.where(c, a, b)
+            y = torch.where(c, b, a)
         self.buffer_x.append(x)
         self.buffer_y.append(y)
         self.buffer_steps.append(step)

@@ -68,7 +68,7 @@ _NORM_TOL = 1e-9
 #: O(cap^2) recomputation is then ~1% of the test's work)
 _REFRESH_FACTOR = 16
 #: capped witness, once full: smallest chunk (pairs per device round trip)
-_MIN_DROP_CHUNK = 64
+_MIN_DROP_CHUNK = 128
 
 
 class SequentialMMDTest(SequentialTest):
