@@ -19,7 +19,7 @@ import math
 import numpy as np
 from numba import njit
 
-__all__ = ["ons_run", "mmd_recursion", "mmd_recursion_capped", "hockey_stick_gaps",
+__all__ = ["ons_run", "mmd_recursion_capped", "hockey_stick_gaps",
            "hockey_stick_finish"]
 
 
@@ -55,55 +55,14 @@ def ons_run(payoffs: np.ndarray, lam: np.ndarray, a_sum: np.ndarray, log_wealth:
 
 
 @njit(cache=True, nogil=True, error_model="numpy")
-def mmd_recursion(old: np.ndarray, g2: np.ndarray, Ht: np.ndarray, R: float, S: float, m: float,
-                  s: float, renorm_below: float, v_out: np.ndarray, a_c: np.ndarray
-                  ) -> tuple[float, float, float, float]:
-    """OGA witness recursion of the MMD test over one chunk (uncapped witness).
-
-    ``old[j]`` (modified): witness of the stored pairs at new pair j, in units of the scale S;
-    ``Ht[j, i] = <g_i, g_j>`` in the chunk; ``g2[j] = ||g_j||^2``. Writes the witness values
-    ``v_out`` and the new coefficients ``a_c`` (units of the final scale). Returns
-    (S, m, s, pending): the final scale, AdaGrad sum and squared norm, and the factor by which
-    the stored coefficients must be multiplied (renormalisation).
-    """
-    n = old.shape[0]
-    pending = 1.0
-    for j in range(n):
-        inner = old[j]
-        if j:
-            acc = 0.0
-            for i in range(j):
-                acc += a_c[i] * Ht[j, i]
-            inner += acc
-        v = S * inner
-        gj = g2[j]
-        m += gj
-        eta = 0.5 / math.sqrt(m) if m > 0.0 else 0.0
-        n2 = s + 2.0 * eta * v + eta * eta * gj
-        if n2 < 0.0:  # rounding only: ||f + eta g||^2 >= 0
-            n2 = 0.0
-        gamma = R / math.sqrt(n2) if n2 > R * R else 1.0
-        a_c[j] = eta / S
-        S *= gamma
-        s = gamma * gamma * n2
-        v_out[j] = v
-        if S < renorm_below:
-            for i in range(j + 1):
-                a_c[i] *= S
-            for i in range(j + 1, n):
-                old[i] *= S
-            pending *= S
-            S = 1.0
-    return S, m, s, pending
-
-
-@njit(cache=True, nogil=True, error_model="numpy")
 def mmd_recursion_capped(old: np.ndarray, g2: np.ndarray, u: np.ndarray, g2e: np.ndarray,
                          a_ev: np.ndarray, H: np.ndarray, n: int, E: int, R: float, S: float,
                          m: float, s: float, renorm_below: float, norm_tol: float,
                          v_out: np.ndarray, a_c: np.ndarray, bad: np.ndarray
                          ) -> tuple[float, float, float, float, int]:
-    """OGA recursion over a chunk that drops the E oldest stored pairs (FIFO).
+    """OGA witness recursion of the MMD test over a chunk that drops the E oldest stored pairs
+    (FIFO); E = 0 is the uncapped witness (nothing dropped: ``u``, ``g2e``, ``a_ev`` empty and
+    ``H`` the chunk's own n x n block).
 
     ``old``, ``u``, ``a_ev`` are modified (renormalisation). ``H`` is the Gram block of
     [new pairs, dropped pairs]; pair e is dropped right after new pair ``n - E + e`` is added,

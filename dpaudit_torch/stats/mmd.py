@@ -45,7 +45,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from ._kernels import mmd_recursion, mmd_recursion_capped
+from ._kernels import mmd_recursion_capped
 from .base import CannotRejectWarning, SequentialTest
 from .thresholds import mmd_tau
 
@@ -771,17 +771,10 @@ class SequentialMMDTest(SequentialTest):
         Returns (values v [n], new coefficients a [n] in units of the final scale, factor by
         which the stored coefficients must be multiplied).
         """
-        n = old.shape[0]
-        old = np.array(old, dtype=np.float64)
-        v_out, a_c = np.empty(n), np.zeros(n)
-        S, m, s, pending = mmd_recursion(
-            old, np.ascontiguousarray(g2, dtype=np.float64),
-            np.ascontiguousarray(Ht, dtype=np.float64), self.witness_radius, self._scale,
-            self._m, self._s, _RENORM_BELOW, v_out, a_c)
-        if pending != 1.0:
-            logger.debug("SequentialMMDTest: renormalised the witness coefficients")
-        self._scale, self._m, self._s = S, m, s
-        return v_out, a_c, pending
+        # the capped recursion with nothing dropped (E = 0); it reads H[j, i] for i < j, which
+        # is exactly Ht[j, i]
+        empty = np.empty(0)
+        return self._recursion_capped(old, g2, empty, empty, empty, Ht, old.shape[0], 0)
 
 
 def _resolve_radius(witness_radius: float | None, preset: str | None) -> float:
