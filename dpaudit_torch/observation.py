@@ -17,8 +17,10 @@ from __future__ import annotations
 import math
 from typing import Any
 
+import numpy as np
 import torch
 
+from ._step_kernels import observe_step
 from .canaries import CanaryDesign
 from .injection import StepRecord
 
@@ -27,6 +29,10 @@ __all__ = ["Observer"]
 #: models with at most this many trainable coordinates are read by one copy of all gradients and
 #: one gather (on the CPU); larger ones by one gather per parameter tensor
 _CONCAT_MAX = 1 << 20
+#: gradient dtypes the compiled CPU path reads (NumPy has no bfloat16)
+_NUMPY_FLOATS = (torch.float32, torch.float64, torch.float16)
+#: the "all finite" flag of a step observed on the compiled path
+_TRUE = torch.tensor(True)
 
 
 class Observer:
@@ -71,6 +77,9 @@ class Observer:
         self._global_idx = (torch.tensor(offsets, dtype=torch.long)[all_param] + all_flat).to(
             device)
         self._design_param = all_param.to(device)
+        self._coord_param_np = all_param.numpy().astype(np.int64)
+        self._coord_flat_np = all_flat.numpy().astype(np.int64)
+        self._n_coords = int(all_param.numel())
         self._gscale_key: tuple[float, ...] | None = None
         self._gscale_vec: torch.Tensor | None = None
         self._scale_key: tuple[float, ...] | None = None
@@ -89,6 +98,7 @@ class Observer:
         self.buffer_ok: list[torch.Tensor] = []  # per step: all projections finite (device)
         self.skipped_nonfinite = 0  # steps whose observation was dropped (on_nonfinite="skip")
         self.scores = torch.zeros(self.m, dtype=torch.float64, device=dev)
+        self._scores_np = self.scores.numpy() if dev.type == "cpu" else None
         # interference W (units of C) at the non-canary coordinate of each pair
         self.w_sum = torch.zeros((), dtype=torch.float64, device=dev)
         self.w_sumsq = torch.zeros((), dtype=torch.float64, device=dev)
@@ -180,7 +190,10 @@ class Observer:
         removed from the pairs at :meth:`drain`); otherwise ValueError (state untouched) if
         ``check_finite_every_step``, else flagged for the next drain."""
         # the interference W (diagnostic) is read every `interference_every` steps
-        vals, sums = self.gather(rec, with_sums=self.steps % self.interference_every == 0)
+        with_sums = self.steps % self.interference_every == 0
+        if self._compiled_ok(rec):
+            return self._observe_compiled(rec, step, skip_nonfinite, with_sums)
+        vals, sums = self.gather(rec, with_sums=with_sums)
         fin = torch.isfinite(vals).all()
         if skip_nonfinite:
             if self.check_finite_every_step:
@@ -216,16 +229,70 @@ class Observer:
         self.buffer_ok.append(fin)
         if self.m:
             self.scores += vals[2 * k:]
-        if sums is not None:  # W at the non-canary coordinate of each pair (pre-noise sum)
-            w = torch.where(c, sums[k:2 * k], sums[:k])
-            w = torch.where(torch.isfinite(w), w, torch.zeros_like(w))
-            self.w_sum += w.sum()
-            self.w_sumsq += (w * w).sum()
-            self.w_maxabs = torch.maximum(self.w_maxabs, w.abs().max())
-            self.w_count += k
+        if sums is not None:
+            self._add_interference(sums, c)
         self.steps += 1
         self.last_projection = vals
         return vals
+
+    def _compiled_ok(self, rec: StepRecord) -> bool:
+        """The compiled host path applies: CPU, finiteness checked at every step, one
+        NumPy-representable gradient dtype, and the step's pair order known."""
+        if not (self._concat and self.check_finite_every_step and rec.pair_order is not None):
+            return False
+        dt = None
+        for p in self.params:
+            g = p.grad
+            if g is None or g.device.type != "cpu" or g.dtype not in _NUMPY_FLOATS or (
+                    dt is not None and g.dtype != dt):
+                return False
+            dt = g.dtype
+        return True
+
+    def _observe_compiled(self, rec: StepRecord, step: int, skip_nonfinite: bool,
+                          with_sums: bool) -> torch.Tensor | None:
+        """:meth:`observe` for the CPU in one compiled pass
+        (:func:`~dpaudit_torch._step_kernels.observe_step`); same results and errors."""
+        k = self.k
+        grads = tuple(p.grad.detach().reshape(-1).numpy() for p in self.params)
+        vals_np = np.empty(self._n_coords)
+        xy_np = np.empty(2 * k)
+        ok = observe_step(grads, self._coord_param_np, self._coord_flat_np,
+                          np.asarray(rec.unit_scale, dtype=np.float64), rec.pair_order, k,
+                          vals_np, xy_np, self._scores_np)
+        vals = torch.from_numpy(vals_np)
+        if not ok:  # nothing was recorded (the scores are updated only for finite steps)
+            if skip_nonfinite:
+                self.skipped_nonfinite += 1
+                return None
+            bad = np.nonzero(~np.isfinite(vals_np))[0][:3].tolist()
+            raise ValueError(
+                f"non-finite gradient at canary coordinate(s) {bad} (design order) at step "
+                f"{step}: the audit refuses this observation; the update was not applied")
+        xy = torch.from_numpy(xy_np)
+        self.buffer_x.append(xy[:k])
+        self.buffer_y.append(xy[k:])
+        self.buffer_steps.append(step)
+        self.buffer_sigma.append(rec.sigma)
+        self.buffer_ok.append(_TRUE)
+        if with_sums:
+            _, sums = self.gather(rec, with_sums=True)
+            if sums is not None:
+                self._add_interference(sums, rec.coins)
+        self.steps += 1
+        self.last_projection = vals
+        return vals
+
+    def _add_interference(self, sums: torch.Tensor, c: torch.Tensor) -> None:
+        """W at the non-canary coordinate of each pair (pre-noise sum), into the running
+        statistics."""
+        k = self.k
+        w = torch.where(c, sums[k:2 * k], sums[:k])
+        w = torch.where(torch.isfinite(w), w, torch.zeros_like(w))
+        self.w_sum += w.sum()
+        self.w_sumsq += (w * w).sum()
+        self.w_maxabs = torch.maximum(self.w_maxabs, w.abs().max())
+        self.w_count += k
 
     def drain(self, skip_nonfinite: bool = False, record: bool = True
               ) -> tuple[torch.Tensor, torch.Tensor, list[int], list[float]]:
@@ -290,6 +357,7 @@ class Observer:
         self.reset()
         self.steps = int(sd["steps"])
         self.scores = sd["scores"].to(dev, torch.float64).clone()
+        self._scores_np = self.scores.numpy() if dev.type == "cpu" else None
         n = len(sd["buffer_steps"])
         self.buffer_x = [sd["buffer_x"][i].to(dev) for i in range(n)]
         self.buffer_y = [sd["buffer_y"][i].to(dev) for i in range(n)]

@@ -497,3 +497,35 @@ def test_gather_paths_agree():
     (v1, w1), (v2, w2) = got[True], got[False]
     assert torch.equal(v1, v2) and torch.equal(w1, w2)
     assert v1.shape == (2 * 8 + 96,) and w1.shape == (2 * 8,)
+
+
+@pytest.mark.parametrize("skip", [False, True])
+def test_compiled_observation_matches_torch_path(skip):
+    """On the CPU a step is observed by one compiled pass; forcing the torch path on a twin
+    run (same model, data, noise and auditor seed) gives the same projections, pairs, one-run
+    scores, interference statistics and decisions, exactly."""
+    runs = []
+    for compiled in (True, False):
+        s = make_private_setup(seed=6)
+        aud = PrivacyAuditor(s.engine, s.optimizer, s.loader, seed=5, k_pairs=8,
+                             m_canaries=96, check_every=3,
+                             on_nonfinite="skip" if skip else "raise")
+        if not compiled:
+            aud._observer._compiled_ok = lambda rec: False
+        calls = []
+        observe = aud._observer._observe_compiled
+        aud._observer._observe_compiled = lambda *a: calls.append(1) or observe(*a)
+        projections = []
+        for x, y in s.batches(7, batch=24):
+            s.step(x, y)
+            projections.append(aud._observer.last_projection.clone())
+        assert bool(calls) == compiled
+        obs = aud._observer
+        runs.append((torch.stack(projections), obs.scores.clone(), torch.stack(obs.buffer_x),
+                     float(obs.w_sum), float(obs.w_sumsq), obs.w_count, aud.combined_log_wealth))
+    a, b = runs
+    for u, v in zip(a, b):
+        if isinstance(u, torch.Tensor):
+            assert torch.equal(u, v)
+        else:
+            assert u == v
