@@ -514,7 +514,8 @@ def test_compiled_observation_matches_torch_path(skip):
             aud._observer._compiled_ok = lambda rec: False
         calls = []
         observe = aud._observer._observe_compiled
-        aud._observer._observe_compiled = lambda *a: calls.append(1) or observe(*a)
+        aud._observer._observe_compiled = (
+            lambda *a, calls=calls, observe=observe: calls.append(1) or observe(*a))
         projections = []
         for x, y in s.batches(7, batch=24):
             s.step(x, y)
