@@ -113,3 +113,7 @@ def private_setup():
     """Factory fixture: ``private_setup(mode=..., sigma=..., ...)`` -> PrivateSetup."""
     return make_private_setup
 
+
+def devices() -> list[str]:
+    """Devices the device-parametrised tests run on: the CPU, and CUDA when present."""
+    return ["cpu"] + (["cuda"] if torch.cuda.is_available() else [])

@@ -8,6 +8,7 @@ import math
 import numpy as np
 import pytest
 import torch
+from conftest import devices
 
 from dpaudit_torch import mechanisms
 from dpaudit_torch.stats.hockey_stick import HockeyStickTest
@@ -490,11 +491,7 @@ def test_reset_and_summary() -> None:
     assert torch.equal(t.log_wealth, lw)
 
 
-def _devices() -> list[str]:
-    return ["cpu"] + (["cuda"] if torch.cuda.is_available() else [])
-
-
-@pytest.mark.parametrize("device", _devices())
+@pytest.mark.parametrize("device", devices())
 @pytest.mark.parametrize("dtype", [torch.float64, torch.float32])
 def test_device_and_dtype(device: str, dtype: torch.dtype) -> None:
     gen = _gen(16)

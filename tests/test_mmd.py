@@ -10,6 +10,7 @@ import warnings
 import numpy as np
 import pytest
 import torch
+from conftest import devices
 
 from dpaudit_torch.stats.base import CannotRejectWarning
 from dpaudit_torch.stats.mmd import _REFRESH_FACTOR, SequentialMMDTest
@@ -442,11 +443,7 @@ def test_reset() -> None:
     assert torch.equal(t.log_wealth, lw)
 
 
-def _devices() -> list[str]:
-    return ["cpu"] + (["cuda"] if torch.cuda.is_available() else [])
-
-
-@pytest.mark.parametrize("device", _devices())
+@pytest.mark.parametrize("device", devices())
 @pytest.mark.parametrize("dtype", [torch.float64, torch.float32])
 def test_device_and_dtype(device: str, dtype: torch.dtype) -> None:
     gen = torch.Generator().manual_seed(1)
@@ -793,7 +790,7 @@ def test_cap_bad_input() -> None:
     assert SequentialMMDTest(0.1).summary()["max_witness_points"] is None
 
 
-@pytest.mark.parametrize("device", _devices())
+@pytest.mark.parametrize("device", devices())
 @pytest.mark.parametrize("dtype", [torch.float64, torch.float32])
 def test_capped_device_and_dtype(device: str, dtype: torch.dtype) -> None:
     """The ring buffer, the gathered dropped pairs and the refresh run on any device/dtype."""
