@@ -26,9 +26,6 @@ from .injection import StepRecord
 
 __all__ = ["Observer"]
 
-#: models with at most this many trainable coordinates are read by one copy of all gradients and
-#: one gather (on the CPU); larger ones by one gather per parameter tensor
-_CONCAT_MAX = 1 << 20
 #: gradient dtypes the compiled CPU path reads (NumPy has no bfloat16)
 _NUMPY_FLOATS = (torch.float32, torch.float64, torch.float16)
 #: the "all finite" flag of a step observed on the compiled path
@@ -66,22 +63,11 @@ class Observer:
         # the pre-noise sum p.summed_grad is read at the 2k pair coordinates only (interference)
         self._pflat, self._pwhich, self._pperm, self._ppos_param = self._gather_plan(
             all_param[:2 * k], all_flat[:2 * k], device)
-        # small models on the CPU: one copy of all gradients (d elements) and one gather in
-        # design order costs less than a gather per parameter tensor (fewer operations)
-        numel = [int(p.numel()) for p in params]
-        offsets = [0]
-        for n_i in numel[:-1]:
-            offsets.append(offsets[-1] + n_i)
-        self._concat = (device.type == "cpu" and sum(numel) <= _CONCAT_MAX
-                        and all(p.device.type == "cpu" for p in params))
-        self._global_idx = (torch.tensor(offsets, dtype=torch.long)[all_param] + all_flat).to(
-            device)
-        self._design_param = all_param.to(device)
+        # the compiled CPU path reads every coordinate in design order directly
+        self._host = device.type == "cpu" and all(p.device.type == "cpu" for p in params)
         self._coord_param_np = all_param.numpy().astype(np.int64)
         self._coord_flat_np = all_flat.numpy().astype(np.int64)
         self._n_coords = int(all_param.numel())
-        self._gscale_key: tuple[float, ...] | None = None
-        self._gscale_vec: torch.Tensor | None = None
         self._scale_key: tuple[float, ...] | None = None
         self._scale_vec: torch.Tensor | None = None
         self._inv_clip_key: tuple[float, ...] | None = None
@@ -146,40 +132,32 @@ class Observer:
         every canary coordinate [2k + m], and (if ``with_sums``) the pre-noise sum
         ``p.summed_grad`` / C at the 2k pair coordinates (None when not read, or when some
         parameter has no ``summed_grad``)."""
-        if self._concat:
-            grads = [p.grad for p in self.params]
-            for i in self._which:
-                if grads[i] is None:
-                    raise ValueError(f"parameter tensor {i} has no gradient at the optimizer "
-                                     f"step; the audit cannot observe it")
-            flat_all = torch.cat([torch.zeros(p.numel(), dtype=p.dtype) if g is None
-                                  else g.reshape(-1) for p, g in zip(self.params, grads)])
-            scale = self._per_entry(rec.unit_scale, self._design_param, "gscale")
-            vals = flat_all.take(self._global_idx).to(torch.float64) * scale
-        else:
-            parts = []
-            for i, flat in zip(self._which, self._flat):
-                g = self.params[i].grad
-                if g is None:
-                    raise ValueError(f"parameter tensor {i} has no gradient at the optimizer "
-                                     f"step; the audit cannot observe it")
-                parts.append(torch.take(g, flat if flat.device == g.device
-                                        else flat.to(g.device)))
-            raw = torch.cat(parts) if len(parts) > 1 else parts[0]
-            scale = self._per_entry(rec.unit_scale, self._pos_param, "scale")
-            vals = (raw.to(self.device, torch.float64) * scale)[self._perm]
-        if not with_sums:
-            return vals, None
+        parts = []
+        for i, flat in zip(self._which, self._flat):
+            g = self.params[i].grad
+            if g is None:
+                raise ValueError(f"parameter tensor {i} has no gradient at the optimizer step; "
+                                 f"the audit cannot observe it")
+            parts.append(torch.take(g, flat if flat.device == g.device else flat.to(g.device)))
+        raw = torch.cat(parts) if len(parts) > 1 else parts[0]
+        scale = self._per_entry(rec.unit_scale, self._pos_param, "scale")
+        vals = (raw.to(self.device, torch.float64) * scale)[self._perm]
+        return vals, (self._gather_sums(rec) if with_sums else None)
+
+    @torch.no_grad()
+    def _gather_sums(self, rec: StepRecord) -> torch.Tensor | None:
+        """The pre-noise sum ``p.summed_grad`` / C at the 2k pair coordinates, design order
+        (None when some parameter has no ``summed_grad``)."""
         sums: list[torch.Tensor] = []
         for i, flat in zip(self._pwhich, self._pflat):
             sg = getattr(self.params[i], "summed_grad", None)
             if not isinstance(sg, torch.Tensor):
-                return vals, None
+                return None
             sums.append(torch.take(sg, flat if flat.device == sg.device else flat.to(sg.device)))
         inv_clip = self._per_entry([1.0 / c if c else math.inf for c in rec.clip],
                                    self._ppos_param, "inv_clip")
         raw_s = torch.cat(sums) if len(sums) > 1 else sums[0]
-        return vals, (raw_s.to(self.device, torch.float64) * inv_clip)[self._pperm]
+        return (raw_s.to(self.device, torch.float64) * inv_clip)[self._pperm]
 
     def observe(self, rec: StepRecord, step: int, skip_nonfinite: bool = False
                 ) -> torch.Tensor | None:
@@ -238,7 +216,7 @@ class Observer:
     def _compiled_ok(self, rec: StepRecord) -> bool:
         """The compiled host path applies: CPU, finiteness checked at every step, one
         NumPy-representable gradient dtype, and the step's pair order known."""
-        if not (self._concat and self.check_finite_every_step and rec.pair_order is not None):
+        if not (self._host and self.check_finite_every_step and rec.pair_order is not None):
             return False
         dt = None
         for p in self.params:
@@ -276,7 +254,7 @@ class Observer:
         self.buffer_sigma.append(rec.sigma)
         self.buffer_ok.append(_TRUE)
         if with_sums:
-            _, sums = self.gather(rec, with_sums=True)
+            sums = self._gather_sums(rec)
             if sums is not None:
                 self._add_interference(sums, rec.coins)
         self.steps += 1

@@ -474,31 +474,6 @@ def test_on_step_callback_errors_never_break_training():
                                        "log_wealth_hockey_stick"}
 
 
-def test_gather_paths_agree():
-    """Small CPU models are read by one copy of all gradients and one gather in design order;
-    larger ones (or accelerators) by one gather per parameter tensor: the same projections and
-    pre-noise sums, exactly."""
-    s = make_private_setup(seed=4)
-    aud = PrivacyAuditor(s.engine, s.optimizer, s.loader, seed=2, k_pairs=8, m_canaries=96)
-    obs = aud._observer
-    assert obs._concat
-    got = {}
-    observe = obs.observe
-
-    def spy(rec, *a, **k):
-        for concat in (True, False):
-            obs._concat = concat
-            got[concat] = obs.gather(rec, with_sums=True)
-        obs._concat = True
-        return observe(rec, *a, **k)
-
-    obs.observe = spy
-    s.train(1)
-    (v1, w1), (v2, w2) = got[True], got[False]
-    assert torch.equal(v1, v2) and torch.equal(w1, w2)
-    assert v1.shape == (2 * 8 + 96,) and w1.shape == (2 * 8,)
-
-
 @pytest.mark.parametrize("skip", [False, True])
 def test_compiled_observation_matches_torch_path(skip):
     """On the CPU a step is observed by one compiled pass; forcing the torch path on a twin
