@@ -77,9 +77,11 @@ Cost: each refresh sorts the pooled history (O(t log t)); with geometric refresh
 amortised O(log t) per pair. Between refreshes each pair costs O(G S C) device work (C <= 2
 (grid_cells + max_atoms) + 1 cells: binary search, counts, weights), done for a whole chunk at once
 with no Python loop over past pairs and no host synchronisation per pair; only the ONS recursion
-runs pair by pair on the host (one transfer per chunk). Memory is linear in the number of pairs
-(the history is kept for the refreshes). Results do not depend on how the stream is batched (up
-to floating-point summation order, ~1e-15).
+runs pair by pair on the host (one transfer per chunk). On the CPU the same payoffs come from two
+compiled pair-by-pair loops around one vectorised exponential (``_payoffs_compiled``; fewer,
+larger operations, 3x faster in the hook's chunks of 80 pairs). Memory is linear in the number
+of pairs (the history is kept for the refreshes). Results do not depend on how the stream is
+batched (up to floating-point summation order, ~1e-15).
 """
 
 from __future__ import annotations
