@@ -238,6 +238,8 @@ def main() -> None:
          "ratio from optimizer.step() (median)", "per trial", "wall ratio",
          "injection CPU ms/step", "observation+tests CPU ms/step"], rows)
     print(table)
+    direct = [float(v) for r in rows for v in r[8].split(", ")]
+    lo_d, hi_d = min(direct), max(direct)
     worst = max(rows, key=lambda r: r[11])
     best = min(rows, key=lambda r: r[11])
     reading = (
@@ -250,7 +252,12 @@ def main() -> None:
         "canary micro-batch (k = 16 pair rows plus about m q / 2 one-run rows) adds one more, "
         "smaller clip_and_accumulate call whose cost is that many rows of Opacus's clipping, "
         "a third of the real clipping at batch 64 (the hard case) and a few percent at "
-        "batch 256. Ghost clipping has no per-sample rows, hence no second call.")
+        "batch 256. Ghost clipping has no per-sample rows, hence no second call. The direct "
+        f"whole-step ratios scatter more between trials ({lo_d:.3f} to {hi_d:.3f} over all "
+        "settings here): they also carry forward and backward, which the auditor does not touch "
+        "but which vary from block to block (Poisson batch sizes, a shared machine); with the "
+        "auditor switched on and off, forward and backward take the same time within that "
+        "noise.")
     print(reading)
     if not args.no_write:
         body = (
