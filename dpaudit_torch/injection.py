@@ -322,13 +322,16 @@ class Injector:
         return rec.entry_index, rec.entry_param
 
     def _rows_buffer(self, size: int, dtype: torch.dtype) -> torch.Tensor:
-        """A persistent all-zero buffer of at least ``size`` elements (grown geometrically).
+        """A persistent all-zero buffer of at least ``size`` elements.
 
         Each step writes its few canary entries and sets exactly those back to zero after
-        Opacus has read the rows, so no step pays for zeroing R x d elements."""
+        Opacus has read the rows, so no step pays for zeroing R x d elements. It is sized for
+        a few rows more than asked (the row count varies with the Poisson inclusions), not
+        doubled: for a large model one row is the whole parameter count."""
         buf = self._zero_buf
         if buf is None or buf.dtype != dtype or buf.numel() < size:
-            cap = size if buf is None or buf.dtype != dtype else max(size, 2 * buf.numel())
+            rows = -(-size // self._d_total)
+            cap = (rows + max(4, rows // 8)) * self._d_total
             buf = torch.zeros(cap, dtype=dtype, device=self.device)
             self._zero_buf = buf
             self._views.clear()  # views of the old buffer
