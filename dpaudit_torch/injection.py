@@ -175,19 +175,13 @@ class Injector:
             off.append(off[-1] + n)
         self._offsets = off
         self._d_total = sum(numel)
-        self._offsets_np = np.asarray(off, dtype=np.int64)
-        self._numel_np = np.asarray(numel, dtype=np.int64)
-        self._pair_param_np = design.pair_param.numpy().astype(np.int64)
-        self._pair_a_np = design.pair_a.numpy().astype(np.int64)
-        self._pair_b_np = design.pair_b.numpy().astype(np.int64)
-        self._one_param_np = design.one_param.numpy().astype(np.int64)
-        self._one_flat_np = design.one_flat.numpy().astype(np.int64)
         self._in_mask_np = coins._mask().numpy()  # shares memory with the private coins
         # design constants of plan_step in one array: pair_param, pair_a, pair_b (k each),
         # one_param, one_flat (m each), offsets, numel (one per parameter tensor)
-        self._consts = np.concatenate([self._pair_param_np, self._pair_a_np, self._pair_b_np,
-                                       self._one_param_np, self._one_flat_np,
-                                       self._offsets_np, self._numel_np]).astype(np.int64)
+        self._consts = np.concatenate([
+            design.pair_param.numpy(), design.pair_a.numpy(), design.pair_b.numpy(),
+            design.one_param.numpy(), design.one_flat.numpy(), np.asarray(off),
+            np.asarray(numel)]).astype(np.int64)
         # uniforms drawn ahead for this many steps (at most ~2^16 numbers)
         self._draw_block = max(1, min(64, (1 << 16) // (self._k + design.m_canaries)))
         self._draws: np.ndarray | None = None
