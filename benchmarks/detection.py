@@ -36,8 +36,8 @@ from torch.utils.data import DataLoader
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from _common import command, machine, markdown_table, write_section  # noqa: E402
 
+from dpaudit_torch.audit import PrivacyAuditor  # noqa: E402
 from dpaudit_torch.demo import DigitsCNN, load_digits_tensors  # noqa: E402
-from dpaudit_torch.hook import PrivacyAuditor  # noqa: E402
 from dpaudit_torch.testing import bugs  # noqa: E402
 
 TARGETS = {"no-noise": 5, "noise-divided-by-batch": 5, "noise-halved": 15, "no-clipping": 5}

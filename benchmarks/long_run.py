@@ -5,7 +5,7 @@ generated batch by batch from a seeded generator, so the stream itself is never 
 
 * ``null``: the exact Gaussian mechanism with sensitivity 1 and noise sigma = 1 (x ~ N(0, 1),
   y ~ N(1, 1)), tested on a 4-point grid eps = 0.25, 0.5, 1, 2 at the deltas of its own privacy
-  profile (ALGORITHMS.md section 5): every null is true, nothing should be rejected, and the
+  profile (docs/design.md section 5): every null is true, nothing should be rejected, and the
   log-wealth must stay finite and small (ONS has logarithmic regret, so it cannot underflow);
 * ``non-DP``: the same claim, but y ~ N(6, 1) (the noise is 6x too small): the log-wealth grows
   linearly, to thousands; kept as a product the wealth would overflow float64 (e^709.78) within a

@@ -1,4 +1,4 @@
-"""How tight is the one-run audit?  Idealized white-box DP-SGD (ALGORITHMS.md section 6, issue 3).
+"""How tight is the one-run audit?  Idealized white-box DP-SGD (docs/design.md section 6, issue 3).
 
 Setting (CIFAR-10 DP-SGD hyper-parameters, as in Steinke et al. 2023 and Mahloujifar et al. 2025):
 n = 50,000 examples, expected batch 4096 (Poisson rate q = 4096 / 50,000), T = 2500 steps,
@@ -50,7 +50,7 @@ from dpaudit_torch.stats.one_run import (  # noqa: E402
 from dpaudit_torch.stats.thresholds import gaussian_epsilon  # noqa: E402
 
 N_DATA, BATCH, T_STEPS, M_CANARIES, DELTA, ALPHA = 50_000, 4096, 2500, 5000, 1e-5, 0.05
-TARGETS = {  # ALGORITHMS.md section 6: best k, uncorrected, single draws
+TARGETS = {  # docs/design.md section 6: best k, uncorrected, single draws
     2.0: {"steinke": 0.86, "fdp": 1.10},
     4.0: {"steinke": 2.12, "fdp": 2.83},
     8.0: {"steinke": 3.62, "fdp": 5.11},
@@ -271,7 +271,7 @@ def main() -> None:
 
     text = f"""## One-run audit tightness (`one_run_tightness`)
 
-Idealized white-box DP-SGD of ALGORITHMS.md section 6: n = {N_DATA:,}, expected batch {BATCH}
+Idealized white-box DP-SGD of docs/design.md section 6: n = {N_DATA:,}, expected batch {BATCH}
 (Poisson q = {BATCH / N_DATA:.5f}), T = {steps} steps, m = {m} Dirac canaries (each IN with
 probability 1/2, present at each step with probability q), no interference, delta = {DELTA:g},
 alpha = {ALPHA}, {seeds} seeds per eps.  sigma calibrated with Opacus's **PRV** accountant

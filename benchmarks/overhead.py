@@ -32,7 +32,7 @@ from torch.utils.data import DataLoader, TensorDataset
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from _common import command, machine, markdown_table, write_section  # noqa: E402
 
-from dpaudit_torch.hook import PrivacyAuditor  # noqa: E402
+from dpaudit_torch.audit import PrivacyAuditor  # noqa: E402
 
 
 class SmallCNN(nn.Module):
@@ -110,9 +110,8 @@ class Switch:
         self.aud = aud
         self.acc = {"hook": 0.0, "inject": 0.0}
         self.opt = aud.optimizer
-        inj = aud._injector
-        self.attr = inj._attr
-        hook, wrapped = aud._pre_hook, getattr(self.opt, self.attr)
+        inj = aud.tap.injector
+        hook = aud.observe_hook
         acc = self.acc
 
         def timed_hook(*a: Any) -> Any:
@@ -122,43 +121,41 @@ class Switch:
             finally:
                 acc["hook"] += time.thread_time() - t
 
-        def timed_inject() -> Any:
-            t = time.thread_time()
-            orig = inj._original()
-            t_orig = [0.0]
+        def timed(wrapped: Any) -> Any:
+            def timed_inject() -> Any:
+                t = time.thread_time()
+                orig = inj.original_method()
+                t_orig = [0.0]
 
-            def counted() -> Any:
-                t1 = time.thread_time()
+                def counted() -> Any:
+                    t1 = time.thread_time()
+                    try:
+                        return orig()
+                    finally:
+                        t_orig[0] += time.thread_time() - t1
+
+                inj.original_method = lambda: counted  # type: ignore[method-assign]
                 try:
-                    return orig()
+                    return wrapped()
                 finally:
-                    t_orig[0] += time.thread_time() - t1
+                    del inj.original_method
+                    acc["inject"] += time.thread_time() - t - t_orig[0]
 
-            inj._original = lambda: counted  # type: ignore[method-assign]
-            try:
-                return wrapped()
-            finally:
-                del inj._original
-                acc["inject"] += time.thread_time() - t - t_orig[0]
+            return timed_inject
 
-        self.timed_hook, self.timed_inject = timed_hook, timed_inject
-        aud._handle.remove()
-        aud._handle = None
+        self.timed_hook, self.timed = timed_hook, timed
+        aud.detach()
         self.on = False
         self.turn_on()
 
     def turn_on(self) -> None:
         if not self.on:
-            setattr(self.opt, self.attr, self.timed_inject)
-            self.aud._handle = self.opt.original_optimizer.register_step_pre_hook(
-                self.timed_hook)
+            self.aud.tap.attach(self.aud, self.timed_hook, wrap=self.timed)
             self.on = True
 
     def turn_off(self) -> None:
         if self.on:
-            delattr(self.opt, self.attr)  # the class's own method again
-            self.aud._handle.remove()
-            self.aud._handle = None
+            self.aud.tap.detach()
             self.on = False
 
 

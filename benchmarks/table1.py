@@ -1,7 +1,7 @@
 """Table 1 of Gonzalez et al. (NeurIPS 2025): paper vs MMD R=1/2, MMD R=1, hockey-stick.
 
 Protocol (the paper's): alpha = 0.05, 20 runs per cell, budget 5000 pairs, eps in {0.01, 0.1},
-the six mechanisms of ALGORITHMS.md section 7 in the ``dp_auditorium`` variant (what the paper's
+the six mechanisms of docs/design.md section 7 in the ``dp_auditorium`` variant (what the paper's
 experiments ran). A run stops at its first rejection; pairs are counted including the burn-in.
 
     python benchmarks/table1.py              # full protocol; writes the "table1" section of docs
@@ -102,10 +102,10 @@ def main(argv: list[str] | None = None) -> int:
             check_md,
             summary,
             "**Known discrepancy.** On NonDPLaplace2 at eps = 0.1 the paper reports 0.95 / 770 for "
-            "MMD R=1/2; the independent numpy re-run of section 2 (ALGORITHMS.md section 7) gets "
-            f"0.90 / 450 and this implementation gets {nl2}, while it reproduces the paper's other "
-            f"{len(others)} rejecting cells within {worst_other:.0%} (see the standard errors in "
-            "the detail table).",
+            "MMD R=1/2; the independent numpy re-run of the MMD test (docs/design.md section 7) "
+            f"gets 0.90 / 450 and this implementation gets {nl2}, while it reproduces the paper's "
+            f"other {len(others)} rejecting cells within {worst_other:.0%} (see the standard "
+            "errors in the detail table).",
             "<details><summary>Per-cell detail (mean +- standard error over the rejecting runs, "
             "median)</summary>\n\n" + format_table1_detail(rows) + "\n\n</details>",
         ])

@@ -8,7 +8,7 @@ no test stops early):
   of 1000 pairs (and, at T = 10^4, in batches of 10 pairs, as a training hook would);
 * naive: a straightforward implementation written here, ONE INDEPENDENT TESTER PER EPSILON, pairs
   processed one at a time in a Python loop:
-  - naive MMD (ALGORITHMS.md section 2 written out): for each pair, the witness value is a sum over
+  - naive MMD (docs/design.md section 2 written out): for each pair, the witness value is a sum over
     all past pairs, computed with numpy over the past pairs ("numpy" baseline) or with a Python
     loop over the past pairs ("python" baseline); the OGA coefficients are all rescaled at every
     projection; scalar ONS. The numpy baseline's log-wealth is checked against ours (same
@@ -58,7 +58,7 @@ BURN_IN_HS = 8
 
 # ----------------------------------------------------------------------------- naive baselines
 class NaiveONS:
-    """Scalar Online Newton Step bet (ALGORITHMS.md section 1), one e-process."""
+    """Scalar Online Newton Step bet (docs/design.md section 1), one e-process."""
 
     def __init__(self, lambda_max: float) -> None:
         self.lam, self.a, self.lw, self.lmax = 0.0, 1.0, 0.0, lambda_max

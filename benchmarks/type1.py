@@ -25,11 +25,11 @@ from _common import command, machine, write_section  # noqa: E402
 from dpaudit_torch.experiments import (  # noqa: E402
     METHOD_LABELS,
     METHODS,
-    _type1_chunk,
     default_type1_cases,
     format_type1,
     make_tester,
     run_type1,
+    type1_chunk,
 )
 
 
@@ -38,7 +38,7 @@ def estimate(methods: tuple[str, ...], pairs: int, runs: int, probe: int = 5) ->
     total = 0.0
     for ci, case in enumerate(default_type1_cases()):
         t0 = time.perf_counter()
-        _type1_chunk((ci, case, methods, 0, probe, pairs, 0.05, 12345, 500))
+        type1_chunk((ci, case, methods, 0, probe, pairs, 0.05, 12345, 500))
         per_run = (time.perf_counter() - t0) / probe
         print(f"  {case.label}: {per_run * 1e3:.0f} ms / run")
         total += per_run * runs

@@ -25,7 +25,7 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from _common import command, machine, markdown_table, write_section  # noqa: E402
 
-from dpaudit_torch.hook import per_step_null_grid  # noqa: E402
+from dpaudit_torch.audit import per_step_null_grid  # noqa: E402
 from dpaudit_torch.stats.hockey_stick import HockeyStickTest  # noqa: E402
 from dpaudit_torch.stats.mmd import SequentialMMDTest  # noqa: E402
 

@@ -1,6 +1,6 @@
 """dpaudit_torch: anytime-valid auditing of differential privacy while a PyTorch model trains.
 
-Public API (see ARCHITECTURE in the docs):
+Public API (README.md; layout in CONTRIBUTING.md):
 
     from dpaudit_torch import SequentialMMDTest, HockeyStickTest, PrivacyAuditor, AuditReport
     from dpaudit_torch import mechanisms, one_run
@@ -18,8 +18,9 @@ __version__ = "0.1.0"
 _LAZY = {
     "SequentialMMDTest": ("dpaudit_torch.stats.mmd", "SequentialMMDTest"),
     "HockeyStickTest": ("dpaudit_torch.stats.hockey_stick", "HockeyStickTest"),
-    "PrivacyAuditor": ("dpaudit_torch.hook", "PrivacyAuditor"),
-    "PrivacyViolationError": ("dpaudit_torch.hook", "PrivacyViolationError"),
+    "PrivacyAuditor": ("dpaudit_torch.audit.auditor", "PrivacyAuditor"),
+    "AuditConfig": ("dpaudit_torch.audit.config", "AuditConfig"),
+    "PrivacyViolationError": ("dpaudit_torch.audit.auditor", "PrivacyViolationError"),
     "AuditReport": ("dpaudit_torch.report", "AuditReport"),
     "mechanisms": ("dpaudit_torch.mechanisms", None),
     "one_run": ("dpaudit_torch.stats.one_run", None),

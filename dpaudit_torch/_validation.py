@@ -14,6 +14,7 @@ import numpy as np
 import torch
 
 __all__ = [
+    "as_real",
     "check_alpha",
     "check_delta",
     "check_epsilon",
@@ -24,7 +25,7 @@ __all__ = [
 ]
 
 
-def _as_real(name: str, value: object) -> float:
+def as_real(name: str, value: object) -> float:
     if isinstance(value, bool) or not isinstance(value, (Real, np.floating, np.integer)):
         if isinstance(value, torch.Tensor) and value.numel() == 1:
             return float(value.item())
@@ -34,7 +35,7 @@ def _as_real(name: str, value: object) -> float:
 
 def check_alpha(alpha: object, name: str = "alpha") -> float:
     """Significance level: a real number in the open interval (0, 1)."""
-    a = _as_real(name, alpha)
+    a = as_real(name, alpha)
     if not (0.0 < a < 1.0) or math.isnan(a):
         raise ValueError(f"{name} must lie in (0, 1), got {alpha!r}")
     return a
@@ -42,7 +43,7 @@ def check_alpha(alpha: object, name: str = "alpha") -> float:
 
 def check_delta(delta: object, name: str = "delta") -> float:
     """DP delta: a real number in [0, 1)."""
-    d = _as_real(name, delta)
+    d = as_real(name, delta)
     if not (0.0 <= d < 1.0) or math.isnan(d):
         raise ValueError(f"{name} must lie in [0, 1), got {delta!r}")
     return d
@@ -50,7 +51,7 @@ def check_delta(delta: object, name: str = "delta") -> float:
 
 def check_epsilon(epsilon: object, name: str = "epsilon") -> float:
     """DP epsilon: a finite real number > 0."""
-    e = _as_real(name, epsilon)
+    e = as_real(name, epsilon)
     if not (e > 0.0) or not math.isfinite(e):
         raise ValueError(f"{name} must be a finite number > 0, got {epsilon!r}")
     return e

@@ -2,7 +2,7 @@
 
 A *Dirac canary* is a per-sample gradient with one non-zero coordinate (parameter tensor ``i``,
 flat index ``j``). Projecting the optimizer's final gradient on it is an index gather, so the
-audit costs microseconds per step (ALGORITHMS.md section 5; the "Dirac canary" of Nasr et al.,
+audit costs microseconds per step (docs/design.md section 5; the "Dirac canary" of Nasr et al.,
 "Adversary instantiation: lower bounds for differentially private machine learning", IEEE S&P
 2021, and of Steinke, Nasr & Jagielski, "Privacy auditing with one (1) training run", NeurIPS
 2023).
@@ -11,10 +11,10 @@ Two disjoint pools are drawn from the auditor's own generator:
 
 * ``k`` **sequential pairs** (a_j, b_j), both coordinates inside the same parameter tensor. At
   every step a fresh fair coin chooses which of the two receives the canary (randomized roles,
-  ALGORITHMS.md section 5);
+  docs/design.md section 5);
 * ``m`` **one-run canaries**, each IN with probability 1/2 (a secret coin drawn from a separate
   generator), an IN canary being included at each step with the data loader's Poisson rate
-  (ALGORITHMS.md section 6).
+  (docs/design.md section 6).
 
 Coordinates are spread over every trainable parameter tensor in proportion to its size, with at
 least one pair and one one-run canary per tensor where the counts allow it (a bug may affect
@@ -220,24 +220,33 @@ class SecretCoins:
     __str__ = __repr__
 
     @classmethod
-    def _from_state(cls, mask: torch.Tensor, revealed: bool) -> SecretCoins:
-        """Rebuild from a checkpoint (``PrivacyAuditor.load_state_dict``)."""
+    def from_state(cls, mask: torch.Tensor, revealed: bool) -> SecretCoins:
+        """Rebuild from :meth:`state` (a checkpoint); ValueError if ``mask`` is not a 1-d
+        tensor."""
+        if not isinstance(mask, torch.Tensor) or mask.dim() != 1:
+            raise ValueError(f"secret coins must be a 1-d tensor, got {mask!r:.80}")
         obj = cls.__new__(cls)
         obj._in = mask.detach().to(device="cpu", dtype=torch.bool).clone()
         obj._revealed = bool(revealed)
         return obj
 
-    def _state(self) -> tuple[torch.Tensor, bool]:
-        """For ``PrivacyAuditor.state_dict`` only (a checkpoint holds the secret: keep it as
-        private as the model's weights)."""
+    def state(self) -> tuple[torch.Tensor, bool]:
+        """(IN mask, revealed) for a checkpoint, without marking the coins revealed. A
+        checkpoint holds the secret: keep it as private as the model's weights."""
         return self._in.clone(), self._revealed
 
     @property
     def revealed(self) -> bool:
         return self._revealed
 
-    def _mask(self) -> torch.Tensor:
-        """Internal use by the injector only (to include IN canaries); never logged."""
+    @property
+    def m(self) -> int:
+        """Number of coins (one-run canaries)."""
+        return int(self._in.numel())
+
+    def sampling_mask(self) -> torch.Tensor:
+        """The IN mask for the injector, which includes IN canaries at each step (shares memory
+        with the coins; does not mark them revealed). Nothing the training reads may use it."""
         return self._in
 
     def reveal(self) -> torch.Tensor:

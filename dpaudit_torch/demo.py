@@ -105,13 +105,22 @@ def run_demo(
     """
     from opacus import PrivacyEngine
 
-    from .hook import PrivacyAuditor
+    from .audit import AuditConfig, PrivacyAuditor
     from .testing import bugs
 
     if config.steps < 1:
         raise ValueError(f"steps must be >= 1, got {config.steps}")
     if config.bug is not None and config.bug not in bugs.names():
         raise ValueError(f"unknown bug {config.bug!r}; choose one of {bugs.names()}")
+    # the audit settings are validated before anything is trained
+    audit_config = AuditConfig(
+        delta=config.delta,
+        alpha=config.alpha,
+        seed=config.seed,
+        m_canaries=config.m_canaries,
+        k_pairs=config.k_pairs,
+        claimed_every=100,  # the progress bar shows the claim; a PRV read costs ~0.1-0.5 s
+    )
     device = torch.device(config.device)
     out = Path(out_dir)
 
@@ -137,17 +146,7 @@ def run_demo(
         bugs.apply_bug(optimizer, config.bug)
         logger.info("applied bug %r to the optimizer", config.bug)
 
-    auditor = PrivacyAuditor(
-        engine,
-        optimizer,
-        loader,
-        delta=config.delta,
-        alpha=config.alpha,
-        seed=config.seed,
-        m_canaries=config.m_canaries,
-        k_pairs=config.k_pairs,
-        claimed_every=100,  # the progress bar shows the claim; a PRV read costs ~0.1-0.5 s
-    )
+    auditor = PrivacyAuditor(engine, optimizer, loader, config=audit_config)
     criterion = nn.CrossEntropyLoss()
     step = 0
     stopped_early = False

@@ -1,6 +1,6 @@
 """Reference mechanisms with a known privacy status, for auditing benchmarks and tests.
 
-Two families (ALGORITHMS.md section 7):
+Two families (docs/design.md section 7):
 
 * The six mean mechanisms of Table 1 of Gonzalez, Dulce-Rubio, Ramdas & Ribero, "Sequentially
   auditing differential privacy" (NeurIPS 2025, arXiv 2509.07055), which come from DP-Auditorium

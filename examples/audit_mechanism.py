@@ -163,7 +163,7 @@ def main(argv: list[str] | None = None) -> int:
     S_prime = S.clone()
     S_prime[-1] = 100.0  # one record replaced by an out-of-range value
     # a grid from the claim upwards: rejecting any point refutes the claim; the largest rejected
-    # point is the certified lower bound (ALGORITHMS.md section 4)
+    # point is the certified lower bound (docs/design.md section 4)
     grid = [args.epsilon * f for f in (1, 2, 4, 8)]
     print(f"claim: (epsilon={args.epsilon:g}, delta={args.delta:g})-DP; neighbours: {args.n} "
           f"records at 0.5 vs one replaced by 100; level alpha={args.alpha:g}; budget "

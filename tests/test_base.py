@@ -1,4 +1,4 @@
-"""Tests of the shared sequential-test machinery (ALGORITHMS.md sections 1 and 4) through a tiny
+"""Tests of the shared sequential-test machinery (docs/design.md sections 1 and 4) through a tiny
 subclass whose payoffs are deterministic functions of the pairs.
 
 ``Dummy`` has two components per grid point g: payoff ``s_g * x_t`` and ``s_g * y_t`` (scalar

@@ -1,4 +1,4 @@
-"""Tests of the Online Newton Step bettor and log-space wealth (ALGORITHMS.md section 1)."""
+"""Tests of the Online Newton Step bettor and log-space wealth (docs/design.md section 1)."""
 
 from __future__ import annotations
 

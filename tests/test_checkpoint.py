@@ -25,7 +25,7 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from conftest import make_private_setup  # noqa: E402
 
-from dpaudit_torch.hook import PrivacyAuditor  # noqa: E402
+from dpaudit_torch.audit import PrivacyAuditor  # noqa: E402
 from dpaudit_torch.testing import bugs  # noqa: E402
 
 REPO = Path(__file__).resolve().parent.parent
@@ -99,7 +99,8 @@ def test_resume_in_new_process_gives_the_same_report(tmp_path):
     s2 = _setup()
     aud = PrivacyAuditor(s2.engine, s2.optimizer, s2.loader, seed=5, **CONFIG)
     _train(s2, aud, batches[:CUT])
-    assert aud._observer.buffer_x, "the checkpoint must hold buffered, not yet fed pairs"
+    assert aud.monitors["sequential_pairs"].buffer_x, \
+        "the checkpoint must hold buffered, not yet fed pairs"
     ckpt = tmp_path / "ckpt.pt"
     torch.save(_checkpoint(s2, aud), ckpt)
     out = tmp_path / "report.json"
@@ -131,12 +132,14 @@ def test_state_dict_is_torch_saveable_plain(tmp_path):
     other = PrivacyAuditor(s2.engine, s2.optimizer, s2.loader, seed=99, **CONFIG)
     other.load_state_dict(back)
     assert torch.equal(other.design.one_flat, aud.design.one_flat)
-    assert torch.equal(other._coins._mask(), aud._coins._mask())
+    assert torch.equal(other.monitors["one_run"].coins.state()[0],
+                       aud.monitors["one_run"].coins.state()[0])
     assert other.step == aud.step == 4
-    assert torch.equal(other._observer.scores, aud._observer.scores)
+    assert torch.equal(other.monitors["one_run"].scores, aud.monitors["one_run"].scores)
     # the coming role coins and inclusions are the same (drawn in blocks of steps)
     for _ in range(70):
-        np.testing.assert_array_equal(other._injector._uniforms(), aud._injector._uniforms())
+        np.testing.assert_array_equal(other.tap.injector.next_uniforms(),
+                                      aud.tap.injector.next_uniforms())
 
 
 @pytest.mark.parametrize("change,needle", [
@@ -154,11 +157,12 @@ def test_load_into_other_configuration_fails_clearly(change, needle):
     sd = aud.state_dict()
     aud.detach()
     other = PrivacyAuditor(s.engine, s.optimizer, s.loader, seed=2, **{**CONFIG, **change})
-    before = (other.design.one_flat.clone(), other.step, other._coins._mask().clone())
+    before = (other.design.one_flat.clone(), other.step,
+              other.monitors["one_run"].coins.state()[0].clone())
     with pytest.raises(ValueError, match=needle):
         other.load_state_dict(sd)
     assert torch.equal(other.design.one_flat, before[0]) and other.step == before[1]
-    assert torch.equal(other._coins._mask(), before[2])
+    assert torch.equal(other.monitors["one_run"].coins.state()[0], before[2])
 
 
 def test_load_into_other_model_fails_clearly():
@@ -179,3 +183,23 @@ if __name__ == "__main__":
         _resume(sys.argv[2], sys.argv[3])
     else:
         raise SystemExit("usage: test_checkpoint.py resume CKPT OUT")
+
+
+def test_checkpoint_of_the_first_state_layout_is_refused_by_version():
+    """A checkpoint written by the auditor before the engine was split into monitors (state
+    layout version 1, tests/data/auditor_state_v1.pt, made with that release) is refused with a
+    message naming its version; the auditor is left as it was."""
+    sd = torch.load(Path(__file__).parent / "data" / "auditor_state_v1.pt", weights_only=True)
+    assert sd["version"] == 1
+    s = make_private_setup(seed=0)
+    aud = PrivacyAuditor(s.engine, s.optimizer, s.loader, seed=1, k_pairs=2, m_canaries=8,
+                         check_every=2)
+    before = aud.state_dict()
+    with pytest.raises(ValueError, match=r"version 1 is not supported \(this version reads 2\)"):
+        aud.load_state_dict(sd)
+    after = aud.state_dict()
+    assert after["counters"] == before["counters"]
+    assert torch.equal(after["coins"]["in"], before["coins"]["in"])
+    for x, y in s.batches(2, batch=16):  # still audits
+        s.step(x, y)
+    assert aud.step == 2

@@ -31,7 +31,7 @@ import torch.multiprocessing as mp
 from torch import nn
 from torch.utils.data import DataLoader, TensorDataset
 
-from dpaudit_torch.hook import PrivacyAuditor
+from dpaudit_torch.audit import PrivacyAuditor
 from dpaudit_torch.testing import bugs
 
 N, GLOBAL_BATCH, WORLD = 256, 32, 2
@@ -89,7 +89,7 @@ def _run(sigma: float, bug: str | None, steps: int, mode: str, rank: int, world:
     aud = PrivacyAuditor(engine, opt, dl, **CONFIG)
     stops: list[bool] = []
     rows: list[int] = []
-    aud._injector.on_inject = lambda rec: rows.append(rec.n_rows)
+    aud.tap.injector.on_inject = lambda rec: rows.append(rec.n_rows)
     per = GLOBAL_BATCH // world
     for idx in _batches(steps):
         mine = idx[rank * per:(rank + 1) * per]
@@ -103,7 +103,7 @@ def _run(sigma: float, bug: str | None, steps: int, mode: str, rank: int, world:
     return {
         "expected_batch_size": float(opt.expected_batch_size),
         "type": [c.__name__ for c in type(opt).__mro__],
-        "injected_rows": sum(rows), "steps_injected": aud._injector.steps_injected,
+        "injected_rows": sum(rows), "steps_injected": aud.tap.injector.steps_injected,
         "stops": stops, "violation": rep.violation, "violation_step": rep.violation_step,
         "crossed_at": rep.sequential["crossed_at_step"],
         "history": rep.wealth_history, "scores": rep.one_run_scores,
@@ -128,7 +128,7 @@ def _worker(rank: int, world: int, port: int, out: str) -> None:
         aud = PrivacyAuditor(engine, opt, dl, k_pairs=8, m_canaries=40, seed=None)
         res["unseeded"] = {"one_flat": aud.design.one_flat.tolist(),
                            "pair_a": aud.design.pair_a.tolist(),
-                           "coins": aud._coins.reveal().int().tolist(),
+                           "coins": aud.monitors["one_run"].coins.reveal().int().tolist(),
                            "policy": aud.seed_policy}
         aud.detach()
         (out_dir / "result.json").write_text(json.dumps(res))

@@ -219,3 +219,33 @@ def test_run_type1_blocks_and_cache(tmp_path: Path) -> None:
     c3 = ex.run_type1([case], methods=("hockey_stick",), runs=4, pairs=61, progress=False,
                       chunk_runs=2, cache=str(cache))
     assert len(cache.read_text().splitlines()) == 4 and c3[0].runs == 4
+
+
+def test_experiment_methods_come_from_the_tester_registry() -> None:
+    """One registry of experiment methods, built on dpaudit_torch.registry; the old names agree."""
+    from dpaudit_torch import registry
+
+    assert list(ex.EXPERIMENT_METHODS) == ["mmd_r0.5", "mmd_r1", "hockey_stick"]
+    assert list(ex.METHODS) == list(ex.METHOD_LABELS) == list(ex.EXPERIMENT_METHODS)
+    assert ex.LIBRARY_DEFAULT_METHODS == ("mmd_r1", "hockey_stick")
+    assert ex.METHOD_LABELS["hockey_stick"] == registry.TESTERS["hockey_stick"].label
+    for key, m in ex.EXPERIMENT_METHODS.items():
+        assert m.key == key and ex.experiment_method(key) is m
+        t = ex.make_tester(key, 0.5, 1e-5, 0.05)
+        assert isinstance(t, registry.tester_class(m.tester))
+        assert type(ex.METHODS[key](0.5, 1e-5, 0.05)) is type(t)
+    assert ex.make_tester("mmd_r0.5", 0.5, 0.0, 0.05).witness_radius == 0.5
+    assert ex.make_tester("mmd_r1", 0.5, 0.0, 0.05).witness_radius == 1.0
+    with pytest.raises(ValueError, match="unknown tester"):
+        ex.ExperimentMethod("x", "nope", (), "x")
+    for name in ex.__all__:
+        assert getattr(ex, name) is not None
+
+
+def test_table1_checks_read_the_method_entry() -> None:
+    """Checks follow the registry entry: an unregistered method gets none."""
+    rows = [_row("NonDPGaussian1", 0.01, "somebody_else", [10] * 4)]
+    assert ex.table1_checks(rows) == []
+    entry = ex.EXPERIMENT_METHODS["hockey_stick"]
+    assert entry.detects_all and entry.pairs_target == 0.25 and not entry.paper_config
+    assert ex.EXPERIMENT_METHODS["mmd_r0.5"].paper_config

@@ -14,9 +14,8 @@ from conftest import make_private_setup
 from test_hook import _capture, _expected_presence, _untouched
 from torch import nn
 
-from dpaudit_torch.hook import PrivacyAuditor
-from dpaudit_torch.injection import Injector
-from dpaudit_torch.observation import Observer
+from dpaudit_torch.audit import PrivacyAuditor
+from dpaudit_torch.opacus_tap import GradientReader, Injector
 
 SMALL = dict(k_pairs=4, m_canaries=40, check_every=2)
 
@@ -77,11 +76,11 @@ def test_nonfinite_raise_before_update_state_untouched():
     aud = PrivacyAuditor(s.engine, s.optimizer, s.loader, seed=1, **SMALL)
     batches = list(s.batches(3, batch=16))
     s.step(*batches[0])
-    before, step, scores = _params(s.model), aud.step, aud._observer.scores.clone()
+    before, step, scores = _params(s.model), aud.step, aud.monitors["one_run"].scores.clone()
     with pytest.raises(ValueError, match="non-finite gradient at canary"):
         s.step(_nan_batch(batches[1][0]), batches[1][1])
     assert _same(_params(s.model), before)  # the update was not applied
-    assert aud.step == step and torch.equal(aud._observer.scores, scores)
+    assert aud.step == step and torch.equal(aud.monitors["one_run"].scores, scores)
     assert aud.attached and not _untouched(s.optimizer)  # still auditing
     s.step(*batches[2])  # training goes on
     assert aud.step == step + 1
@@ -102,7 +101,7 @@ def _skip_run(deferred: bool):
     once (CPU) or at the next decision (the accelerator path, forced here on CPU)."""
     s = make_private_setup(sigma=1.0)
     aud = PrivacyAuditor(s.engine, s.optimizer, s.loader, seed=1, on_nonfinite="skip", **SMALL)
-    aud._observer.check_finite_every_step = not deferred
+    aud.tap.reader.check_finite_every_step = not deferred
     _sanitizer(s.optimizer)
     n = 7
     for i, (x, y) in enumerate(s.batches(n, batch=16)):
@@ -111,11 +110,11 @@ def _skip_run(deferred: bool):
     assert rep.training["nonfinite_steps_skipped"] == 2
     assert not rep.threat_model["every_step_observed"]
     assert any("non-finite" in w for w in rep.warnings)
-    for t in aud._segment.testers.values():
-        assert t.n_pairs == (n - 2) * aud.k_pairs
+    for t in aud.monitors["sequential_pairs"].segment.testers.values():
+        assert t.n_pairs == (n - 2) * aud.config.k_pairs
     hist = rep.wealth_history
     assert all(math.isfinite(v) for k, vals in hist.items() for v in vals)
-    assert torch.isfinite(aud._observer.scores).all()
+    assert torch.isfinite(aud.monitors["one_run"].scores).all()
     assert math.isfinite(rep.sequential["combined_log_wealth"])
     return rep
 
@@ -144,7 +143,8 @@ def test_internal_failure_restores_optimizer_model_untouched(monkeypatch, where)
     a = make_private_setup(sigma=0.0)
     b = make_private_setup(sigma=0.0)
     aud = PrivacyAuditor(a.engine, a.optimizer, a.loader, seed=1, **SMALL)
-    target = {"observation": (Observer, "observe"), "injection": (Injector, "_canary_index"),
+    # fault injection at three points of the auditor's own code inside a step
+    target = {"observation": (GradientReader, "read"), "injection": (Injector, "_row_views"),
               "plan": (Injector, "_plan")}[where]
 
     def boom(*_a, **_k):
@@ -160,7 +160,7 @@ def test_internal_failure_restores_optimizer_model_untouched(monkeypatch, where)
     assert _untouched(a.optimizer) and not aud.attached
     for p in a.optimizer.params:  # the real per-sample gradients, as Opacus left them
         assert p.grad_sample is not None and p.grad_sample.shape[0] == 16
-    assert any("internal auditor failure" in w for w in aud._warnings)
+    assert any("internal auditor failure" in w for w in aud.warnings)
     for x, y in batches:
         a.step(x, y)
         b.step(x, y)
@@ -175,17 +175,17 @@ def test_canary_rows_buffer_is_zero_between_steps(monkeypatch):
     own canaries (one entry of canary_norm * C per row)."""
     a = make_private_setup(sigma=0.0)
     aud = PrivacyAuditor(a.engine, a.optimizer, a.loader, seed=2, **SMALL)
-    inj = aud._injector
+    inj = aud.tap.injector
     seen: list[tuple[int, int, float]] = []
-    original = inj._original
+    original = inj.original_method
 
     def spy():
         orig = original()
 
         def call():
             gs = a.optimizer.params[0].grad_sample
-            if gs is not None and not isinstance(gs, list) and inj._zero_buf is not None and \
-                    gs.data_ptr() == inj._zero_buf.data_ptr():
+            if gs is not None and not isinstance(gs, list) and inj.rows_buffer is not None and \
+                    gs.data_ptr() == inj.rows_buffer.data_ptr():
                 rows = torch.cat([p.grad_sample.reshape(gs.shape[0], -1)
                                   for p in a.optimizer.params], dim=1)
                 seen.append((int(rows.shape[0]), int((rows != 0).sum()),
@@ -193,14 +193,14 @@ def test_canary_rows_buffer_is_zero_between_steps(monkeypatch):
             return orig()
         return call
 
-    monkeypatch.setattr(inj, "_original", spy)
+    monkeypatch.setattr(inj, "original_method", spy)
     for x, y in a.batches(4, batch=16):
         a.step(x, y)
-        assert inj._zero_buf is not None and not bool(inj._zero_buf.any())
+        assert inj.rows_buffer is not None and not bool(inj.rows_buffer.any())
     assert len(seen) == 4
     for n_rows, nonzero, biggest in seen:
         assert nonzero == n_rows  # one entry per row
-        assert biggest == pytest.approx(aud.canary_norm * 1.0)
+        assert biggest == pytest.approx(aud.config.canary_norm * 1.0)
     # a failure inside Opacus's second clipping call still leaves the buffer clean
     calls = {"n": 0}
 
@@ -214,10 +214,10 @@ def test_canary_rows_buffer_is_zero_between_steps(monkeypatch):
             return orig()
         return call
 
-    monkeypatch.setattr(inj, "_original", failing)
+    monkeypatch.setattr(inj, "original_method", failing)
     with pytest.raises(RuntimeError, match="clipping failed"):
         a.step(*next(iter(a.batches(1, batch=16))))
-    assert not bool(inj._zero_buf.any())
+    assert not bool(inj.rows_buffer.any())
 
 
 # ------------------------------------------------------------------ parameters
@@ -225,7 +225,7 @@ def test_frozen_parameters_never_canaries():
     engine, model, opt, dl, X, Y = _build(freeze_first=True)
     aud = PrivacyAuditor(engine, opt, dl, seed=1, **SMALL)
     frozen = model._module[0].weight
-    assert all(p is not frozen for p in aud.params)
+    assert all(p is not frozen for p in aud.tap.params)
     assert [tuple(s) for s in aud.design.shapes] == [(32,), (2, 32), (2,)]
     for i in range(3):
         _step(model, opt, X[16 * i:16 * i + 16], Y[16 * i:16 * i + 16])
@@ -242,7 +242,7 @@ def test_several_parameter_groups():
     aud = PrivacyAuditor(engine, opt, dl, seed=2, **SMALL)
     assert len(opt.param_groups) == 2
     recs = []
-    aud._injector.on_inject = recs.append
+    aud.tap.injector.on_inject = recs.append
 
     class _S:  # the shape _capture expects
         def __init__(self, o):
@@ -257,7 +257,7 @@ def test_several_parameter_groups():
     assert all(p["pairs"] + p["one_run"] > 0 for p in rep.canaries["per_parameter"])
     assert len(rep.canaries["per_parameter"]) == 4
     # the twins have the same parameters at step 1 only (the canaries move the audited one)
-    exp = _expected_presence(recs[0], aud.k_pairs, aud.m_canaries)
+    exp = _expected_presence(recs[0], aud.config.k_pairs, aud.config.m_canaries)
     assert torch.allclose(cap_a[0] - cap_b[0], exp, rtol=1e-6, atol=1e-6)
 
 
@@ -306,7 +306,7 @@ def test_autocast_training(dtype):
     b = make_private_setup(sigma=0.0, lr=0.0)
     aud = PrivacyAuditor(a.engine, a.optimizer, a.loader, seed=4, **SMALL)
     recs = []
-    aud._injector.on_inject = recs.append
+    aud.tap.injector.on_inject = recs.append
     cap_a, cap_b = _capture(a, aud.design), _capture(b, aud.design)
 
     def amp_step(s, x, y):
@@ -322,7 +322,7 @@ def test_autocast_training(dtype):
         amp_step(b, x, y)
     aud.finalize()
     for rec, va, vb in zip(recs, cap_a, cap_b):
-        exp = _expected_presence(rec, aud.k_pairs, aud.m_canaries)
+        exp = _expected_presence(rec, aud.config.k_pairs, aud.config.m_canaries)
         assert torch.allclose(va - vb, exp, rtol=0, atol=2.0 ** -6)
 
 
@@ -338,10 +338,10 @@ def test_autocast_statistics_in_float64(dtype):
         loss.backward()
         s.optimizer.step()
         if i == 0:  # observations are float64 from the start
-            assert aud._observer.buffer_x[0].dtype == torch.float64
+            assert aud.monitors["sequential_pairs"].buffer_x[0].dtype == torch.float64
     rep = aud.finalize()
-    assert aud._observer.scores.dtype == torch.float64
-    for t in aud._segment.testers.values():
+    assert aud.monitors["one_run"].scores.dtype == torch.float64
+    for t in aud.monitors["sequential_pairs"].segment.testers.values():
         assert t.n_pairs == 6 * 4
     assert math.isfinite(rep.sequential["combined_log_wealth"])
     assert all(math.isfinite(v) for v in rep.one_run_scores["in"] + rep.one_run_scores["out"])

@@ -1,4 +1,4 @@
-"""Tests of HockeyStickTest (ALGORITHMS.md section 3): validity, set learning, power, interface."""
+"""Tests of HockeyStickTest (docs/design.md section 3): validity, set learning, power, interface."""
 
 from __future__ import annotations
 
@@ -179,8 +179,8 @@ def test_atom_in_p_only_is_detected(where: str) -> None:
 
 
 def test_dp_auditorium_atom_leak_detected_fast() -> None:
-    """The dp_auditorium 'DP' mechanisms output the noiseless mean when n~ < 0 (ALGORITHMS.md
-    s.7): an atom under S only. Detected in every seed within 100 pairs."""
+    """The dp_auditorium 'DP' mechanisms output the noiseless mean when n~ < 0 (docs/design.md
+    section 7): an atom under S only. Detected in every seed within 100 pairs."""
     for name in ("DPGaussian", "DPLaplace"):
         m = mechanisms.get(name, 0.1)
         for seed in range(3):
@@ -323,7 +323,7 @@ def test_power_table1_mechanisms(name: str, eps: float, limit: int) -> None:
 
 
 def test_power_per_step_gaussian_null() -> None:
-    """ALGORITHMS.md s.5: sigma = 1 per-step null over its own profile grid; 'no noise' and
+    """docs/design.md section 5: sigma = 1 per-step null over its own profile grid; 'no noise' and
     'sigma halved' detected (measured means ~28 and ~76 pairs, 20 seeds)."""
     eps = [0.25, 0.5, 1.0, 2.0, 3.0]
     deltas = gaussian_profile_grid(1.0, eps)

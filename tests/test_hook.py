@@ -13,7 +13,7 @@ import pytest
 import torch
 from conftest import make_private_setup
 
-from dpaudit_torch.hook import PrivacyAuditor, PrivacyViolationError
+from dpaudit_torch.audit import PrivacyAuditor, PrivacyViolationError
 from dpaudit_torch.testing import bugs
 
 
@@ -71,9 +71,9 @@ def test_sigma0_canary_contributes_exactly_C(mode, clipping, C, extra):
                            **extra)
     aud = PrivacyAuditor(a.engine, a.optimizer, a.loader, seed=3, k_pairs=8, m_canaries=96)
     recs = []
-    aud._injector.on_inject = recs.append
+    aud.tap.injector.on_inject = recs.append
     cap_a, cap_b = _capture(a, aud.design), _capture(b, aud.design)
-    k, m = aud.k_pairs, aud.m_canaries
+    k, m = aud.config.k_pairs, aud.config.m_canaries
     pidx, _ = aud.design.coordinates()
     for x, y in a.batches(3, batch=24):
         a.step(x, y)
@@ -85,13 +85,13 @@ def test_sigma0_canary_contributes_exactly_C(mode, clipping, C, extra):
         assert rec.included.numel() > 0  # the one-run path is exercised too
         assert torch.allclose(diff, expected, rtol=0.0, atol=1e-6), (diff - expected).abs().max()
         # the auditor's own projection agrees with the twin-free computation
-        proj = aud._observer.last_projection.cpu()
+        proj = aud.tap.reader.last_values.cpu()
         assert torch.allclose(proj - cap_b[-1] / clip, expected, atol=1e-6)
         if clipping == "adaptive":
             # canaries do not bias adaptive clipping's bound update (sample count corrected)
             assert float(a.optimizer.max_grad_norm) == pytest.approx(
                 float(b.optimizer.max_grad_norm), rel=1e-6)
-    assert aud.step == 3 and aud._injector.steps_injected == 3
+    assert aud.step == 3 and aud.tap.injector.steps_injected == 3
     aud.detach()
 
 
@@ -104,7 +104,7 @@ def test_hooks_ghost_functorch_same_projections():
         projs = []
         for x, y in s.batches(3, batch=24):
             s.step(x, y)
-            projs.append(aud._observer.last_projection.clone())
+            projs.append(aud.tap.reader.last_values.clone())
         runs[mode] = (torch.stack(projs), s, aud)
     ref = runs["hooks"][0]
     for mode in ("functorch", "ghost"):
@@ -164,7 +164,7 @@ def test_batch_memory_manager_injects_once_per_logical_step():
     b = make_private_setup(sigma=0.0, lr=0.0, batch_size=64, seed=2)
     aud = PrivacyAuditor(a.engine, a.optimizer, a.loader, seed=1, k_pairs=4, m_canaries=64)
     recs = []
-    aud._injector.on_inject = recs.append
+    aud.tap.injector.on_inject = recs.append
     cap_a, cap_b = _capture(a, aud.design), _capture(b, aud.design)
     physical = 0
     for s in (a, b):
@@ -175,7 +175,7 @@ def test_batch_memory_manager_injects_once_per_logical_step():
                 physical += s is a
     logical = sum(n for _, _, n in a.engine.accountant.history)
     assert physical > 2 * logical >= 2
-    assert aud._injector.steps_injected == aud.step == len(recs) == logical == len(cap_a)
+    assert aud.tap.injector.steps_injected == aud.step == len(recs) == logical == len(cap_a)
     for rec, va, vb in zip(recs, cap_a, cap_b):
         assert torch.allclose(va - vb, _expected_presence(rec, 4, 64), atol=1e-6)
 
@@ -184,11 +184,11 @@ def test_empty_poisson_batch():
     s = make_private_setup(sigma=0.0, lr=0.0)
     aud = PrivacyAuditor(s.engine, s.optimizer, s.loader, seed=0, k_pairs=4, m_canaries=64)
     recs = []
-    aud._injector.on_inject = recs.append
+    aud.tap.injector.on_inject = recs.append
     s.step(s.X[:0], s.Y[:0])
     assert aud.step == 1
     # no real data: the projection is exactly the canaries
-    assert torch.allclose(aud._observer.last_projection.cpu(),
+    assert torch.allclose(aud.tap.reader.last_values.cpu(),
                           _expected_presence(recs[-1], 4, 64), atol=1e-6)
 
 
@@ -333,8 +333,8 @@ def test_non_finite_gradient_is_refused_before_the_update():
     with pytest.raises(ValueError, match="non-finite"):
         s.step(x, y)
     assert all(torch.equal(p, q) for p, q in zip(s.model.parameters(), before))
-    assert aud.step == 0 and not aud._observer.buffer_x
-    assert float(aud._observer.scores.abs().sum()) == 0.0
+    assert aud.step == 0 and not aud.monitors["sequential_pairs"].buffer_x
+    assert float(aud.monitors["one_run"].scores.abs().sum()) == 0.0
     s.step(*next(s.batches(1, seed=5)))  # training (and the audit) go on with good data
     assert aud.step == 1
 
@@ -378,7 +378,8 @@ def test_finalize_builds_a_complete_report():
     s = make_private_setup(seed=3)
     aud = PrivacyAuditor(s.engine, s.optimizer, s.loader, seed=0, m_canaries=128,
                          history_stride=2)
-    assert "True" not in repr(aud._coins) and "revealed=False" in repr(aud._coins)
+    coins = aud.monitors["one_run"].coins
+    assert "True" not in repr(coins) and "revealed=False" in repr(coins)
     s.train(12)
     rep = aud.finalize()
     assert aud.finalize() is rep and not aud.attached and _untouched(s.optimizer)
@@ -454,8 +455,8 @@ def test_non_injecting_rank_observes_without_injecting():
     x, y = next(a.batches(1))
     a.step(x, y)
     b.step(x, y)
-    assert aud.step == 1 and aud.insertions == 0
-    assert torch.allclose(aud._observer.last_projection.cpu(), cap_b[-1], atol=1e-6)
+    assert aud.step == 1 and aud.tap.injector.insertions == 0
+    assert torch.allclose(aud.tap.reader.last_values.cpu(), cap_b[-1], atol=1e-6)
 
 
 def test_on_step_callback_errors_never_break_training():
@@ -486,19 +487,16 @@ def test_compiled_observation_matches_torch_path(skip):
                              m_canaries=96, check_every=3,
                              on_nonfinite="skip" if skip else "raise")
         if not compiled:
-            aud._observer._compiled_ok = lambda rec: False
-        calls = []
-        observe = aud._observer._observe_compiled
-        aud._observer._observe_compiled = (
-            lambda *a, calls=calls, observe=observe: calls.append(1) or observe(*a))
+            aud.tap.reader.compiled = False
         projections = []
         for x, y in s.batches(7, batch=24):
             s.step(x, y)
-            projections.append(aud._observer.last_projection.clone())
-        assert bool(calls) == compiled
-        obs = aud._observer
-        runs.append((torch.stack(projections), obs.scores.clone(), torch.stack(obs.buffer_x),
-                     float(obs.w_sum), float(obs.w_sumsq), obs.w_count, aud.combined_log_wealth))
+            projections.append(aud.tap.reader.last_values.clone())
+        assert bool(aud.tap.reader.compiled_reads) == compiled
+        pairs = aud.monitors["sequential_pairs"]
+        runs.append((torch.stack(projections), aud.monitors["one_run"].scores.clone(),
+                     torch.stack(pairs.buffer_x), float(pairs.w_sum), float(pairs.w_sumsq),
+                     pairs.w_count, aud.combined_log_wealth))
     a, b = runs
     for u, v in zip(a, b):
         if isinstance(u, torch.Tensor):

@@ -1,7 +1,7 @@
 """Long runs (issue 6, item 4): log-wealth exact and finite far beyond float64's range of e^x.
 
 The wealth K_t = prod (1 + lambda_t p_t) of a strongly non-DP stream passes e^709.78 (the largest
-float64) after a few thousand pairs, so the library keeps log K_t (ALGORITHMS.md section 1). These
+float64) after a few thousand pairs, so the library keeps log K_t (docs/design.md section 1). These
 tests feed streams whose log-wealth exceeds 800 and check, against an independent pure-Python
 recomputation (ONS from the formulas, log-wealth as ``math.fsum`` of ``log1p`` terms), that the
 log-wealth is finite and exact, and that every piece of state stays bounded.
@@ -32,7 +32,7 @@ pytestmark = pytest.mark.usefixtures("one_thread")
 
 
 def reference_ons(payoffs: np.ndarray, lambda_max: np.ndarray) -> tuple[np.ndarray, dict]:
-    """ALGORITHMS.md section 1 written out per component with Python floats.
+    """docs/design.md section 1 written out per component with Python floats.
 
     Returns the final log-wealth, each a ``math.fsum`` of the log1p terms (correctly rounded
     sum, so no accumulated rounding), and the final ONS state.

@@ -1,4 +1,4 @@
-"""Reference mechanisms (ALGORITHMS.md section 7): laws, atoms, privacy metadata, validation.
+"""Reference mechanisms (docs/design.md section 7): laws, atoms, privacy metadata, validation.
 
 Tolerances (all randomised checks use fixed seeds):
 * Means: |mean_N - mu| <= 5 SE with SE = sd / sqrt(N) (two-sided normal tail at 5 SE: 5.7e-7).
@@ -54,7 +54,7 @@ _SPEC = {  # name -> (noise, noisy count for mean, noisy count for scale); writt
 
 def _table1_cdf(name: str, variant: str, eps: float, delta: float, n: int, total: float,
                 t: np.ndarray) -> np.ndarray:
-    """P[A(D) <= t] for data D with n records summing to ``total`` (ALGORITHMS.md s.7)."""
+    """P[A(D) <= t] for data D with n records summing to ``total`` (docs/design.md section 7)."""
     noise, for_mean, for_scale = _SPEC[name]
     nf = 1.0 if noise == "laplace" else math.sqrt(2.0 * math.log(1.25 / delta))
     b = 0.5 if (for_mean or for_scale) else 1.0

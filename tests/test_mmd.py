@@ -1,4 +1,4 @@
-"""Tests of SequentialMMDTest (ALGORITHMS.md section 2; González et al., NeurIPS 2025)."""
+"""Tests of SequentialMMDTest (docs/design.md section 2; González et al., NeurIPS 2025)."""
 
 from __future__ import annotations
 
@@ -12,8 +12,9 @@ import pytest
 import torch
 from conftest import devices
 
+from dpaudit_torch.stats._mmd_witness import REFRESH_FACTOR
 from dpaudit_torch.stats.base import CannotRejectWarning
-from dpaudit_torch.stats.mmd import _REFRESH_FACTOR, SequentialMMDTest
+from dpaudit_torch.stats.mmd import SequentialMMDTest
 from dpaudit_torch.stats.thresholds import gaussian_delta
 
 ONS_C = 2.0 / (2.0 - math.log(3.0))
@@ -23,7 +24,7 @@ pytestmark = pytest.mark.usefixtures("one_thread")
 
 
 # --------------------------------------------------------------------------------------------
-# A straightforward implementation of ALGORITHMS.md section 2, written independently of the
+# A straightforward implementation of docs/design.md section 2, written independently of the
 # library: explicit coefficients c_i rescaled one by one at every projection, the kernel row
 # computed from direct differences over all past pairs, ||f||^2 recomputed from the Gram matrix
 # (not tracked recursively), its own ONS.
@@ -633,7 +634,7 @@ def test_capped_norm_never_exceeds_radius(radius: float) -> None:
         assert t.exact_witness_norm() == pytest.approx(exact, rel=1e-9, abs=1e-15)
     assert t.n_evicted == 1200 - 20 - 50
     # 1130 drops >= 16 * 50: the from-scratch norm refresh ran (and changed nothing visible)
-    assert t.n_norm_refreshes == 1130 // (_REFRESH_FACTOR * 50) == 1
+    assert t.n_norm_refreshes == 1130 // (REFRESH_FACTOR * 50) == 1
 
 
 def test_capped_memory_bounded() -> None:

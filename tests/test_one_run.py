@@ -1,4 +1,4 @@
-"""Tests of the one-run audit (ALGORITHMS.md section 6; issue 3).
+"""Tests of the one-run audit (docs/design.md section 6; issue 3).
 
 Reference values, exact validity of the Steinke p-value, coverage simulations on games whose true
 epsilon is known, power on leaky games, and argument checks.
@@ -411,17 +411,18 @@ def test_result_object_and_strategies() -> None:
 def test_pruned_search_equals_brute_force() -> None:
     # the best-over-candidates search skips candidates that cannot beat the best so far; it must
     # return exactly the maximum of the individual bounds
-    from dpaudit_torch.stats.one_run import _best, _bound_for, _Game, _split_counts
+    from dpaudit_torch.stats.one_run import _split_counts
+    from dpaudit_torch.stats.one_run_bounds import CanaryGame, best_bound, bound_for
 
     rng = np.random.default_rng(3)
     for m, mu in ((80, 2.5), (150, 0.7)):
         lab = rng.random(m) < 0.5
-        game = _Game(mu * lab + rng.standard_normal(m), lab, np.random.default_rng(0))
+        game = CanaryGame(mu * lab + rng.standard_normal(m), lab, np.random.default_rng(0))
         kp, kn = _split_counts(np.arange(1, m + 1), "two_sided")
         r, v = game.counts(kp, kn)
         for method in ("steinke", "fdp"):
-            best, j, _ = _best(method, m, r, v, ALPHA, DELTA)
-            brute = [_bound_for(method, m, int(a), int(b), DELTA, ALPHA) for a, b in zip(r, v)]
+            best, j, _ = best_bound(method, m, r, v, ALPHA, DELTA)
+            brute = [bound_for(method, m, int(a), int(b), DELTA, ALPHA) for a, b in zip(r, v)]
             assert best == pytest.approx(max(brute), rel=1e-9)
             assert brute[j] == pytest.approx(best, rel=1e-9)
 

@@ -18,14 +18,15 @@ import torch
 from conftest import make_private_setup
 
 import dpaudit_torch.canaries as canaries
-from dpaudit_torch.hook import PrivacyAuditor
+from dpaudit_torch.audit import PrivacyAuditor
 from dpaudit_torch.testing import bugs
 
 M = 40
 
 
 def _secret(aud: PrivacyAuditor) -> tuple[torch.Tensor, list[int]]:
-    mask = aud._coins._mask().clone()  # test-only peek (does not mark the coins revealed)
+    # test-only peek (does not mark the coins revealed)
+    mask = aud.monitors["one_run"].coins.state()[0].clone()
     return mask, torch.nonzero(mask).reshape(-1).tolist()
 
 
@@ -95,9 +96,9 @@ def test_coins_never_in_logs_or_warnings(caplog):
     for needle in (str(idx), str(mask.tolist()), repr(mask), str(mask.int().tolist()),
                    ", ".join(map(str, idx))):
         assert needle not in text
-    assert not aud._coins.revealed
+    assert not aud.monitors["one_run"].coins.revealed
     rep = aud.finalize()  # revealed only now
-    assert aud._coins.revealed and len(rep.one_run_scores["in"]) == len(idx)
+    assert aud.monitors["one_run"].coins.revealed and len(rep.one_run_scores["in"]) == len(idx)
 
 
 def test_coins_not_reachable_from_optimizer_model_data():
@@ -114,9 +115,10 @@ def test_coins_not_reachable_from_optimizer_model_data():
     assert not any(_leaks(t, mask, idx) for t in tensors)
     # the auditor's own attributes (outside SecretCoins) do not hold them either
     assert not any(_leaks(t, mask, idx) for t in _reachable_tensors([vars(aud)]))
-    for r in (repr(aud), str(aud), repr(aud._coins), str(aud._coins)):
+    coins = aud.monitors["one_run"].coins
+    for r in (repr(aud), str(aud), repr(coins), str(coins)):
         assert str(idx) not in r and "True" not in r.replace("attached=True", "")
-    assert "tensor" not in repr(aud._coins)
+    assert "tensor" not in repr(aud.monitors["one_run"].coins)
 
 
 def test_seed_none_uses_os_entropy_and_two_auditors_differ(monkeypatch):
@@ -140,7 +142,8 @@ def test_seed_none_uses_os_entropy_and_two_auditors_differ(monkeypatch):
     da, db = a.design, b.design
     assert not (torch.equal(da.one_flat, db.one_flat) and torch.equal(da.pair_a, db.pair_a))
     # the coins: equal by chance with probability 2^-40
-    assert not torch.equal(a._coins.reveal(), b._coins.reveal())
+    assert not torch.equal(a.monitors["one_run"].coins.reveal(),
+                           b.monitors["one_run"].coins.reveal())
     # a seeded auditor is reproducible (and does not use OS entropy)
     n = len(calls)
     c_setup = make_private_setup(sigma=1.0)
@@ -151,4 +154,4 @@ def test_seed_none_uses_os_entropy_and_two_auditors_differ(monkeypatch):
                        m_canaries=M)
     assert len(calls) == n
     assert torch.equal(c.design.one_flat, d.design.one_flat)
-    assert torch.equal(c._coins.reveal(), d._coins.reveal())
+    assert torch.equal(c.monitors["one_run"].coins.reveal(), d.monitors["one_run"].coins.reveal())

@@ -1,4 +1,6 @@
-"""Type-I error of both sequential testers on every truly DP mechanism (ALGORITHMS.md s.1, s.7).
+"""Type-I error of both sequential testers on every truly DP mechanism.
+
+See docs/design.md sections 1 and 7.
 
 Under H0 each test's wealth is a nonnegative supermartingale, so by Ville's inequality a run of
 any length rejects with probability <= alpha = 0.05. With R independent runs the number of false

@@ -23,7 +23,7 @@ training data wrapped by ``opacus.lightning.DPLightningDataModule`` for Poisson 
     trainer = L.Trainer(callbacks=[PrivacyAuditCallback(delta=1e-5)], ...)
     trainer.fit(Model(), datamodule=DPLightningDataModule(my_datamodule))
 
-The callback attaches a :class:`~dpaudit_torch.hook.PrivacyAuditor` when training starts, stops
+The callback attaches a :class:`~dpaudit_torch.audit.PrivacyAuditor` when training starts, stops
 training (``trainer.should_stop``) when the sequential audit proves a violation, and at the end of
 training (also when training is interrupted by an exception) finalizes the audit, saves the report
 (``audit.json`` + ``report.html``) and detaches the auditor. The audit itself -- canaries in the
@@ -58,9 +58,10 @@ except ImportError:  # pragma: no cover - exercised in a subprocess test
         ) from None
 
 from .._validation import check_alpha
+from ..audit.config import AuditConfig
 
 if TYPE_CHECKING:  # pragma: no cover
-    from ..hook import PrivacyAuditor
+    from ..audit import PrivacyAuditor
     from ..report import AuditReport
 
 logger = logging.getLogger(__name__)
@@ -83,14 +84,16 @@ class PrivacyAuditCallback(_Callback):
             ``PrivacyEngine`` (default ``"privacy_engine"``, as in Opacus's Lightning example).
         log_metrics: log the auditor's latest numeric metrics with ``pl_module.log`` (prefix
             ``dpaudit/``) after each training batch, so they reach the Trainer's loggers.
-        **auditor_kwargs: passed to :class:`~dpaudit_torch.hook.PrivacyAuditor` (``alpha``,
+        **auditor_kwargs: settings of :class:`~dpaudit_torch.audit.AuditConfig`, validated here
+            (a bad one raises at construction, before training starts), and ``on_step``;
+            passed to :class:`~dpaudit_torch.audit.PrivacyAuditor` (``alpha``,
             ``k_pairs``, ``m_canaries``, ``seed``, ``on_violation``, ``check_every``, ...).
 
     Attributes:
         report: the :class:`~dpaudit_torch.report.AuditReport` of the last finished training
             run, or None.
         report_dir: the directory the report was saved to, or None.
-        auditor: the attached :class:`~dpaudit_torch.hook.PrivacyAuditor` while training runs.
+        auditor: the attached :class:`~dpaudit_torch.audit.PrivacyAuditor` while training runs.
 
     Which data loader is audited: the training loader the Trainer really iterates
     (``trainer.train_dataloader``), not the one ``make_private`` returned (which Lightning does not
@@ -123,7 +126,11 @@ class PrivacyAuditCallback(_Callback):
         if not isinstance(log_metrics, bool):
             raise TypeError(f"log_metrics must be a bool, got {log_metrics!r}")
         self.log_metrics = log_metrics
-        self.auditor_kwargs = dict(auditor_kwargs)
+        kwargs = dict(auditor_kwargs)
+        self._on_step = kwargs.pop("on_step", None)
+        #: the audit's settings (validated once, here)
+        self.config = AuditConfig.from_kwargs(kwargs.pop("config", None), delta=self.delta,
+                                              **kwargs)
         self.auditor: PrivacyAuditor | None = None
         self.report: AuditReport | None = None
         self.report_dir: Path | None = None
@@ -133,7 +140,7 @@ class PrivacyAuditCallback(_Callback):
 
     def on_train_start(self, trainer: Any, pl_module: Any) -> None:
         """Find the engine, the DP optimizer and the training loader; attach the auditor."""
-        from ..hook import PrivacyAuditor
+        from ..audit import PrivacyAuditor
 
         if self.auditor is not None:  # a previous run that never reached its end
             self._close(trainer, reason="a new training run started")
@@ -143,8 +150,8 @@ class PrivacyAuditCallback(_Callback):
         self.report = None
         self.report_dir = None
         self._stop_logged = False
-        self.auditor = PrivacyAuditor(engine, optimizer, loader, delta=self.delta,
-                                      **self.auditor_kwargs)
+        self.auditor = PrivacyAuditor(engine, optimizer, loader, config=self.config,
+                                      on_step=self._on_step)
         logger.info("privacy auditor attached to %s (delta=%g)", type(optimizer).__name__,
                     self.delta)
 

@@ -6,7 +6,7 @@ microseconds of interpreter overhead per pair, which in the training hook (16 pa
 is a visible share of a small model's step. Here they are plain loops compiled once by Numba
 (cached on disk, ``cache=True``; ``error_model="numpy"``: IEEE inf and NaN, never a Python
 ZeroDivisionError), with the same floating-point operations in the same order as
-the formulas in ALGORITHMS.md sections 1-2; no ``fastmath``, so IEEE semantics are kept.
+the formulas in docs/design.md sections 1-2; no ``fastmath``, so IEEE semantics are kept.
 
 Errors are not raised inside compiled code: each kernel returns a status (0 = fine) and the
 Python caller raises with the offending values, leaving its own state untouched.

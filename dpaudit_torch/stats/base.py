@@ -1,4 +1,4 @@
-"""The machinery every sequential privacy test shares (ALGORITHMS.md sections 1 and 4).
+"""The machinery every sequential privacy test shares (docs/design.md sections 1 and 4).
 
 A concrete test (MMD, hockey-stick) turns each incoming pair (x_t, y_t) into payoffs for K
 e-process *components*, each attached to one grid point (eps_i, delta_i). This base class owns:
@@ -272,7 +272,8 @@ class SequentialTest:
         """Largest grid epsilon whose test has rejected so far (anytime form), 0.0 if none.
 
         Each grid point is a level-alpha test; with ``simultaneous=True`` each uses
-        alpha / len(grid), so the bound holds simultaneously over the grid (ALGORITHMS.md s.4).
+        alpha / len(grid), so the bound holds simultaneously over the grid (docs/design.md
+        section 4).
         """
         rej = self.grid_rejected
         return float(self.epsilons[rej].max()) if rej.any() else 0.0

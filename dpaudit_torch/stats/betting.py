@@ -6,7 +6,7 @@ test fixes a payoff g_t with conditional mean <= 0 under H0 and a bet lambda_t >
 supermartingale under H0, and Ville's inequality gives P(sup_t K_t >= 1/alpha) <= alpha.
 
 The bet is chosen by Online Newton Step (ONS) with the constants of Shekhar & Ramdas
-("Nonparametric two-sample testing by betting", IEEE Trans. IT 2023), as in ALGORITHMS.md
+("Nonparametric two-sample testing by betting", IEEE Trans. IT 2023), as in docs/design.md
 section 1: lambda_1 = 0, A_0 = 1, and after payoff p_t
 
     z_t = -p_t / (1 + lambda_t p_t),   A_t = A_{t-1} + z_t^2,

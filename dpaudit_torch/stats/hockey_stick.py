@@ -1,6 +1,6 @@
 """Sequential hockey-stick test: bet directly on the events that define (eps, delta)-DP.
 
-ALGORITHMS.md section 3. (eps, delta)-DP says, for every event E,
+docs/design.md section 3. (eps, delta)-DP says, for every event E,
 
     P(E) <= e^eps Q(E) + delta   and   Q(E) <= e^eps P(E) + delta,
 
@@ -63,7 +63,7 @@ between near-equivalent sets while few pairs are known), the set for pair t is t
 f_t = sum_E w_t(E) 1{E}, w_t(E) proportional to exp(eta t J(E)) (``eta``, default 2; a uniform
 prior over the candidates; eta = 1 is the Bayes mixture of the candidates' fixed-bet wealths). It
 concentrates on the best set as t grows and hedges early on; f_t takes values in [0, 1], so the
-payoffs above apply. On the reference mechanisms of ALGORITHMS.md section 7 it needs 2-3% fewer
+payoffs above apply. On the reference mechanisms of docs/design.md section 7 it needs 2-3% fewer
 pairs than follow-the-leader over the same candidates on NonDPGaussian1 and 7-11% fewer on
 NonDPLaplace1 (200 seeds each; docs/statistics.md).
 
@@ -125,7 +125,7 @@ def _check_real(value: object, name: str) -> float:
 class HockeyStickTest(SequentialTest):
     """Anytime-valid sequential test of (eps, delta)-DP by betting on learned events.
 
-    ALGORITHMS.md section 3 (this project's addition to the betting framework of Shekhar & Ramdas
+    docs/design.md section 3 (this project's addition to the betting framework of Shekhar & Ramdas
     2023 and Gonzalez et al. 2025). See the module docstring for the construction and the proof
     of validity. Interface as :class:`~dpaudit_torch.stats.base.SequentialTest`: ``update(x, y)``
     with x ~ A(S), y ~ A(S'), then ``rejected``, ``rejected_at``, ``epsilon_lower_bound``,

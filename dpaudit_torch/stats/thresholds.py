@@ -3,7 +3,7 @@
 * :func:`mmd_tau` -- the MMD bound of Gonzalez, Dulce-Rubio, Ramdas & Ribero (NeurIPS 2025,
   arXiv 2509.07055, Theorem 3.1): an (eps, delta)-DP mechanism has, in any Gaussian-kernel RKHS,
   MMD(P, Q) <= sqrt(2) (1 - 2 (1 - delta) / (1 + e^eps)).  (The authors' notebook multiplies this by
-  a further sqrt(2); we implement the paper's value, see ALGORITHMS.md section 2.)
+  a further sqrt(2); we implement the paper's value, see docs/design.md section 2.)
 * :func:`gaussian_delta` / :func:`gaussian_epsilon` -- the exact privacy profile of the Gaussian
   mechanism with sensitivity 1 and noise sigma (mu-GDP with mu = 1 / sigma; Balle & Wang, ICML 2018;
   Dong, Roth & Su 2019):  delta(eps) = Phi(-eps/mu + mu/2) - e^eps Phi(-eps/mu - mu/2).
@@ -16,13 +16,13 @@ import math
 import numpy as np
 from scipy import optimize, special
 
-from .._validation import _as_real, check_delta, check_deltas
+from .._validation import as_real, check_delta, check_deltas
 
 __all__ = ["mmd_tau", "gaussian_delta", "gaussian_epsilon", "gaussian_profile_grid"]
 
 
 def _check_mu(mu: object) -> float:
-    m = _as_real("mu", mu)
+    m = as_real("mu", mu)
     if not (m > 0) or not math.isfinite(m):
         raise ValueError(f"mu must be a finite number > 0, got {mu!r}")
     return m
@@ -80,7 +80,7 @@ def gaussian_epsilon(delta: float, mu: float) -> float:
 
 def gaussian_profile_grid(sigma: float, epsilons: np.ndarray | list[float]) -> np.ndarray:
     """deltas of the per-step Gaussian null (noise multiplier ``sigma``) at the given epsilons."""
-    s = _as_real("sigma", sigma)
+    s = as_real("sigma", sigma)
     if not (s > 0) or not math.isfinite(s):
         raise ValueError(f"noise multiplier must be a finite number > 0, got {sigma!r}")
     return gaussian_delta(np.asarray(epsilons, dtype=np.float64), 1.0 / s)

@@ -77,14 +77,13 @@ def plan_step(u: np.ndarray, in_mask: np.ndarray, sample_rate: float, consts: np
 @njit(cache=True, nogil=True)
 def observe_step(grads: tuple, coord_param: np.ndarray, coord_flat: np.ndarray,
                  unit_scale: np.ndarray, pair_order: np.ndarray, k: int, vals: np.ndarray,
-                 xy: np.ndarray, scores: np.ndarray) -> bool:
+                 xy: np.ndarray) -> bool:
     """One step's projections at every canary coordinate, in one pass (CPU, one dtype).
 
     ``grads``: the flat gradient of each parameter tensor; coordinate j (design order: pair a,
     pair b, one-run) is ``grads[coord_param[j]][coord_flat[j]] * unit_scale[coord_param[j]]``
     (units of C), written to ``vals`` in float64. ``xy`` receives the pairs' (x, y) through
-    ``pair_order``. Only when every projection is finite are the one-run ``scores`` (running
-    sums) updated; returns that finiteness, so that a refused step leaves the state as it was.
+    ``pair_order``. Returns whether every projection is finite.
     """
     n = coord_param.shape[0]
     finite = True
@@ -96,7 +95,4 @@ def observe_step(grads: tuple, coord_param: np.ndarray, coord_flat: np.ndarray,
             finite = False
     for j in range(2 * k):
         xy[j] = vals[pair_order[j]]
-    if finite:
-        for i in range(n - 2 * k):
-            scores[i] += vals[2 * k + i]
     return finite

@@ -4,6 +4,10 @@ No pyplot and no global backend switch: each plot is a :class:`matplotlib.figure
 its own Agg canvas, so rendering is safe inside a training process or a notebook. Every function
 returns a :class:`Plot`: either ``png`` (base64 text) or ``None`` with ``reason`` saying why there
 is no data; ``notes`` lists what was dropped (non-finite values, length mismatches).
+
+Each sequential tester's curve is named and coloured as :data:`dpaudit_torch.registry.TESTERS`
+says; a series this version does not know (a report from a newer writer) is drawn under its own
+name in matplotlib's next colour.
 """
 
 from __future__ import annotations
@@ -15,13 +19,16 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from ..registry import TESTERS
+
 __all__ = ["Plot", "plot_log_wealth", "plot_epsilon_lower_bound", "plot_score_histograms"]
 
 _WIDTH_IN, _HEIGHT_IN, _DPI = 7.2, 3.3, 100
 # series of wealth_history that are NOT log-wealths
 _NOT_WEALTH = ("step", "epsilon_lower_bound")
-_COLORS = {"mmd": "#1f77b4", "hockey_stick": "#ff7f0e", "combined": "#2ca02c"}
-_LABELS = {"mmd": "MMD test", "hockey_stick": "hockey-stick test", "combined": "combined"}
+# the combined e-process (average of the testers' wealths) is not a tester of its own
+_COMBINED = "combined"
+_COMBINED_COLOR = "#2ca02c"
 
 
 @dataclass
@@ -77,6 +84,14 @@ def _steps(history: dict[str, list], length: int) -> tuple[list[float], str]:
     return [float(i) for i in range(length)], "record index"
 
 
+def _series_style(name: str) -> tuple[str, str | None]:
+    """Legend label and colour of a log-wealth series (the registry's, for a tester)."""
+    if name == _COMBINED:
+        return _COMBINED, _COMBINED_COLOR
+    spec = TESTERS.get(name)
+    return (spec.label, spec.color) if spec is not None else (name, None)
+
+
 def _mark_step(ax: Any, step: int | None, label: str) -> None:
     if step is not None:
         ax.axvline(step, color="#d62728", linestyle=":", linewidth=1.2, label=label)
@@ -111,9 +126,10 @@ def plot_log_wealth(
         return Plot(None, "no data: every recorded log-wealth is non-finite", notes)
     fig, ax = _figure()
     for k, xs, ys in series:
-        style = {"linewidth": 2.0} if k == "combined" else {"linewidth": 1.3, "alpha": 0.85}
+        style = {"linewidth": 2.0} if k == _COMBINED else {"linewidth": 1.3, "alpha": 0.85}
         marker = "o" if len(xs) == 1 else None
-        ax.plot(xs, ys, label=_LABELS.get(k, k), color=_COLORS.get(k), marker=marker, **style)
+        label, color = _series_style(k)
+        ax.plot(xs, ys, label=label, color=color, marker=marker, **style)
     if math.isfinite(threshold_log):
         ax.axhline(threshold_log, color="black", linestyle="--", linewidth=1.0,
                    label=f"log(1/α) = {threshold_log:.3g}")

@@ -43,12 +43,12 @@ from typing import Any
 import numpy as np
 import torch
 
+from ..canaries import CanaryDesign, SecretCoins
 from ._step_kernels import plan_step
-from .canaries import CanaryDesign, SecretCoins
 
 logger = logging.getLogger(__name__)
 
-__all__ = ["StepRecord", "Injector", "is_ghost", "per_param_clip", "effective_noise_multiplier",
+__all__ = ["StepPlan", "Injector", "is_ghost", "per_param_clip", "effective_noise_multiplier",
            "opacus_clipped_value"]
 
 #: the constant Opacus adds to per-sample norms before dividing (``optimizers/optimizer.py``)
@@ -108,8 +108,9 @@ def opacus_clipped_value(raw: float, clip: float) -> float:
 
 
 @dataclass
-class StepRecord:
-    """What the observer needs to read one logical step (all small; tensors on the device)."""
+class StepPlan:
+    """This step's injection plan: what the observer needs to read it (all small; tensors on
+    the device)."""
 
     coins: torch.Tensor  # [k] bool on device: True -> the canary went to coordinate a_j
     coins_cpu: torch.Tensor  # [k] bool on host (same values)
@@ -160,8 +161,8 @@ class Injector:
         self._saved: Any = None
         self._had_instance_attr = False
         self._attached = False
-        self._pending: StepRecord | None = None
-        self.on_inject: Callable[[StepRecord], None] | None = None
+        self._pending: StepPlan | None = None
+        self.on_inject: Callable[[StepPlan], None] | None = None
         self.insertions = 0  # canaries inserted (pairs + one-run), this rank
         self.one_run_insertions = 0
         self.steps_injected = 0
@@ -175,7 +176,7 @@ class Injector:
             off.append(off[-1] + n)
         self._offsets = off
         self._d_total = sum(numel)
-        self._in_mask_np = coins._mask().numpy()  # shares memory with the private coins
+        self._in_mask_np = coins.sampling_mask().numpy()  # shares memory with the private coins
         # design constants of plan_step in one array: pair_param, pair_a, pair_b (k each),
         # one_param, one_flat (m each), offsets, numel (one per parameter tensor)
         self._consts = np.concatenate([
@@ -197,11 +198,15 @@ class Injector:
         self.on_failure: Callable[[BaseException], None] | None = None
 
     # ------------------------------------------------------------------ attach / detach
-    def attach(self) -> None:
+    def attach(self, wrap: Callable[[Callable[[], Any]], Callable[[], Any]] | None = None
+               ) -> None:
+        """Put the wrapper in front of the optimizer instance's clipping method (``wrap``, if
+        given, wraps the wrapper: benchmarks time it that way)."""
         opt = self.optimizer
         self._had_instance_attr = self._attr in vars(opt)
         self._saved = vars(opt).get(self._attr)
-        setattr(opt, self._attr, self._wrapper_ghost if self.ghost else self._wrapper)
+        wrapper = self._wrapper_ghost if self.ghost else self._wrapper
+        setattr(opt, self._attr, wrapper if wrap is None else wrap(wrapper))
         self._attached = True
 
     def detach(self) -> None:
@@ -218,12 +223,39 @@ class Injector:
         self._attached = False
         self._pending = None
 
-    def pop_record(self) -> StepRecord | None:
+    def pop_plan(self) -> StepPlan | None:
+        """The plan of the step whose clipping just ran (None if no step passed through the
+        clipping since the last call); clears it."""
         rec, self._pending = self._pending, None
         return rec
 
+    @property
+    def in_step(self) -> bool:
+        """True between the clipping of a step and its observation (inside ``optimizer.step``)."""
+        return self._pending is not None
+
+    @property
+    def attached(self) -> bool:
+        return self._attached
+
+    @property
+    def rows_buffer(self) -> torch.Tensor | None:
+        """The persistent canary-rows buffer (all zeros between steps), None before the first
+        injection in a per-sample mode."""
+        return self._zero_buf
+
+    def counters(self) -> dict[str, int]:
+        """Insertions so far (this rank): canaries, one-run canaries, steps injected."""
+        return {"insertions": self.insertions, "one_run_insertions": self.one_run_insertions,
+                "steps_injected": self.steps_injected}
+
+    def load_counters(self, counters: dict[str, int]) -> None:
+        self.insertions = int(counters["insertions"])
+        self.one_run_insertions = int(counters["one_run_insertions"])
+        self.steps_injected = int(counters["steps_injected"])
+
     # ------------------------------------------------------------------ the step plan
-    def _original(self) -> Callable[[], Any]:
+    def original_method(self) -> Callable[[], Any]:
         """The method the wrapper stands in front of, looked up at call time, so that anything
         the class does (including a deliberately broken subclass from testing.bugs) runs."""
         if self._had_instance_attr:
@@ -231,14 +263,14 @@ class Injector:
         opt = self.optimizer
         return getattr(type(opt), self._attr).__get__(opt, type(opt))
 
-    def _plan(self) -> StepRecord:
-        """Draw this step's role coins and Poisson inclusions (host) and fill a StepRecord:
+    def _plan(self) -> StepPlan:
+        """Draw this step's role coins and Poisson inclusions (host) and fill a StepPlan:
         k + m uniforms from the auditor's own stream (drawn in blocks of steps), one compiled
-        call (:func:`~dpaudit_torch._step_kernels.plan_step`) for coins, inclusions and the rows'
-        entries."""
+        call (:func:`~dpaudit_torch.opacus_tap._step_kernels.plan_step`) for coins, inclusions
+        and the rows' entries."""
         opt = self.optimizer
         coins, included, e_param, e_flat, e_index, pair_order = plan_step(
-            self._uniforms(), self._in_mask_np, self.sample_rate, self._consts, self._k,
+            self.next_uniforms(), self._in_mask_np, self.sample_rate, self._consts, self._k,
             self.design.m_canaries, len(self.params))
         clip = per_param_clip(opt, len(self.params))
         if self.ghost:
@@ -254,7 +286,7 @@ class Injector:
         unit_scale = [denom / c if c > 0 else math.nan for c in clip]
         coins_cpu = torch.from_numpy(coins)
         n_one = int(included.shape[0])
-        return StepRecord(
+        return StepPlan(
             coins=(coins_cpu if self.device.type == "cpu"
                    else coins_cpu.to(self.device, non_blocking=True)),
             coins_cpu=coins_cpu,
@@ -272,7 +304,7 @@ class Injector:
             pair_order=pair_order,
         )
 
-    def _uniforms(self) -> np.ndarray:
+    def next_uniforms(self) -> np.ndarray:
         """The next step's k + m uniforms. They are drawn from the ``mechanics`` generator for
         a block of steps at once (one call instead of one per step); the generator state at
         the block's start and the position in it make a checkpoint exact
@@ -302,19 +334,6 @@ class Injector:
         self._draws, self._draw_state, self._draw_pos = None, None, 0
         self._resume_pos = int(steps_used)
 
-    def _step_coordinates(self, rec: StepRecord) -> tuple[np.ndarray, np.ndarray]:
-        """(parameter index, flat index) of every canary injected this step, in row order:
-        the k pair canaries (the coin picks a_j or b_j), then the included one-run canaries."""
-        assert rec.entry_param is not None and rec.entry_flat is not None
-        return rec.entry_param, rec.entry_flat
-
-    def _canary_index(self, rec: StepRecord) -> tuple[np.ndarray, np.ndarray]:
-        """Flat positions (and parameter tensor) of this step's canary entries in the rows
-        buffer: parameter i's rows are the contiguous block ``[R * off_i, R * (off_i + numel_i))``
-        viewed as [R, numel_i], R = ``rec.n_rows``."""
-        assert rec.entry_index is not None and rec.entry_param is not None
-        return rec.entry_index, rec.entry_param
-
     def _rows_buffer(self, size: int, dtype: torch.dtype) -> torch.Tensor:
         """A persistent all-zero buffer of at least ``size`` elements.
 
@@ -343,7 +362,7 @@ class Injector:
             self._views[key] = views
         return views
 
-        # ------------------------------------------------------------------ the wrappers
+    # ------------------------------------------------------------------ the wrappers
     def check_params(self) -> None:
         """ValueError if the optimizer's trainable parameters are not those seen at attach
         (``add_param_group``, or ``requires_grad`` changed): canaries could not be placed or read
@@ -367,7 +386,7 @@ class Injector:
 
     def _wrapper(self) -> Any:
         self.check_params()
-        original = self._original()
+        original = self.original_method()
         if not self._ends_logical_step():
             return original()
         params = self.params
@@ -393,7 +412,8 @@ class Injector:
             views: list[torch.Tensor] = []
             try:
                 ref0 = saved[0][-1] if isinstance(saved[0], list) else saved[0]
-                index, which = self._canary_index(rec)
+                index, which = rec.entry_index, rec.entry_param
+                assert index is not None and which is not None
                 views = self._row_views(n_rows, ref0.dtype)
                 buf = self._zero_buf
                 assert buf is not None
@@ -430,7 +450,7 @@ class Injector:
         self._pending = rec
         return result
 
-    def _after_clip(self, rec: StepRecord) -> None:
+    def _after_clip(self, rec: StepPlan) -> None:
         """Keep adaptive clipping's unclipped-fraction estimate about real examples only."""
         opt = self.optimizer
         if self.injects and self.adaclip:
@@ -440,7 +460,7 @@ class Injector:
 
     def _wrapper_ghost(self) -> Any:
         self.check_params()
-        original = self._original()
+        original = self.original_method()
         result = original()
         if not self._ends_logical_step():
             return result
@@ -454,7 +474,8 @@ class Injector:
     def _ghost_inject(self) -> None:
         rec = self._plan()
         if self.injects:
-            params, flats = self._step_coordinates(rec)
+            params, flats = rec.entry_param, rec.entry_flat
+            assert params is not None and flats is not None
             order = np.argsort(params, kind="stable")
             counts = np.bincount(params, minlength=len(self.params))
             flat_sorted = torch.from_numpy(flats[order]).to(self.device, non_blocking=True)
@@ -490,7 +511,7 @@ class Injector:
             self._ghost_values[key] = val
         return val
 
-    def _count(self, rec: StepRecord) -> None:
+    def _count(self, rec: StepPlan) -> None:
         self.insertions += rec.n_rows
         self.one_run_insertions += rec.n_one_run
         self.steps_injected += 1

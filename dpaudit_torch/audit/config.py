@@ -1,0 +1,177 @@
+"""``AuditConfig``: every setting of a white-box audit, validated once, frozen.
+
+The auditor (:class:`~dpaudit_torch.audit.auditor.PrivacyAuditor`), the Lightning callback and
+the demo all build one, so a bad setting is refused with the same message wherever it is given,
+before anything is attached. :meth:`AuditConfig.fingerprint` is what a checkpoint must match to be
+resumed; :meth:`AuditConfig.to_dict` is the report's ``config`` section.
+
+Framework-free: imports neither Opacus nor the statistics.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+from .._validation import check_alpha, check_epsilon, check_positive_int
+from ..registry import TESTERS
+
+__all__ = ["AuditConfig", "ON_VIOLATION", "ON_NONFINITE", "DEFAULT_TEST_OPTIONS",
+           "DEFAULT_NULL_GRID"]
+
+#: what the auditor does once a violation is proven
+ON_VIOLATION = ("stop", "raise", "warn")
+#: what the auditor does with a non-finite observation
+ON_NONFINITE = ("raise", "skip")
+
+#: default grid of the per-step Gaussian null: eps_i = c_i * mu, mu = 1 / sigma. Small eps give the
+#: betting tests the most growth per pair against every bug of testing.bugs (their bet cap is
+#: 1 / (2 (e^eps + delta))); the larger points let the per-step lower bound reach higher.
+DEFAULT_NULL_GRID: tuple[float, ...] = (0.25, 0.5, 1.0, 2.0, 3.0)
+
+#: tester options the auditor uses unless ``test_options`` overrides them. A training run feeds
+#: k_pairs pairs per step (10^5 to 10^6 pairs in a long run); the uncapped MMD witness costs
+#: O(t) per pair, so the auditor caps its support (FIFO, still a valid e-process: see
+#: docs/design.md section 2), which bounds its cost per pair and its memory. On per-step Gaussian
+#: violations the cap 256 rejects within a few pairs of 1024 and of the uncapped test wherever
+#: the MMD test rejects within ~1,500 pairs, and the hockey-stick test rejects 4-10x sooner in
+#: every case, for a quarter of 1024's kernel work (benchmarks/witness_cap.py).
+DEFAULT_TEST_OPTIONS: dict[str, dict[str, Any]] = {"mmd": {"max_witness_points": 256}}
+
+
+def _freeze_options(opts: Mapping[str, Mapping[str, Any]] | None) -> dict[str, dict[str, Any]]:
+    if opts is None:
+        return {}
+    if not isinstance(opts, Mapping) or not all(isinstance(v, Mapping) for v in opts.values()):
+        raise TypeError(f"test_options must map a test name to a dict of options, got {opts!r}")
+    out = {str(k): dict(v) for k, v in opts.items()}
+    if any(k not in TESTERS for k in out):
+        raise ValueError(f"test_options keys must be among {sorted(TESTERS)}, got {sorted(out)}")
+    return out
+
+
+@dataclass(frozen=True)
+class AuditConfig:
+    """The settings of one audit (see :class:`~dpaudit_torch.audit.auditor.PrivacyAuditor` for
+    the meaning of each). Validated at construction: TypeError / ValueError naming the value.
+
+    ``seed`` and ``device`` are part of the configuration but not of :meth:`fingerprint` (a
+    resumed audit takes its streams from the checkpoint and may live on another device).
+    """
+
+    delta: float = 1e-5
+    alpha: float = 0.05
+    k_pairs: int = 16
+    m_canaries: int = 1000
+    canary_norm: float = 25.0
+    per_step_null: tuple[float, float] | None = None
+    tests: tuple[str, ...] = ("mmd", "hockey_stick")
+    check_every: int = 5
+    claimed_every: int = 1000
+    on_violation: str = "stop"
+    on_nonfinite: str = "raise"
+    seed: int | None = None
+    history_stride: int = 1
+    device: str | None = None
+    test_options: dict[str, dict[str, Any]] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        put = object.__setattr__  # frozen: normalise the values once, here
+        put(self, "delta", check_alpha(self.delta, "delta"))  # the open interval (0, 1)
+        put(self, "alpha", check_alpha(self.alpha, "alpha"))
+        put(self, "k_pairs", check_positive_int(self.k_pairs, "k_pairs"))
+        put(self, "m_canaries", check_positive_int(self.m_canaries, "m_canaries", minimum=0))
+        norm = check_epsilon(self.canary_norm, "canary_norm")
+        if norm <= 1.0:
+            raise ValueError(f"canary_norm must exceed 1 (a multiple of the clipping bound, so "
+                             f"that clipping is exercised), got {self.canary_norm!r}")
+        put(self, "canary_norm", norm)
+        null = self.per_step_null
+        if null is not None:
+            if not isinstance(null, (tuple, list)) or len(null) != 2:
+                raise TypeError(f"per_step_null must be None or a pair (epsilon, delta), got "
+                                f"{null!r}")
+            e0 = check_epsilon(null[0], "per_step_null epsilon")
+            d0 = float(null[1])
+            if not (0.0 <= d0 < 1.0):
+                raise ValueError(f"per_step_null delta must lie in [0, 1), got {null!r}")
+            put(self, "per_step_null", (e0, d0))
+        tests = (self.tests,) if isinstance(self.tests, str) else tuple(self.tests)
+        if not tests or any(t not in TESTERS for t in tests) or len(set(tests)) != len(tests):
+            raise ValueError(f"tests must be a non-empty subset of {sorted(TESTERS)}, got "
+                             f"{self.tests!r}")
+        put(self, "tests", tests)
+        put(self, "check_every", check_positive_int(self.check_every, "check_every"))
+        put(self, "claimed_every", check_positive_int(self.claimed_every, "claimed_every"))
+        if self.on_violation not in ON_VIOLATION:
+            raise ValueError(f"on_violation must be one of {ON_VIOLATION}, got "
+                             f"{self.on_violation!r}")
+        if self.on_nonfinite not in ON_NONFINITE:
+            raise ValueError(f"on_nonfinite must be one of {ON_NONFINITE}, got "
+                             f"{self.on_nonfinite!r}")
+        if self.seed is not None and (isinstance(self.seed, bool)
+                                      or not isinstance(self.seed, int)):
+            raise TypeError(f"seed must be an int or None, got {self.seed!r}")
+        put(self, "history_stride", check_positive_int(self.history_stride, "history_stride"))
+        if self.device is not None:
+            put(self, "device", str(self.device))
+        put(self, "test_options", _freeze_options(self.test_options))
+
+    # ------------------------------------------------------------------ derived
+    @property
+    def decision_threshold_log(self) -> float:
+        """log(1 / alpha): the decision's e-process is compared with this."""
+        return math.log(1.0 / self.alpha)
+
+    def tester_options(self, name: str) -> dict[str, Any]:
+        """The keyword options tester ``name`` is built with (defaults, then the user's)."""
+        return {**DEFAULT_TEST_OPTIONS.get(name, {}), **self.test_options.get(name, {})}
+
+    def replace(self, **changes: Any) -> AuditConfig:
+        """A copy with some settings changed (validated again)."""
+        return dataclasses.replace(self, **changes)
+
+    @classmethod
+    def from_kwargs(cls, config: AuditConfig | None = None, **kwargs: Any) -> AuditConfig:
+        """``config`` with ``kwargs`` applied, or a new config from ``kwargs``; TypeError naming
+        an unknown setting."""
+        names = {f.name for f in dataclasses.fields(cls)}
+        unknown = sorted(set(kwargs) - names)
+        if unknown:
+            raise TypeError(f"unknown audit setting(s) {unknown}; known: {sorted(names)}")
+        if config is None:
+            return cls(**kwargs)
+        if not isinstance(config, AuditConfig):
+            raise TypeError(f"config must be an AuditConfig, got {type(config).__name__}")
+        return config.replace(**kwargs) if kwargs else config
+
+    # ------------------------------------------------------------------ records
+    def fingerprint(self) -> dict[str, Any]:
+        """The settings a checkpoint must share with the auditor that loads it."""
+        return {
+            "k_pairs": self.k_pairs, "m_canaries": self.m_canaries,
+            "canary_norm": self.canary_norm, "delta": self.delta, "alpha": self.alpha,
+            "null": list(self.per_step_null) if self.per_step_null else None,
+            "tests": list(self.tests), "check_every": self.check_every,
+            "claimed_every": self.claimed_every, "on_violation": self.on_violation,
+            "on_nonfinite": self.on_nonfinite, "history_stride": self.history_stride,
+            "test_options": repr(sorted((k, sorted(v.items()))
+                                        for k, v in self.test_options.items())),
+        }
+
+    def to_dict(self) -> dict[str, Any]:
+        """The report's ``config`` section (the seed itself is never reported)."""
+        return {
+            "delta": self.delta, "alpha": self.alpha, "k_pairs": self.k_pairs,
+            "m_canaries": self.m_canaries, "canary_norm": self.canary_norm,
+            "per_step_null": list(self.per_step_null) if self.per_step_null else None,
+            "tests": list(self.tests), "check_every": self.check_every,
+            "claimed_every": self.claimed_every, "on_violation": self.on_violation,
+            "on_nonfinite": self.on_nonfinite, "history_stride": self.history_stride,
+            "device": self.device, "test_options": {k: dict(v)
+                                                    for k, v in self.test_options.items()},
+        }
+

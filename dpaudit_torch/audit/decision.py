@@ -1,0 +1,118 @@
+"""The decision: one anytime-valid verdict from every monitor's evidence (docs/design.md s. 1).
+
+Each monitor that bets gives, at every check, the log of its e-process after each step it
+processed (:class:`~dpaudit_torch.audit.monitors.base.Evidence`). The decision's e-process is
+their average (an average of e-processes on the same filtration is an e-process), compared with
+1/alpha: by Ville's inequality a correct implementation crosses it with probability at most alpha
+over the whole run, however long, however often it is looked at.
+
+The decision also keeps the wealth history the report plots, and the violation bookkeeping:
+``crossed_at`` (the step whose observation first pushed the average over 1/alpha) and
+``violation_step`` (the step at which the decision was available: the first check at or after
+the crossing).
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+from typing import Any
+
+import numpy as np
+
+from .monitors.base import Evidence
+
+logger = logging.getLogger(__name__)
+
+__all__ = ["Decision"]
+
+
+def _log_mean_exp(stack: np.ndarray) -> np.ndarray:
+    top = stack.max(axis=0)
+    return top + np.log(np.mean(np.exp(stack - top), axis=0))
+
+
+class Decision:
+    """Averages the monitors' e-processes and decides at level ``alpha``.
+
+    Args:
+        alpha: the level.
+        history_stride: keep every ``history_stride``-th step in the history.
+        extra_keys: names of the per-step diagnostics the monitors report (history columns).
+    """
+
+    def __init__(self, alpha: float, history_stride: int, extra_keys: list[str]) -> None:
+        self.alpha = alpha
+        self.threshold_log = math.log(1.0 / alpha)
+        self.history_stride = history_stride
+        self.log_wealth = 0.0
+        self.latest: dict[str, float] = {k: 0.0 for k in extra_keys}
+        self.crossed_at: int | None = None
+        self.violation_step: int | None = None
+        self.violation = False
+        self.history: dict[str, list] = {"step": [], "combined": [],
+                                         **{k: [] for k in extra_keys}}
+
+    def update(self, evidence: list[Evidence], now: int) -> bool:
+        """Take one check's evidence (all monitors saw the same steps); ``now`` is the current
+        training step. Returns True when the violation was decided at this check."""
+        evidence = [e for e in evidence if e is not None and e.steps]
+        if evidence:
+            steps = evidence[0].steps
+            for e in evidence[1:]:
+                if e.steps != steps:
+                    raise RuntimeError("monitors reported evidence for different steps")
+            stack = np.stack([e.log_e for e in evidence])
+            comb = stack[0] if len(evidence) == 1 else _log_mean_exp(stack)
+            extras = {k: v for e in evidence for k, v in e.extra.items()}
+            for s, st in enumerate(steps):
+                self.log_wealth = float(comb[s])
+                for key, col in extras.items():
+                    self.latest[key] = float(col[s])
+                if self.log_wealth >= self.threshold_log and self.crossed_at is None:
+                    self.crossed_at = st
+                if st % self.history_stride == 0:
+                    self.record(st)
+        if self.crossed_at is not None and not self.violation:
+            self.violation = True
+            self.violation_step = now
+            logger.info("audit decision: violation crossed at step %d, decided at step %d",
+                        self.crossed_at, self.violation_step)
+            return True
+        return False
+
+    def record(self, step: int) -> None:
+        """Add the current values to the history at ``step`` (once per step)."""
+        h = self.history
+        if h["step"] and h["step"][-1] == step:
+            return
+        h["step"].append(int(step))
+        h["combined"].append(float(self.log_wealth))
+        for key, v in self.latest.items():
+            h[key].append(float(v))
+
+    def adopt(self, violation: bool, violation_step: int | None, crossed_at: int | None) -> bool:
+        """Take another process's decision (DDP: rank 0's); True if it differed from ours."""
+        differs = violation != self.violation or (violation and (
+            violation_step, crossed_at) != (self.violation_step, self.crossed_at))
+        self.violation, self.violation_step, self.crossed_at = (violation, violation_step,
+                                                                crossed_at)
+        return differs
+
+    def state_dict(self) -> dict[str, Any]:
+        return {"log_wealth": self.log_wealth, "latest": dict(self.latest),
+                "crossed_at": self.crossed_at, "violation_step": self.violation_step,
+                "violation": self.violation,
+                "history": {k: list(v) for k, v in self.history.items()}}
+
+    def load_state_dict(self, sd: dict[str, Any]) -> None:
+        if set(sd["history"]) != set(self.history):
+            raise ValueError(f"decision state has history columns {sorted(sd['history'])}, "
+                             f"this auditor {sorted(self.history)}")
+        self.log_wealth = float(sd["log_wealth"])
+        self.latest = {k: float(v) for k, v in sd["latest"].items()}
+        self.crossed_at = None if sd["crossed_at"] is None else int(sd["crossed_at"])
+        self.violation_step = (None if sd["violation_step"] is None
+                               else int(sd["violation_step"]))
+        self.violation = bool(sd["violation"])
+        self.history = {k: list(v) for k, v in sd["history"].items()}

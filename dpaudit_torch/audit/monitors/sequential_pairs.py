@@ -1,0 +1,425 @@
+"""The sequential canary pairs: per-step tests that can stop training (docs/design.md sections 4-5).
+
+Every step, pair j gives (X, Y) = (value at the coordinate that received its canary, value at the
+other one). With the role coin fresh and fair at every step, X and Y form a neighbouring pair of
+the per-step mechanism whatever the real data's gradients are (randomized roles). The pairs are
+fed, step by step and pair by pair in order, to the registered sequential testers
+(:mod:`dpaudit_torch.registry`), each testing the per-step null: the Gaussian mechanism of the
+optimizer's current noise multiplier at a grid of points of its privacy profile, or an explicit
+(eps, delta). The monitor's e-process is the average of its testers' (one decision at level
+alpha); a change of the noise multiplier starts new testers whose wealth multiplies the old one.
+
+The monitor also keeps the interference diagnostic: the spread of the real data's gradient W at
+the pair coordinates (from the pre-noise sum, when the adapter reads it) and of the observation
+at the non-canary coordinate.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import warnings
+from collections.abc import Sequence
+from typing import Any
+
+import numpy as np
+import torch
+
+from ...registry import tester_class
+from ..config import DEFAULT_NULL_GRID
+from ..record import StepRecord
+from .base import Evidence, Finding, MonitorContext, register_monitor
+
+logger = logging.getLogger(__name__)
+
+__all__ = ["SequentialPairsMonitor", "per_step_null_grid", "Segment"]
+
+
+def per_step_null_grid(sigma: float, grid: Sequence[float] | None = None
+                       ) -> tuple[np.ndarray, np.ndarray]:
+    """Grid points (eps_i, delta_sigma(eps_i)) of the Gaussian mechanism's privacy profile.
+
+    With mu = 1 / sigma, eps_i = c_i mu (``grid`` = the c_i, default
+    :data:`~dpaudit_torch.audit.config.DEFAULT_NULL_GRID`). docs/design.md section 5: a correct
+    DP-SGD step with the canary present is the Gaussian mechanism with sensitivity C and noise
+    sigma C, i.e. mu-GDP (Dong, Roth & Su 2019).
+    """
+    from ...stats.thresholds import gaussian_profile_grid
+
+    if not (sigma > 0) or not math.isfinite(sigma):
+        raise ValueError(f"noise multiplier must be a finite number > 0, got {sigma!r}")
+    mu = 1.0 / sigma
+    eps = np.array([c * mu for c in (DEFAULT_NULL_GRID if grid is None else grid)],
+                   dtype=np.float64)
+    return eps, gaussian_profile_grid(sigma, eps)
+
+
+class Segment:
+    """Sequential testers for a stretch of steps with one per-step null (one noise multiplier)."""
+
+    def __init__(self, sigma: float, start_step: int, testers: dict[str, Any],
+                 epsilons: list[float], deltas: list[float], null: dict[str, Any]) -> None:
+        self.sigma = sigma
+        self.start_step = start_step
+        self.testers = testers
+        self.epsilons = epsilons
+        self.deltas = deltas
+        self.null = null
+
+    def bound(self) -> float:
+        """The largest grid epsilon any of its testers rejected (0 if none)."""
+        return max([0.0] + [float(t.epsilon_lower_bound) for t in self.testers.values()])
+
+    def null_text(self) -> str:
+        if self.null.get("type") == "explicit":
+            return f"explicit per-step ({self.null['epsilon']}, {self.null['delta']})-DP"
+        if self.null.get("type") == "gaussian_profile":
+            return (f"Gaussian mechanism, noise multiplier {self.sigma:.6g} (sensitivity C), at "
+                    f"{len(self.epsilons)} points of its privacy profile")
+        return "none (no noise claimed)"
+
+
+def _plain(obj: Any) -> Any:
+    """Numpy scalars -> Python numbers, numpy arrays -> tensors (lossless), recursively, so that
+    a state loads with ``torch.load(weights_only=True)``."""
+    if isinstance(obj, dict):
+        return {k: _plain(v) for k, v in obj.items()}
+    if isinstance(obj, (list, tuple)):
+        return type(obj)(_plain(v) for v in obj)
+    if isinstance(obj, np.generic):
+        return obj.item()
+    if isinstance(obj, np.ndarray):
+        return torch.from_numpy(obj.copy())
+    return obj
+
+
+def _zero(dev: torch.device) -> torch.Tensor:
+    return torch.zeros((), dtype=torch.float64, device=dev)
+
+
+@register_monitor("sequential_pairs")
+class SequentialPairsMonitor:
+    """Buffers the pairs of every step and feeds them to the sequential testers at each check."""
+
+    name = "sequential_pairs"
+    _STATS = ("w_sum", "w_sumsq", "w_maxabs", "y_sum", "y_sumsq")
+
+    def __init__(self, ctx: MonitorContext) -> None:
+        self.config = ctx.config
+        self.k = ctx.k_pairs
+        self.device = torch.device(ctx.device)
+        self._warn = ctx.warn
+        self.tests = self.config.tests
+        self.segments: list[Segment] = []
+        self._offset = 0.0  # log-wealth carried over from earlier segments
+        self._test_offset = {t: 0.0 for t in self.tests}
+        self.log_wealth = 0.0  # this monitor's e-process (log), after the last processed step
+        self.test_log_wealth = {t: 0.0 for t in self.tests}
+        self.bound = 0.0  # sequential lower bound after the last processed step
+        self.reset_buffers()
+        dev = self.device
+        for name in self._STATS:
+            setattr(self, name, _zero(dev))
+        self.w_count = 0
+        self.y_count = 0
+
+    # ------------------------------------------------------------------ segments
+    def start(self, sigma: float, start_step: int = 0) -> None:
+        """Begin the first segment (validates the null and builds the testers)."""
+        self.segments = [self._new_segment(sigma, start_step)]
+
+    @property
+    def segment(self) -> Segment:
+        """The segment being tested now."""
+        return self.segments[-1]
+
+    def _null_points(self, sigma: float) -> tuple[list[float], list[float], dict[str, Any]] | None:
+        explicit = self.config.per_step_null
+        if explicit is not None:
+            e, d = explicit
+            return [e], [d], {"type": "explicit", "epsilon": e, "delta": d}
+        if not (sigma > 0) or not math.isfinite(sigma):
+            return None
+        eps, dels = per_step_null_grid(sigma)
+        return eps.tolist(), dels.tolist(), {
+            "type": "gaussian_profile", "noise_multiplier": sigma,
+            "grid_over_mu": list(DEFAULT_NULL_GRID),
+            "epsilons": eps.tolist(), "deltas": dels.tolist()}
+
+    def _new_segment(self, sigma: float, start_step: int) -> Segment:
+        pts = self._null_points(sigma)
+        if pts is None:
+            self._warn(f"noise multiplier {sigma!r}: no per-step Gaussian null to test (no "
+                       f"privacy is claimed); the sequential audit is off until it changes")
+            return Segment(sigma, start_step, {}, [], [], {"type": "none",
+                                                            "noise_multiplier": sigma})
+        eps, dels, null = pts
+        testers: dict[str, Any] = {}
+        # each test's own grid bound is at alpha / len(tests) and simultaneous over its grid,
+        # so that the reported sequential bound (max over tests and grid) has level alpha
+        per_test_alpha = self.config.alpha / len(self.tests)
+        for name in self.tests:
+            opts = {"simultaneous": True, "device": self.device,
+                    **self.config.tester_options(name)}
+            with warnings.catch_warnings(record=True) as caught:
+                warnings.simplefilter("always")
+                testers[name] = tester_class(name)(eps, dels, per_test_alpha, **opts)
+            for w in caught:
+                self._warn(f"{name}: {w.message}")
+        return Segment(sigma, start_step, testers, eps, dels, null)
+
+    def _rotate(self, sigma: float, step: int) -> None:
+        """The noise multiplier changed: freeze the current wealth as a factor, start anew."""
+        self._offset = self.log_wealth
+        self._test_offset = dict(self.test_log_wealth)
+        self._warn(f"noise multiplier changed from {self.segment.sigma:.6g} to {sigma:.6g} at "
+                   f"step {step}: new per-step null; the sequential wealth carries over as a "
+                   f"factor")
+        self.segments.append(self._new_segment(sigma, step))
+
+    # ------------------------------------------------------------------ per step
+    def reset_buffers(self) -> None:
+        self.buffer_x: list[torch.Tensor] = []
+        self.buffer_y: list[torch.Tensor] = []
+        self.buffer_steps: list[int] = []
+        self.buffer_sigma: list[float] = []
+        self.buffer_ok: list[torch.Tensor | bool] = []
+
+    def observe(self, record: StepRecord) -> None:
+        self.buffer_x.append(record.x)
+        self.buffer_y.append(record.y)
+        self.buffer_steps.append(record.step)
+        self.buffer_sigma.append(record.sigma)
+        self.buffer_ok.append(record.finite)
+        if record.pair_sums is not None:
+            self._add_interference(record.pair_sums, record.coins, record.finite)
+
+    def _add_interference(self, sums: torch.Tensor, c: torch.Tensor,
+                          finite: bool | torch.Tensor) -> None:
+        """W at the non-canary coordinate of each pair (pre-noise sum), into the running
+        statistics."""
+        k = self.k
+        w = torch.where(c, sums[k:2 * k], sums[:k])
+        ok = torch.isfinite(w)
+        if not isinstance(finite, bool):
+            ok = ok & finite
+        w = torch.where(ok, w, torch.zeros_like(w))
+        self.w_sum += w.sum()
+        self.w_sumsq += (w * w).sum()
+        self.w_maxabs = torch.maximum(self.w_maxabs, w.abs().max())
+        self.w_count += k
+
+    @property
+    def pending_steps(self) -> list[int]:
+        """Steps observed but not yet fed to the testers."""
+        return list(self.buffer_steps)
+
+    def discard_pending(self) -> list[int]:
+        """Drop the buffered steps without testing them (they held a non-finite value);
+        returns their steps."""
+        steps = list(self.buffer_steps)
+        self.reset_buffers()
+        return steps
+
+    def _drain(self) -> tuple[torch.Tensor, torch.Tensor, list[int], list[float], int]:
+        """Buffered pairs as [n_steps, k] tensors, their steps and sigmas, and the number of
+        steps dropped for a non-finite value; clears the buffer."""
+        if not self.buffer_x:
+            empty = torch.zeros((0, self.k), dtype=torch.float64, device=self.device)
+            return empty, empty, [], [], 0
+        x, y = torch.stack(self.buffer_x), torch.stack(self.buffer_y)
+        steps, sig, oks = self.buffer_steps, self.buffer_sigma, self.buffer_ok
+        self.reset_buffers()
+        dropped = 0
+        if not all(ok is True for ok in oks):
+            keep = torch.stack([torch.as_tensor(ok) for ok in oks]).cpu()
+            if not bool(keep.all()):
+                dropped = int((~keep).sum())
+                idx = torch.nonzero(keep).reshape(-1)
+                x, y = x[idx.to(x.device)], y[idx.to(y.device)]
+                steps = [s for s, kp in zip(steps, keep.tolist()) if kp]
+                sig = [s for s, kp in zip(sig, keep.tolist()) if kp]
+        if y.numel():  # spread at the non-canary coordinate, summed once per chunk
+            self.y_sum += y.sum()
+            self.y_sumsq += (y * y).sum()
+            self.y_count += int(y.numel())
+        return x, y, steps, sig, dropped
+
+    # ------------------------------------------------------------------ per check
+    def advance(self) -> Evidence | None:
+        """Feed the buffered pairs to the testers, step by step; the per-step log e-values.
+
+        ``Evidence.extra`` carries each tester's log-wealth and the sequential lower bound after
+        each step, and ``dropped`` steps (non-finite, ``on_nonfinite="skip"``) are counted in
+        :attr:`dropped_last`."""
+        x, y, steps, sigmas, self.dropped_last = self._drain()
+        if not steps:
+            return None
+        log_e, extra = [], {t: [] for t in self.tests}
+        extra["epsilon_lower_bound"] = []
+        i = 0
+        while i < len(steps):  # split the chunk where the noise multiplier changed
+            if sigmas[i] != self.segment.sigma:
+                self._rotate(sigmas[i], steps[i])
+            j = i + 1
+            while j < len(steps) and sigmas[j] == sigmas[i]:
+                j += 1
+            comb, per_test, bounds = self._feed(x[i:j], y[i:j])
+            log_e.append(comb)
+            for t in self.tests:
+                extra[t].append(per_test[t])
+            extra["epsilon_lower_bound"].append(bounds)
+            i = j
+        return Evidence(steps=list(steps), log_e=np.concatenate(log_e),
+                        extra={k: np.concatenate(v) for k, v in extra.items()})
+
+    def _feed(self, x: torch.Tensor, y: torch.Tensor
+              ) -> tuple[np.ndarray, dict[str, np.ndarray], np.ndarray]:
+        """One update per tester for a run of steps [n, k] (pairs in step order, then pair
+        order); per-step combined log-wealth, per-tester log-wealth and lower bound, read back
+        from the testers' per-pair trajectories."""
+        seg = self.segment
+        n, k = int(x.shape[0]), int(x.shape[1])
+        per_test: dict[str, np.ndarray] = {}
+        bound_steps: list[np.ndarray] = []
+        for name, t in seg.testers.items():
+            before = int(t.n_pairs)
+            per_test[name] = t.update_with_trajectory(x.reshape(-1), y.reshape(-1))[k - 1::k]
+            rej = np.array([np.inf if r is None else r for r in t.grid_rejected_at])
+            pairs_after = before + k * np.arange(1, n + 1)
+            hit = rej[None, :] <= pairs_after[:, None]  # [n, G]
+            bound_steps.append(np.where(hit, t.epsilons[None, :], 0.0).max(axis=1))
+        prev = max([0.0] + [s.bound() for s in self.segments[:-1]])
+        bounds = np.maximum.reduce(bound_steps + [np.full(n, prev)])
+        if per_test:
+            stack = np.stack(list(per_test.values()))  # [n_tests, n]
+            top = stack.max(axis=0)
+            comb = self._offset + top + np.log(np.mean(np.exp(stack - top), axis=0))
+        else:
+            comb = np.full(n, self.log_wealth)
+        tests_lw = {t: (self._test_offset[t] + per_test[t] if t in per_test
+                        else np.full(n, self.test_log_wealth[t])) for t in self.tests}
+        self.log_wealth = float(comb[-1])
+        self.test_log_wealth = {t: float(v[-1]) for t, v in tests_lw.items()}
+        self.bound = float(bounds[-1])
+        return comb, tests_lw, bounds
+
+    def log_evidence(self) -> float:
+        return self.log_wealth
+
+    def sequential_bound(self) -> float:
+        """The anytime per-step lower bound: the largest grid epsilon rejected in any segment."""
+        return max([0.0] + [s.bound() for s in self.segments])
+
+    def finalize(self, claimed_epsilon: float | None) -> None:
+        return None
+
+    def findings(self) -> list[Finding]:
+        return []
+
+    # ------------------------------------------------------------------ report
+    def report_section(self) -> dict[str, Any]:
+        """``epsilon_lower_bounds.sequential`` with its details, the ``sequential`` section
+        (the decision's fields are added by the engine) and the ``interference`` section."""
+        seg = self.segment
+        return {
+            "bound": self.sequential_bound(),
+            "details": {
+                "level": self.config.alpha, "simultaneous": True,
+                "grid_epsilons": list(seg.epsilons), "grid_deltas": list(seg.deltas),
+                "null": seg.null_text(),
+                "note": "per-step bound, not the whole-run epsilon: a lower bound on the epsilon "
+                        "of ONE training step at the grid point's delta (each test at alpha / "
+                        f"{len(self.tests)}, Bonferroni over its grid)",
+            },
+            "sequential": {
+                "tests": {n: (seg.testers[n].summary() if n in seg.testers else {})
+                          for n in self.tests},
+                "per_step_null": seg.null,
+                "pairs_per_step": self.k,
+                "segments": [{"start_step": s.start_step, "noise_multiplier": s.sigma,
+                              "null": s.null} for s in self.segments],
+            },
+        }
+
+    def interference_summary(self, sigma: float | None, read_every: int) -> dict[str, Any]:
+        """Spread of the real-data gradient at canary coordinates, in units of C (host sync)."""
+        out: dict[str, Any] = {"units": "C (clipping bound)",
+                               "coordinates": "non-canary coordinate of each sequential pair",
+                               "read_every_steps": read_every}
+        y_sum, y_sumsq, n_y = float(self.y_sum), float(self.y_sumsq), self.y_count
+        if self.buffer_y:  # steps not drained yet
+            yb = torch.stack(self.buffer_y)
+            y_sum, y_sumsq, n_y = (y_sum + float(yb.sum()), y_sumsq + float((yb * yb).sum()),
+                                   n_y + int(yb.numel()))
+        if n_y:
+            ym = y_sum / n_y
+            yv = max(y_sumsq / n_y - ym * ym, 0.0)
+            out["observation_std"] = math.sqrt(yv)
+            if sigma is not None and math.isfinite(sigma):
+                out["std_from_observation_minus_noise"] = math.sqrt(max(yv - sigma * sigma, 0.0))
+        if self.w_count:
+            wm = float(self.w_sum) / self.w_count
+            wv = max(float(self.w_sumsq) / self.w_count - wm * wm, 0.0)
+            out.update({"source": "p.summed_grad (exact pre-noise sum)", "mean": wm,
+                        "std": math.sqrt(wv), "rms": math.sqrt(float(self.w_sumsq) / self.w_count),
+                        "max_abs": float(self.w_maxabs), "n": self.w_count})
+        else:
+            out["source"] = "observations only (p.summed_grad unavailable)"
+        return out
+
+    # ------------------------------------------------------------------ checkpoint
+    def state_dict(self) -> dict[str, Any]:
+        def stack(b: list[torch.Tensor]) -> torch.Tensor:
+            return (torch.stack(b).detach().cpu() if b
+                    else torch.zeros((0, self.k), dtype=torch.float64))
+
+        return {
+            "segments": [{"sigma": s.sigma, "start_step": s.start_step,
+                          "testers": {n: _plain(t.state_dict())
+                                      for n, t in s.testers.items()}}
+                         for s in self.segments],
+            "offset": self._offset, "test_offset": dict(self._test_offset),
+            "log_wealth": self.log_wealth, "test_log_wealth": dict(self.test_log_wealth),
+            "bound": self.bound,
+            "buffer_x": stack(self.buffer_x), "buffer_y": stack(self.buffer_y),
+            "buffer_ok": torch.tensor([bool(torch.as_tensor(o)) for o in self.buffer_ok],
+                                      dtype=torch.bool),
+            "buffer_steps": list(self.buffer_steps), "buffer_sigma": list(self.buffer_sigma),
+            **{n: getattr(self, n).detach().cpu().clone() for n in self._STATS},
+            "w_count": self.w_count, "y_count": self.y_count,
+        }
+
+    def load_state_dict(self, sd: dict[str, Any]) -> None:
+        """Validates everything first; on error this monitor is unchanged."""
+        if sd["buffer_x"].numel() and sd["buffer_x"].shape[1] != self.k:
+            raise ValueError(f"sequential pairs state for {tuple(sd['buffer_x'].shape)} buffered "
+                             f"pairs does not fit k={self.k}")
+        segments: list[Segment] = []
+        for seg_sd in sd["segments"]:
+            seg = self._new_segment(float(seg_sd["sigma"]), int(seg_sd["start_step"]))
+            if set(seg.testers) != set(seg_sd["testers"]):
+                raise ValueError(f"PrivacyAuditor state_dict: segment testers "
+                                 f"{sorted(seg_sd['testers'])} vs {sorted(seg.testers)}")
+            for name, t in seg.testers.items():
+                t.load_state_dict(seg_sd["testers"][name])
+            segments.append(seg)
+        if not segments:
+            raise ValueError("PrivacyAuditor state_dict has no tester segments")
+        dev = self.device
+        self.segments = segments
+        self._offset = float(sd["offset"])
+        self._test_offset = {k: float(v) for k, v in sd["test_offset"].items()}
+        self.log_wealth = float(sd["log_wealth"])
+        self.test_log_wealth = {k: float(v) for k, v in sd["test_log_wealth"].items()}
+        self.bound = float(sd["bound"])
+        n = len(sd["buffer_steps"])
+        self.buffer_x = [sd["buffer_x"][i].to(dev) for i in range(n)]
+        self.buffer_y = [sd["buffer_y"][i].to(dev) for i in range(n)]
+        self.buffer_ok = [bool(v) for v in sd["buffer_ok"].tolist()]
+        self.buffer_steps = [int(v) for v in sd["buffer_steps"]]
+        self.buffer_sigma = [float(v) for v in sd["buffer_sigma"]]
+        for name in self._STATS:
+            setattr(self, name, sd[name].to(dev, torch.float64).clone())
+        self.w_count = int(sd["w_count"])
+        self.y_count = int(sd["y_count"])

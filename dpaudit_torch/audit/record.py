@@ -1,0 +1,60 @@
+"""``StepRecord``: what the monitors see of one audited training step.
+
+The Opacus adapter (:mod:`dpaudit_torch.opacus_tap`) reads the released gradient at every canary
+coordinate and hands the engine one record per logical step; monitors never touch the optimizer.
+Anything that can produce these records (another DP library, a simulation in a test) can drive
+the engine.
+
+Values are in units of the clipping bound C: for a correct implementation the value at a canary
+coordinate is ``1{canary present} + N(0, sigma^2) + W``, W being the real data's clipped sum there
+(docs/design.md section 5).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+__all__ = ["StepRecord"]
+
+
+@dataclass
+class StepRecord:
+    """One audited logical step.
+
+    Attributes:
+        step: the training step (the accountant's step count, counted from the start of
+            training, of this release).
+        values: ``[2k + m]`` float64 on the audit device, design order: pair coordinates a_j,
+            then b_j, then the m one-run canaries.
+        x: ``[k]`` the value at the coordinate of each pair that received its canary.
+        y: ``[k]`` the value at the other coordinate of each pair.
+        coins: ``[k]`` bool, True when pair j's canary went to a_j (device).
+        sigma: the noise multiplier the optimizer used for this release.
+        sigma_claimed: the noise multiplier the accountant is told.
+        finite: whether every value is finite: a Python bool where it was checked on the host
+            at once, a 0-d bool tensor on the device where the check is deferred.
+        pair_sums: ``[2k]`` the real data's clipped pre-noise sum / C at the pair coordinates,
+            design order, when it was read at this step; else None.
+    """
+
+    step: int
+    values: torch.Tensor
+    x: torch.Tensor
+    y: torch.Tensor
+    coins: torch.Tensor
+    sigma: float
+    sigma_claimed: float
+    finite: bool | torch.Tensor = True
+    pair_sums: torch.Tensor | None = None
+
+    @property
+    def k(self) -> int:
+        """Sequential pairs in this record."""
+        return int(self.x.shape[0])
+
+    @property
+    def one_run(self) -> torch.Tensor:
+        """``[m]`` the one-run canaries' values (a view of :attr:`values`)."""
+        return self.values[2 * self.k:]

@@ -1,0 +1,222 @@
+"""``OpacusTap``: the auditor's only contact with Opacus.
+
+It validates what ``make_private`` returned, injects the canaries through Opacus's own clipping
+(:mod:`.injection`), reads the released gradient before the update (:mod:`.observation`), reads
+the accountant (:mod:`.accountant`) and shares seeds and decisions across DDP ranks (:mod:`.ddp`).
+Every Opacus private name the project relies on is used in this package and nowhere else:
+``DPOptimizer._check_skip_next_step`` (is this micro-batch the end of a logical step),
+``p.grad_sample`` / ``p.summed_grad`` (per-sample rows, pre-noise sum), ``_processed`` marks,
+``original_optimizer`` (the step pre-hook), ``_adjusted_noise_multiplier``, and
+``DPOptimizerFastGradientClipping`` / ``AdaClipDPOptimizer`` / ``DistributedPerLayerOptimizer``.
+
+The accountant's step-hook slot is never touched (Opacus has only one, and replacing it would
+silently switch off accounting).
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable
+from typing import Any
+
+import torch
+
+from ..audit.record import StepRecord
+from ..canaries import CanaryDesign, SecretCoins
+from .accountant import AccountantView
+from .injection import Injector, StepPlan, effective_noise_multiplier, is_ghost
+from .observation import GradientReader
+
+logger = logging.getLogger(__name__)
+
+__all__ = ["OpacusTap"]
+
+#: the attribute that marks an optimizer as audited (one auditor per optimizer)
+OWNER_ATTR = "_dpaudit_auditor"
+
+
+class OpacusTap:
+    """Validates and wraps the Opacus objects of one training run.
+
+    Args:
+        privacy_engine: the ``opacus.PrivacyEngine`` whose ``make_private`` built the optimizer.
+        optimizer: the optimizer ``make_private`` returned (an Opacus ``DPOptimizer``).
+        data_loader: the data loader ``make_private`` returned (its ``sample_rate`` is the Poisson
+            rate really used).
+        warn: receives messages for the report's warnings.
+
+    Raises:
+        TypeError / ValueError naming the bad object; nothing is changed on error.
+    """
+
+    def __init__(self, privacy_engine: Any, optimizer: Any, data_loader: Any,
+                 warn: Callable[[str], None]) -> None:
+        from opacus.optimizers import DPOptimizer
+
+        if not isinstance(optimizer, DPOptimizer):
+            raise TypeError(
+                f"optimizer must be the DP optimizer returned by PrivacyEngine.make_private "
+                f"(an opacus DPOptimizer), got {type(optimizer).__module__}."
+                f"{type(optimizer).__name__}")
+        if any(c.__name__ == "DistributedPerLayerOptimizer" for c in type(optimizer).__mro__):
+            raise TypeError("DistributedPerLayerOptimizer clips inside backward hooks and is not "
+                            "supported by the auditor")
+        accountant = getattr(privacy_engine, "accountant", None)
+        if accountant is None or not callable(getattr(accountant, "get_epsilon", None)):
+            raise TypeError(f"privacy_engine must be an opacus PrivacyEngine (with an accountant),"
+                            f" got {type(privacy_engine).__name__}")
+        sample_rate = getattr(data_loader, "sample_rate", None)
+        if sample_rate is None:
+            raise ValueError(
+                f"data_loader ({type(data_loader).__name__}) has no sample_rate: pass the "
+                f"DPDataLoader returned by make_private (poisson_sampling=True); the audit needs "
+                f"the Poisson rate really used")
+        try:
+            sample_rate = float(sample_rate)
+        except (TypeError, ValueError):
+            raise TypeError(f"data_loader.sample_rate must be a number, got "
+                            f"{sample_rate!r}") from None
+        if not (0.0 < sample_rate <= 1.0):
+            raise ValueError(f"data_loader.sample_rate must lie in (0, 1], got {sample_rate!r}")
+        other = getattr(optimizer, OWNER_ATTR, None)
+        if other is not None and other.attached:
+            raise ValueError("this optimizer already has a PrivacyAuditor attached; call its "
+                             "detach() (or finalize()) before attaching another")
+        params = list(optimizer.params)
+        if not params:
+            raise ValueError("the optimizer has no trainable parameters")
+        self.privacy_engine = privacy_engine
+        self.optimizer = optimizer
+        self.data_loader = data_loader
+        self.accountant = AccountantView(accountant, warn)
+        self.sample_rate = sample_rate
+        self.params = params
+        self.rank = int(getattr(optimizer, "rank", 0))
+        self.world_size = int(getattr(optimizer, "world_size", 1))
+        self.ghost = is_ghost(optimizer)
+        self.injector: Injector | None = None
+        self.reader: GradientReader | None = None
+        self._handle: Any = None
+        self._owner: Any = None
+
+    # ------------------------------------------------------------------ facts
+    @property
+    def shapes(self) -> list[tuple[int, ...]]:
+        """Shapes of the trainable parameter tensors (``optimizer.params`` order)."""
+        return [tuple(p.shape) for p in self.params]
+
+    @property
+    def n_coordinates(self) -> int:
+        return sum(p.numel() for p in self.params)
+
+    @property
+    def param_device(self) -> torch.device:
+        return self.params[0].device
+
+    def noise_multiplier(self) -> float:
+        """The noise multiplier the optimizer really uses now (adaptive / ghost adjusted)."""
+        return effective_noise_multiplier(self.optimizer)
+
+    def fingerprint(self) -> dict[str, Any]:
+        """What a checkpoint's run must share with this one."""
+        return {"parameter_shapes": [list(s) for s in self.shapes], "ghost": self.ghost,
+                "sample_rate": self.sample_rate, "optimizer": type(self.optimizer).__name__}
+
+    # ------------------------------------------------------------------ wiring
+    def build(self, design: CanaryDesign, coins: SecretCoins, mechanics: torch.Generator,
+              canary_norm: float, device: torch.device, interference_every: int,
+              on_failure: Callable[[BaseException], None]) -> None:
+        """(Re)build the injector and the reader for a canary design (not attached yet)."""
+        inj = Injector(self.optimizer, self.params, design, coins, mechanics, self.sample_rate,
+                       canary_norm, device)
+        inj.on_failure = on_failure
+        compiled = self.reader.compiled if self.reader is not None else True
+        self.injector = inj
+        self.reader = GradientReader(self.params, design, device,
+                                     check_finite_every_step=(device.type == "cpu"),
+                                     interference_every=interference_every, compiled=compiled)
+
+    @property
+    def attached(self) -> bool:
+        return self.injector is not None and self.injector.attached
+
+    def attach(self, owner: Any, pre_hook: Callable[..., Any],
+               wrap: Callable[[Callable[[], Any]], Callable[[], Any]] | None = None) -> None:
+        """Wrap the clipping and register the observation pre-hook; all or nothing. ``wrap``
+        wraps the injection wrapper (benchmarks time it)."""
+        assert self.injector is not None
+        other = getattr(self.optimizer, OWNER_ATTR, None)
+        if other is not None and other is not owner and other.attached:
+            raise ValueError("this optimizer already has a PrivacyAuditor attached; call its "
+                             "detach() (or finalize()) before attaching another")
+        try:
+            self.injector.attach(wrap)
+            self._handle = self.optimizer.original_optimizer.register_step_pre_hook(pre_hook)
+            setattr(self.optimizer, OWNER_ATTR, owner)
+            self._owner = owner
+        except BaseException:
+            self.detach()
+            raise
+
+    def detach(self) -> None:
+        """Restore every wrapped attribute, remove the pre-hook (idempotent)."""
+        if self.injector is not None:
+            self.injector.detach()
+        if self._handle is not None:
+            self._handle.remove()
+            self._handle = None
+        if self._owner is not None and getattr(self.optimizer, OWNER_ATTR, None) is self._owner:
+            delattr(self.optimizer, OWNER_ATTR)
+        self._owner = None
+
+    def pop_plan(self) -> StepPlan | None:
+        """The plan of the step being released, or None if no step passed the clipping."""
+        assert self.injector is not None
+        return self.injector.pop_plan()
+
+    def read(self, plan: StepPlan, step: int) -> StepRecord:
+        assert self.reader is not None
+        return self.reader.read(plan, step)
+
+    # ------------------------------------------------------------------ report
+    def clipping(self) -> tuple[str, bool]:
+        """(clipping kind, per-layer?) for the report."""
+        from opacus.optimizers import AdaClipDPOptimizer
+
+        opt = self.optimizer
+        per_layer = getattr(opt, "max_grad_norms", None) is not None
+        kind = ("ghost (flat)" if self.ghost else "adaptive" if isinstance(
+            opt, AdaClipDPOptimizer) else "per_layer" if per_layer else "flat")
+        return kind, per_layer
+
+    def training_info(self) -> dict[str, Any]:
+        """The Opacus side of the report's ``training`` section."""
+        opt = self.optimizer
+        kind, per_layer = self.clipping()
+        return {
+            "noise_multiplier": float(opt.noise_multiplier),
+            "effective_noise_multiplier": self.noise_multiplier(),
+            "max_grad_norm": (list(map(float, opt.max_grad_norms)) if per_layer
+                              else float(opt.max_grad_norm)),
+            "sample_rate": self.sample_rate,
+            "expected_batch_size": float(opt.expected_batch_size)
+            if opt.expected_batch_size is not None else None,
+            "steps": self.accountant.steps(),
+            "world_size": self.world_size,
+            "optimizer": type(opt).__name__,
+            "grad_sample_mode": "ghost" if self.ghost else "per-sample",
+            "clipping": kind,
+            "loss_reduction": opt.loss_reduction,
+        }
+
+    def threat_notes(self) -> list[str]:
+        """What the report must say about what the canaries exercise."""
+        notes = []
+        if self.ghost:
+            notes.append("ghost clipping: the clipped canary is added after clipping, so the "
+                         "clipping code is NOT exercised by the canaries")
+        if self.clipping()[1]:
+            notes.append("per-layer clipping: a canary in tensor i contributes C_i while the "
+                         "noise has std sigma * ||C||; the per-step null of sigma is then "
+                         "conservative")
+        return notes

@@ -1,0 +1,354 @@
+"""The self-contained HTML page of an audit report (``report.html``).
+
+One file, no network access (a Content-Security-Policy forbids any load; the plots are inline
+PNG), the verdict first, then the claimed epsilon beside the audited lower bounds, the sequential
+tests, the plots, the threat model and the provenance; the report's JSON is embedded as a data
+block. How to read it: docs/report.md, "Reading the report".
+
+This module writes the page skeleton, the verdict and the bounds table; the other sections are in
+:mod:`dpaudit_torch.report.sections`, the building blocks in :mod:`dpaudit_torch.report.markup`.
+What each bound method may prove (its scope, whether it may refute the claim) is read from
+:mod:`dpaudit_torch.registry`: only a family-free bound on the whole run, the one-run bound of
+Steinke, Nasr & Jagielski (NeurIPS 2023), refutes an (eps, delta) claim; the f-DP one-run test of
+Mahloujifar, Melis & Chaudhuri (ICML 2025) assumes the Gaussian trade-off family, and the bound of
+the sequential tests (docs/design.md section 4) is about one training step.
+"""
+
+from __future__ import annotations
+
+from ..registry import bound_method
+from .markup import (
+    ReportView,
+    esc,
+    generic,
+    json_for_script,
+    kv_section,
+    method_label,
+    num,
+    scalar,
+)
+from .schema import JSON_NAME, AuditReport, is_num, scope_text
+from .sections import plots_section, provenance_section, sequential_section, strength_section
+
+__all__ = ["render_html"]
+
+# the HTML page
+# ----------------------------------------------------------------------------------------------
+
+_CSS = """
+body { font-family: -apple-system, "Segoe UI", Roboto, "DejaVu Sans", Arial, sans-serif;
+       color: #1d2128; background: #fff; margin: 0; line-height: 1.45; }
+main { max-width: 72rem; margin: 0 auto; padding: 1.2rem 1.5rem 3rem; }
+h1 { font-size: 1.6rem; margin: 0.2rem 0; }
+h2 { font-size: 1.25rem; margin-top: 2rem; border-bottom: 1px solid #d8dde3;
+     padding-bottom: 0.2rem; }
+h3 { font-size: 1.05rem; margin-bottom: 0.3rem; }
+.meta { color: #5a6270; font-size: 0.9rem; margin: 0; }
+.verdict { border-radius: 6px; padding: 0.8rem 1.1rem; margin: 1.2rem 0; border: 2px solid; }
+.verdict h2 { border: none; margin: 0 0 0.4rem; font-size: 1.45rem; }
+.verdict-refuted, .verdict-violation { background: #fdecea; border-color: #c62828; }
+.verdict-nothing { background: #eef3f8; border-color: #51667d; }
+.callout { background: #fff8e1; border-left: 4px solid #f0a500; padding: 0.5rem 0.8rem; }
+table { border-collapse: collapse; margin: 0.5rem 0 1rem; font-size: 0.92rem; }
+th, td { border: 1px solid #d8dde3; padding: 0.3rem 0.55rem; text-align: left;
+         vertical-align: top; }
+th { background: #f3f5f7; font-weight: 600; }
+td.n, th.n { text-align: right; font-variant-numeric: tabular-nums; }
+table.kv th { width: 14rem; }
+table.kv table { margin: 0; }
+.wide { overflow-x: auto; }
+.bad { color: #b71c1c; font-weight: 600; }
+.ok { color: #2e7d32; }
+figure { margin: 1rem 0 1.5rem; }
+figure img { max-width: 100%; height: auto; border: 1px solid #e3e6ea; }
+figcaption { font-size: 0.9rem; color: #3b4250; margin-top: 0.3rem; }
+.nodata { border: 1px dashed #9aa3ad; color: #5a6270; padding: 1.2rem; text-align: center;
+          background: #fafbfc; }
+.notes { font-size: 0.85rem; color: #6b4f00; }
+ul.warnings li { color: #6b4f00; }
+code, pre { font-family: "DejaVu Sans Mono", Menlo, Consolas, monospace; font-size: 0.86rem; }
+pre { background: #f6f8fa; padding: 0.6rem; overflow-x: auto; }
+footer { margin-top: 2.5rem; font-size: 0.85rem; color: #5a6270; }
+@media print { .verdict { break-inside: avoid; } figure { break-inside: avoid; } }
+"""
+
+
+def render_html(report: AuditReport) -> str:
+    """The page of ``report`` (validated first: ValueError names a bad field)."""
+    return render_page(ReportView(report))
+
+
+def render_page(v: ReportView) -> str:
+    """The whole page, sections in reading order (verdict first)."""
+    d = v.d
+    title = f"Privacy audit report: {v.r.verdict}"
+    parts = [
+        "<!DOCTYPE html>",
+        '<html lang="en"><head><meta charset="utf-8">',
+        '<meta name="viewport" content="width=device-width, initial-scale=1">',
+        # nothing may be loaded from anywhere: only inline styles and data: images
+        '<meta http-equiv="Content-Security-Policy" content="default-src \'none\'; '
+        "img-src data:; style-src 'unsafe-inline'\">",
+        '<link rel="icon" href="data:,">',
+        f"<title>{esc(title)}</title>",
+        f"<style>{_CSS}</style></head><body><main>",
+        "<header><h1>Differential-privacy audit report</h1>",
+        f'<p class="meta">Created {esc(d["created_at"])} · dpaudit_torch '
+        f'{esc(d["versions"].get("dpaudit_torch", "?"))} · report schema '
+        f'<span data-field="schema_version">{esc(d["schema_version"])}</span></p></header>',
+        verdict_section(v),
+        bounds_section(v),
+        sequential_section(v),
+        plots_section(v),
+        strength_section(v),
+        kv_section("Training (as observed by the auditor)", "training", d["training"],
+                   "No training information was recorded."),
+        kv_section("Canaries", "canaries", d["canaries"],
+                   "No canary information was recorded."),
+        kv_section("Configuration", "configuration", d["config"],
+                   "No configuration was recorded."),
+        provenance_section(v),
+        '<footer><p>Every ε in this report is a statistical lower bound, valid with the '
+        "stated confidence over the audit's own randomness. The machine-readable record is "
+        f"<code>{JSON_NAME}</code> next to this file (schema {esc(d['schema_version'])}, "
+        "documented in docs/report.md of dpaudit_torch); a copy is embedded in this page."
+        "</p></footer>",
+        '<script type="application/json" id="audit-data">',
+        # a JSON data block, never executed
+        json_for_script(d),
+        "</script>",
+        "</main></body></html>",
+    ]
+    return "\n".join(parts) + "\n"
+
+
+def verdict_section(v: ReportView) -> str:
+    d, r = v.d, v.r
+    claim = num(d["claimed_epsilon"], "claimed_epsilon")
+    delta = num(d["delta"], "delta")
+    alpha = num(d["alpha"], "alpha")
+    if d["claim_refuted"]:
+        css = "verdict-refuted"
+        refuting = v.refuting()
+        which = (
+            "; ".join(
+                f"{esc(method_label(m))}: ε ≥ "
+                f"{num(d['epsilon_lower_bounds'][m], f'epsilon_lower_bounds.{m}')}"
+                for m in refuting
+            )
+            or "see the table below"
+        )
+        text = (
+            f"<p>The privacy claim is <strong>false</strong>. The training run claims ε = "
+            f"{claim} at δ = {delta}, but the audit certified, with confidence at least "
+            f"{v.level_pct}% (α = {alpha}), a larger ε for the whole run ({which}). "
+            "The implementation or its accounting does not deliver the privacy it "
+            "states.</p>"
+        )
+        if d["violation"]:
+            step = d["violation_step"]
+            at = (
+                f" at training step {num(step, 'violation_step')}" if step is not None
+                else ""
+            )
+            text += (
+                f"<p>The sequential test also proved{at} that a single training step leaks "
+                "more than a correct DP-SGD step can.</p>"
+            )
+    elif d["violation"]:
+        css = "verdict-violation"
+        step = d["violation_step"]
+        at = (
+            f" at training step {num(step, 'violation_step')}" if step is not None else ""
+        )
+        stop = (
+            " Training was stopped early." if d["stopped_early"]
+            else " Training was not stopped."
+        )
+        text = (
+            f"<p>The sequential test proved{at}, at level α = {alpha}, that a single "
+            "training step leaks more than a correctly clipped and noised DP-SGD step can. "
+            f"{v.per_step_null_text()} Every step of a correct implementation satisfies "
+            "this hypothesis, so the implementation does not add the noise or clipping it "
+            f"claims, and the claimed ε = {claim} (δ = {delta}), computed by an accountant "
+            f"that assumes it does, cannot be trusted.{stop}</p>"
+        )
+    else:
+        css = "verdict-nothing"
+        claim_part = (
+            f"no audited lower bound exceeds the claimed ε = {claim} (δ = {delta})"
+            if d["claimed_epsilon"] is not None
+            else f"no claimed ε was recorded (δ = {delta}), so no claim could be refuted"
+        )
+        text = (
+            f"<p>No test rejected: {claim_part}, and the sequential tests proved no "
+            f"per-step violation at level α = {alpha}.</p>"
+        )
+    meaning = meaning_text(v)
+    return (
+        f'<section id="verdict" class="verdict {css}">'
+        f'<h2>Verdict: <span id="verdict-text" data-field="verdict">{esc(r.verdict)}</span>'
+        f"</h2>{text}{meaning}</section>"
+    )
+
+
+def meaning_text(v: ReportView) -> str:
+    d = v.d
+    if d["claim_refuted"] or d["violation"]:
+        extra = ""
+        if d["violation"] and not d["claim_refuted"]:
+            extra = (
+                " The whole-run lower bounds below do not exceed the claim: the proof "
+                "concerns the mechanism of each step, which is what the claim rests on."
+            )
+        return (
+            '<p class="callout">A rejection is a proof at the stated level: if the '
+            "implementation were as private as claimed, the chance of seeing evidence this "
+            f"strong is at most α = {num(d['alpha'])}.{extra}</p>"
+        )
+    best = v.best_ceiling()
+    ceiling = (
+        f" The largest ε this audit could have certified for the whole run, whatever the "
+        f"mechanism, is {num(best[1])} ({esc(method_label(best[0]))}), even "
+        "with every guess right." if best else ""
+    )
+    return (
+        '<p class="callout"><strong>"Nothing found" is not a proof of privacy.</strong> '
+        "Every number in this report is a lower bound: an audit can show that a privacy "
+        "claim is false, never that it is true. It means this audit, with its strength, "
+        f"found no evidence against the claim.{ceiling} The true ε may lie anywhere "
+        "between the lower bounds and the claim, or above the claim through a leak these "
+        "tests cannot see (see the threat model below).</p>"
+    )
+
+
+def _exceeds(method: str, bound: float | None, claim: float | None, may_refute: bool) -> str:
+    """The "Exceeds claim" cell of a whole-run bound."""
+    if bound is None or claim is None:
+        return num(None)
+    if not bound > claim:
+        return '<span class="ok">no</span>'
+    if may_refute:
+        return '<span class="bad">yes: claim refuted</span>'
+    spec = bound_method(method)
+    if spec is None:
+        return (
+            '<span class="bad">yes</span>, but this version of dpaudit_torch does not know '
+            "this method, so it does not count it as refuting the claim"
+        )
+    family = f"the {esc(spec.family)} family" if spec.family else "a trade-off family"
+    return (
+        f'<span class="bad">yes</span>, but this test assumes {family}, so it does not '
+        "refute the claim on its own"
+    )
+
+
+def bounds_section(v: ReportView) -> str:
+    d = v.d
+    methods = v.methods()
+    head = (
+        "<tr><th>Method</th><th>Scope</th><th class=\"n\">Lower bound ε</th>"
+        "<th class=\"n\">Claimed ε</th><th>Exceeds claim</th><th>Level</th>"
+        "<th>Guess strategy</th><th class=\"n\">Canaries</th>"
+        "<th class=\"n\">Guesses / correct</th><th class=\"n\">Ceiling ε</th>"
+        "<th class=\"n\">Uncorrected best (diagnostic)</th></tr>"
+    )
+    rows = []
+    notes = []
+    for m in methods:
+        det = v.detail(m)
+        bound = d["epsilon_lower_bounds"].get(m)
+        bound_html = (
+            num(bound, f"epsilon_lower_bounds.{m}") if bound is not None else num(None)
+        )
+        claim = num(d["claimed_epsilon"], "claimed_epsilon")
+        if v.one_step(m):
+            # a bound from the grid of sequential tests (docs/design.md section 4)
+            scope = esc(scope_text(m))
+            exceeds = "not comparable (per-step bound)"
+            lvl_alpha = det.get("level", d["alpha"])
+            simul = det.get("simultaneous")
+            strategy = (
+                "grid, simultaneous (Bonferroni over the grid)" if simul is True
+                else "grid, each point at level α (not simultaneous)" if simul is False
+                else "grid"
+            )
+            grid = det.get("grid_epsilons")
+            if isinstance(grid, list):
+                strategy += f", {len(grid)} points"
+            guesses = num(None)
+        else:
+            scope = esc(scope_text(m) or "not known to this version of dpaudit_torch")
+            exceeds = _exceeds(m, bound, d["claimed_epsilon"], v.may_refute(m))
+            lvl_alpha = det.get("alpha", d["alpha"])
+            strategy = esc(det["strategy"]) if "strategy" in det else num(None)
+            if "guesses" in det and not isinstance(det["guesses"], (dict, list)):
+                strategy += f" ({scalar(det['guesses'])})"
+            guesses = f"{num(det.get('r'))} / {num(det.get('v'))}"
+        level = (
+            f"α = {num(lvl_alpha)} ({num(100.0 * (1.0 - lvl_alpha))}% confidence)"
+            if is_num(lvl_alpha) else scalar(lvl_alpha)
+        )
+        per_test = det.get("alpha_per_test")
+        if is_num(per_test) and is_num(lvl_alpha) and per_test != lvl_alpha:
+            n_cand = det.get("n_candidates")
+            over = f" over {num(n_cand)} candidates" if is_num(n_cand) else ""
+            level += f"; {num(per_test)} per candidate (Bonferroni{over})"
+        ceiling = v.ceiling(m)
+        ceiling_html = (
+            num(ceiling, f"lower_bound_details.{m}.ceiling") if "ceiling" in det
+            else num(ceiling)
+        )
+        unc = det.get("uncorrected_best")
+        rows.append(
+            f'<tr data-method="{esc(m)}"><td>{esc(method_label(m))}</td>'
+            f"<td>{scope}</td><td class=\"n\">{bound_html}</td><td class=\"n\">{claim}</td>"
+            f"<td>{exceeds}</td><td>{level}</td><td>{strategy}</td>"
+            f"<td class=\"n\">{v.canary_count(m)}</td><td class=\"n\">{guesses}</td>"
+            f"<td class=\"n\">{ceiling_html}</td>"
+            f"<td class=\"n\">{scalar(unc) if not isinstance(unc, (dict, list)) else ''}"
+            "</td></tr>"
+        )
+        for key, label in (("family", "family"), ("note", ""), ("null", "null"),
+                           ("uncorrected_best_note", "uncorrected best")):
+            if det.get(key) and isinstance(det[key], str):
+                label_html = f" {esc(label)}" if label else ""
+                notes.append(f"<li><strong>{esc(m)}</strong>{label_html}: {esc(det[key])}</li>")
+        claim_v = d["claimed_epsilon"]
+        if (
+            v.may_refute(m) and ceiling is not None and claim_v is not None
+            and ceiling <= claim_v
+        ):
+            notes.append(
+                f"<li><strong>{esc(m)}</strong>: its ceiling ε = {num(ceiling)} is not above "
+                f"the claimed ε = {num(claim_v)}, so this method could not have refuted the "
+                "claim even with every guess right; more canaries raise the ceiling.</li>"
+            )
+    if not rows:
+        table = "<p><em>No lower bound was computed.</em></p>"
+    else:
+        table = (
+            f'<div class="wide"><table id="bounds-table"><thead>{head}</thead>'
+            f'<tbody>{"".join(rows)}</tbody></table></div>'
+        )
+    acc = esc(d["accountant"]) if d["accountant"] else "not recorded"
+    intro = (
+        f"<p>Claimed: ε = {num(d['claimed_epsilon'], 'claimed_epsilon')} at δ = "
+        f"{num(d['delta'], 'delta')}, from the accountant <strong>{acc}</strong>. "
+        "Each audited number is a lower bound on the true ε at the same δ: it holds with "
+        "the confidence shown. The ceiling is the largest ε the method could have "
+        "certified with this many canaries, even if every guess were right. The "
+        "uncorrected best is a diagnostic (the best threshold chosen after seeing the "
+        "answers) and is <em>not</em> a valid bound.</p>"
+    )
+    note_html = f'<ul class="notes">{"".join(notes)}</ul>' if notes else ""
+    details = "".join(
+        f"<details><summary>All recorded details: {esc(m)}</summary>"
+        f"{generic(v.detail(m))}</details>"
+        for m in methods if v.detail(m)
+    )
+    return (
+        '<section id="bounds"><h2>Claimed ε and audited lower bounds</h2>'
+        f"{intro}{table}{note_html}{details}</section>"
+    )
+

@@ -1,0 +1,501 @@
+"""The audit report's data: :class:`AuditReport`, its validation and its JSON (``audit.json``).
+
+:class:`AuditReport` is a plain dataclass of JSON-able fields (schema documented field by field in
+``docs/report.md``). :class:`~dpaudit_torch.hook.PrivacyAuditor` builds one in ``finalize()``;
+anyone can build one piecemeal (every field has a default), e.g. for a black-box audit.
+
+The numbers it carries come from:
+
+* the one-run guessing game of Steinke, Nasr and Jagielski, "Privacy Auditing with One (1)
+  Training Run" (NeurIPS 2023) -- method ``"steinke"`` -- and its f-DP refinement by Mahloujifar,
+  Melis and Chaudhuri, "Auditing f-Differential Privacy in One Run" (2024) -- method ``"fdp"``;
+* the sequential (anytime-valid) tests by betting of Gonzalez et al. (2025) and Kutta et al. (2026)
+  -- method ``"sequential"``, a lower bound on the epsilon of ONE training step, not of the run.
+
+Every epsilon here is a statistical LOWER bound: the report can prove a privacy claim false; it can
+never prove a claim true.
+
+JSON encoding: ``audit.json`` is strict JSON (RFC 8259). Non-finite floats, which strict JSON cannot
+hold, are written as the strings ``"Infinity"``, ``"-Infinity"`` and ``"NaN"`` and read back as
+floats, wherever they occur.
+
+The names of the bound methods and what each may prove (scope, family, whether it may refute the
+claim) are read from :mod:`dpaudit_torch.registry`; the HTML page is rendered by
+:mod:`dpaudit_torch.report.html`.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import datetime as _dt
+import json
+import logging
+import math
+import os
+import platform
+from dataclasses import dataclass, field
+from importlib import metadata
+from numbers import Integral, Real
+from pathlib import Path
+from typing import Any
+
+from ..registry import ONE_STEP, WHOLE_RUN, bound_method
+
+logger = logging.getLogger(__name__)
+
+__all__ = [
+    "AuditReport",
+    "SCHEMA_VERSION",
+    "JSON_NAME",
+    "HTML_NAME",
+    "format_number",
+    "library_versions",
+    "VERDICT_REFUTED",
+    "VERDICT_NOTHING",
+    "plain",
+    "encode_nonfinite",
+    "decode_nonfinite",
+    "is_num",
+    "scope_text",
+]
+
+#: version of the ``audit.json`` schema written by this module (see docs/report.md)
+SCHEMA_VERSION = "1.0"
+#: file names written by :meth:`AuditReport.save`
+JSON_NAME = "audit.json"
+HTML_NAME = "report.html"
+
+#: :attr:`AuditReport.verdict` when a valid whole-run lower bound exceeds the claimed epsilon
+VERDICT_REFUTED = "claim refuted"
+#: :attr:`AuditReport.verdict` when no test rejected
+VERDICT_NOTHING = "nothing found"
+
+#: how the report names the scope of a bound (the registry's scopes)
+_SCOPE_NAMES = {WHOLE_RUN: "whole training run", ONE_STEP: "one training step"}
+
+_NONFINITE_TO_STR = {math.inf: "Infinity", -math.inf: "-Infinity"}
+_STR_TO_NONFINITE = {"Infinity": math.inf, "-Infinity": -math.inf, "NaN": math.nan}
+
+
+def _utc_now() -> str:
+    return _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds")
+
+
+def _dist_version(name: str) -> str:
+    try:
+        return metadata.version(name)
+    except metadata.PackageNotFoundError:
+        return "not installed"
+
+
+def library_versions() -> dict[str, str]:
+    """Versions of the libraries an audit depends on (read from package metadata, no import)."""
+    from .. import __version__
+
+    return {
+        "dpaudit_torch": __version__,
+        "torch": _dist_version("torch"),
+        "opacus": _dist_version("opacus"),
+        "python": platform.python_version(),
+    }
+
+
+def format_number(value: Any) -> str:
+    """The one way the report writes a number (HTML, summary text); tests compare against it.
+
+    ``None`` -> ``"n/a"``; booleans -> ``"yes"``/``"no"``; integers as is; floats with 4
+    significant digits (``inf`` -> ``"∞"``, ``nan`` -> ``"NaN"``).
+    """
+    if value is None:
+        return "n/a"
+    if isinstance(value, bool):
+        return "yes" if value else "no"
+    if isinstance(value, Integral):
+        return str(int(value))
+    if isinstance(value, Real):
+        v = float(value)
+        if math.isnan(v):
+            return "NaN"
+        if math.isinf(v):
+            return "∞" if v > 0 else "-∞"
+        return f"{v:.4g}"
+    return str(value)
+
+
+def scope_text(method: str, article: bool = False, with_family: bool = False) -> str | None:
+    """What the bound of ``method`` speaks about, as the report writes it: "whole training run"
+    (``article``: "the whole training run") or "one training step"; ``with_family`` appends the
+    trade-off family a bound assumes (", Gaussian family"). None for a method this version does
+    not know (a report from a newer writer)."""
+    spec = bound_method(method)
+    if spec is None:
+        return None
+    text = _SCOPE_NAMES.get(spec.scope, spec.scope)
+    if spec.scope == WHOLE_RUN and article:
+        text = "the " + text
+    if with_family and not spec.family_free and spec.family:
+        text += f", {spec.family} family"
+    return text
+
+
+# ----------------------------------------------------------------------------------------------
+# plain-type conversion and validation
+# ----------------------------------------------------------------------------------------------
+
+
+def plain(obj: Any, where: str) -> Any:
+    """Recursively turn numpy / torch / tuple values into plain JSON-able Python values."""
+    if obj is None or isinstance(obj, (bool, str)):
+        return obj
+    if isinstance(obj, Integral):
+        return int(obj)
+    if isinstance(obj, Real):
+        return float(obj)
+    if isinstance(obj, dict):
+        out = {}
+        for k, v in obj.items():
+            if not isinstance(k, str):
+                raise ValueError(f"{where}: keys must be strings, got {k!r}")
+            out[k] = plain(v, f"{where}.{k}")
+        return out
+    if isinstance(obj, (list, tuple)):
+        return [plain(v, f"{where}[{i}]") for i, v in enumerate(obj)]
+    # numpy arrays / scalars and torch tensors without importing either
+    tolist = getattr(obj, "tolist", None)
+    if callable(tolist) and type(obj).__module__.split(".")[0] in ("numpy", "torch"):
+        if hasattr(obj, "detach"):
+            obj = obj.detach().cpu()
+        return plain(obj.tolist(), where)
+    raise ValueError(f"{where}: value {obj!r} of type {type(obj).__name__} is not JSON-able")
+
+
+def encode_nonfinite(obj: Any) -> Any:
+    """``obj`` with every non-finite float written as "Infinity", "-Infinity" or "NaN"."""
+    if isinstance(obj, float) and not math.isfinite(obj):
+        return "NaN" if math.isnan(obj) else _NONFINITE_TO_STR[obj]
+    if isinstance(obj, dict):
+        return {k: encode_nonfinite(v) for k, v in obj.items()}
+    if isinstance(obj, list):
+        return [encode_nonfinite(v) for v in obj]
+    return obj
+
+
+def decode_nonfinite(obj: Any) -> Any:
+    """Inverse of :func:`encode_nonfinite`: the strings "Infinity", "-Infinity", "NaN" as floats."""
+    if isinstance(obj, str) and obj in _STR_TO_NONFINITE:
+        return _STR_TO_NONFINITE[obj]
+    if isinstance(obj, dict):
+        return {k: decode_nonfinite(v) for k, v in obj.items()}
+    if isinstance(obj, list):
+        return [decode_nonfinite(v) for v in obj]
+    return obj
+
+
+def is_num(v: Any) -> bool:
+    """True for an int or float (not a bool)."""
+    return isinstance(v, (int, float)) and not isinstance(v, bool)
+
+
+def _need(cond: bool, name: str, expected: str, value: Any) -> None:
+    if not cond:
+        raise ValueError(
+            f"AuditReport field {name!r} must be {expected}, got {value!r} "
+            f"({type(value).__name__})"
+        )
+
+
+def _check_fields(d: dict[str, Any]) -> None:
+    """Type and range checks of a plain report dict; ValueError naming the field and value."""
+    g = d.get
+    _need(isinstance(g("created_at"), str), "created_at", "an ISO-8601 string", g("created_at"))
+    try:
+        _dt.datetime.fromisoformat(d["created_at"])
+    except ValueError:
+        raise ValueError(
+            f"AuditReport field 'created_at' must be an ISO-8601 time, got {d['created_at']!r}"
+        ) from None
+    ce = g("claimed_epsilon")
+    _need(
+        ce is None or (is_num(ce) and (ce >= 0 or math.isnan(ce))),
+        "claimed_epsilon", "None or a number >= 0 (inf allowed)", ce,
+    )
+    _need(is_num(g("delta")) and 0.0 <= g("delta") < 1.0, "delta", "a number in [0, 1)",
+          g("delta"))
+    _need(is_num(g("alpha")) and 0.0 < g("alpha") < 1.0, "alpha", "a number in (0, 1)",
+          g("alpha"))
+    _need(g("accountant") is None or isinstance(g("accountant"), str), "accountant",
+          "None or a string", g("accountant"))
+    lb = g("epsilon_lower_bounds")
+    _need(isinstance(lb, dict), "epsilon_lower_bounds", "a dict {method: epsilon}", lb)
+    for k, v in lb.items():
+        _need(is_num(v) and (v >= 0 or math.isnan(v)), f"epsilon_lower_bounds.{k}",
+              "a number >= 0", v)
+    det = g("lower_bound_details")
+    _need(isinstance(det, dict), "lower_bound_details", "a dict {method: dict}", det)
+    for k, v in det.items():
+        _need(isinstance(v, dict), f"lower_bound_details.{k}", "a dict", v)
+    for name in ("claim_refuted", "violation", "stopped_early"):
+        _need(isinstance(g(name), bool), name, "a bool", g(name))
+    vs = g("violation_step")
+    _need(vs is None or (isinstance(vs, int) and not isinstance(vs, bool) and vs >= 0),
+          "violation_step", "None or an int >= 0", vs)
+    if vs is not None and not d["violation"]:
+        raise ValueError(
+            f"AuditReport field 'violation_step' is {vs!r} but 'violation' is False"
+        )
+    wh = g("wealth_history")
+    _need(isinstance(wh, dict), "wealth_history", "a dict {series: list}", wh)
+    for k, v in wh.items():
+        _need(isinstance(v, list) and all(is_num(x) for x in v), f"wealth_history.{k}",
+              "a list of numbers", v if not isinstance(v, list) else "a list with non-numbers")
+    sc = g("one_run_scores")
+    _need(isinstance(sc, dict), "one_run_scores", "a dict {'in': list, 'out': list}", sc)
+    for k, v in sc.items():
+        _need(isinstance(v, list) and all(is_num(x) for x in v), f"one_run_scores.{k}",
+              "a list of numbers", v if not isinstance(v, list) else "a list with non-numbers")
+    for name in ("sequential", "canaries", "training", "threat_model", "interference", "config",
+                 "versions"):
+        _need(isinstance(g(name), dict), name, "a dict", g(name))
+    _need(isinstance(g("seed_policy"), str), "seed_policy", "a string", g("seed_policy"))
+    w = g("warnings")
+    _need(isinstance(w, list) and all(isinstance(x, str) for x in w), "warnings",
+          "a list of strings", w)
+
+
+def _check_schema_version(version: Any) -> None:
+    if not isinstance(version, str):
+        raise ValueError(f"audit report 'schema_version' must be a string, got {version!r}")
+    major = version.split(".")[0]
+    if major != SCHEMA_VERSION.split(".")[0]:
+        raise ValueError(
+            f"unsupported audit report schema_version {version!r}: this dpaudit_torch reads "
+            f"{SCHEMA_VERSION.split('.')[0]}.x (writes {SCHEMA_VERSION})"
+        )
+
+
+def _minor(version: str) -> int:
+    parts = version.split(".")
+    try:
+        return int(parts[1]) if len(parts) > 1 else 0
+    except ValueError:
+        raise ValueError(f"malformed audit report schema_version {version!r}") from None
+
+
+# ----------------------------------------------------------------------------------------------
+# the report
+# ----------------------------------------------------------------------------------------------
+
+
+@dataclass
+class AuditReport:
+    """Result of a privacy audit: claimed epsilon beside audited lower bounds, and how it was run.
+
+    Every field is a plain JSON-able value and has a default, so a report can be built piecemeal.
+    The schema is documented field by field in ``docs/report.md`` (version :data:`SCHEMA_VERSION`).
+
+    Lower bounds hold with probability at least ``1 - alpha`` over the audit's randomness
+    (canary coins); they can prove a claim false, never true.
+    """
+
+    schema_version: str = SCHEMA_VERSION
+    created_at: str = field(default_factory=_utc_now)
+    claimed_epsilon: float | None = None
+    delta: float = 1e-5
+    alpha: float = 0.05
+    accountant: str | None = None
+    epsilon_lower_bounds: dict[str, float] = field(default_factory=dict)
+    lower_bound_details: dict[str, dict] = field(default_factory=dict)
+    claim_refuted: bool = False
+    violation: bool = False
+    violation_step: int | None = None
+    stopped_early: bool = False
+    sequential: dict = field(default_factory=dict)
+    wealth_history: dict[str, list] = field(default_factory=dict)
+    one_run_scores: dict[str, list[float]] = field(default_factory=dict)
+    canaries: dict = field(default_factory=dict)
+    training: dict = field(default_factory=dict)
+    threat_model: dict = field(default_factory=dict)
+    interference: dict = field(default_factory=dict)
+    config: dict = field(default_factory=dict)
+    seed_policy: str = ""
+    versions: dict = field(default_factory=library_versions)
+    warnings: list[str] = field(default_factory=list)
+
+    # -- plain data ------------------------------------------------------------------------------
+
+    def to_dict(self) -> dict[str, Any]:
+        """Plain-Python dict of every field (numpy / torch values converted), validated.
+
+        Raises:
+            ValueError: a field has a wrong type or value (the message names it).
+        """
+        d = {f.name: plain(getattr(self, f.name), f.name) for f in dataclasses.fields(self)}
+        _check_schema_version(d["schema_version"])
+        _check_fields(d)
+        return d
+
+    def to_json(self, indent: int | None = 2) -> str:
+        """Strict JSON of :meth:`to_dict` (non-finite floats as "Infinity"/"-Infinity"/"NaN")."""
+        return json.dumps(
+            encode_nonfinite(self.to_dict()), indent=indent, allow_nan=False, ensure_ascii=False
+        )
+
+    @classmethod
+    def from_dict(cls, d: Any) -> AuditReport:
+        """Build a report from :meth:`to_dict` output (or parsed ``audit.json``), validating it.
+
+        Accepts any ``1.x`` schema version; fields unknown to this version are ignored (with a
+        logged warning) only if the document declares a newer minor version.
+
+        Raises:
+            ValueError: not a dict, missing or unsupported ``schema_version``, unknown fields,
+                or a field of the wrong type / out of range (the message names it).
+        """
+        if not isinstance(d, dict):
+            raise ValueError(f"an audit report must be a JSON object, got {type(d).__name__}")
+        if "schema_version" not in d:
+            raise ValueError("not an audit report: no 'schema_version' field")
+        version = d["schema_version"]
+        _check_schema_version(version)
+        d = decode_nonfinite(d)
+        names = {f.name for f in dataclasses.fields(cls)}
+        unknown = sorted(set(d) - names)
+        if unknown:
+            if _minor(version) > _minor(SCHEMA_VERSION):
+                logger.warning(
+                    "reading audit report schema %s as %s: ignoring fields %s",
+                    version, SCHEMA_VERSION, unknown,
+                )
+            else:
+                raise ValueError(f"unknown audit report field(s) {unknown} in schema {version}")
+        kwargs = {k: v for k, v in d.items() if k in names}
+        if _minor(version) > _minor(SCHEMA_VERSION):
+            # the object holds what this version understood, and says so when saved again
+            kwargs["schema_version"] = SCHEMA_VERSION
+        report = cls(**kwargs)
+        report.to_dict()  # validates every field
+        return report
+
+    # -- files -----------------------------------------------------------------------------------
+
+    def save(self, directory: str | os.PathLike[str]) -> Path:
+        """Write ``audit.json`` and a self-contained ``report.html`` into ``directory``.
+
+        The directory is created if needed. Returns the directory as a :class:`~pathlib.Path`.
+
+        Raises:
+            ValueError: the report does not validate.
+            OSError: the directory cannot be created or written.
+        """
+        out = Path(directory)
+        text = self.to_json()
+        page = self.to_html()
+        out.mkdir(parents=True, exist_ok=True)
+        _atomic_write(out / JSON_NAME, text + "\n")
+        _atomic_write(out / HTML_NAME, page)
+        logger.info("audit report written to %s", out)
+        return out
+
+    @classmethod
+    def load(cls, path: str | os.PathLike[str]) -> AuditReport:
+        """Read a report from ``audit.json`` or from the directory that holds it.
+
+        Raises:
+            FileNotFoundError: no such file (or no ``audit.json`` in the directory).
+            ValueError: the file is not valid JSON or not a valid audit report.
+        """
+        p = Path(path)
+        if p.is_dir():
+            p = p / JSON_NAME
+        if not p.is_file():
+            raise FileNotFoundError(f"no audit report at {str(p)!r}")
+        try:
+            text = p.read_text(encoding="utf-8")
+        except UnicodeDecodeError as exc:
+            raise ValueError(f"{str(p)!r} is not UTF-8 text: {exc}") from None
+        try:
+            d = json.loads(text)
+        except json.JSONDecodeError as exc:
+            raise ValueError(
+                f"{str(p)!r} is not valid JSON (line {exc.lineno}, column {exc.colno}: {exc.msg})"
+            ) from None
+        try:
+            return cls.from_dict(d)
+        except ValueError as exc:
+            raise ValueError(f"{str(p)!r}: {exc}") from None
+
+    # -- reading ---------------------------------------------------------------------------------
+
+    @property
+    def verdict(self) -> str:
+        """``"claim refuted"``, ``"violation proven at step N"`` or ``"nothing found"``.
+
+        A refuted claim (a valid lower bound on the whole run's epsilon above the claimed epsilon)
+        takes precedence; a sequential violation is about one training step's privacy.
+        """
+        if self.claim_refuted:
+            return VERDICT_REFUTED
+        if self.violation:
+            if self.violation_step is None:
+                return "violation proven"
+            return f"violation proven at step {self.violation_step}"
+        return VERDICT_NOTHING
+
+    def summary_text(self) -> str:
+        """A few plain-language lines: verdict, claimed epsilon, each lower bound."""
+        level = format_number(100.0 * (1.0 - self.alpha))
+        lines = [f"Verdict: {self.verdict}."]
+        claim = format_number(self.claimed_epsilon)
+        acc = f" (accountant: {self.accountant})" if self.accountant else ""
+        lines.append(f"Claimed epsilon: {claim} at delta={format_number(self.delta)}{acc}.")
+        if self.epsilon_lower_bounds:
+            for method, bound in self.epsilon_lower_bounds.items():
+                scope = (
+                    scope_text(method, article=True, with_family=True)
+                    or "a scope this version of dpaudit_torch does not know"
+                )
+                lines.append(
+                    f"Audited lower bound ({method}, for {scope}): epsilon >= "
+                    f"{format_number(bound)} with {level}% confidence."
+                )
+        else:
+            lines.append("No lower bound was computed.")
+        if self.claim_refuted:
+            lines.append(
+                "A valid lower bound exceeds the claimed epsilon: the claim is false "
+                "(with the stated confidence)."
+            )
+        if self.violation:
+            at = "" if self.violation_step is None else f" at training step {self.violation_step}"
+            stop = " Training was stopped early." if self.stopped_early else ""
+            lines.append(
+                f"The sequential test proved{at} that a training step is less private than "
+                f"claimed.{stop}"
+            )
+        if not self.claim_refuted and not self.violation:
+            lines.append(
+                "Nothing found is not a proof of privacy: these are lower bounds, and this "
+                "audit could only have detected leaks up to its ceiling."
+            )
+        return "\n".join(lines)
+
+    def to_html(self) -> str:
+        """The self-contained HTML page (no network access; plots inline)."""
+        from .html import render_html  # the renderer imports this module
+
+        return render_html(self)
+
+
+def _atomic_write(path: Path, text: str) -> None:
+    """Write via a temporary file in the same directory and rename (readers never see half)."""
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    try:
+        with open(tmp, "w", encoding="utf-8") as fh:
+            fh.write(text)
+        os.replace(tmp, path)
+    except BaseException:
+        try:
+            os.unlink(tmp)
+        except OSError:
+            pass
+        raise
