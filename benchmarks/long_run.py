@@ -153,7 +153,8 @@ def worker(cfg: dict[str, Any]) -> None:
         dt = time.perf_counter() - t0
         elapsed += dt
         lw = t.log_wealth.cpu().numpy()
-        comp = np.asarray(t._bets.log_wealth)
+        bets = t.betting_state()
+        comp = bets["log_wealth"]
         row = {
             "n": n,
             "window_us_per_pair": 1e6 * dt / (n - prev_n),
@@ -166,8 +167,8 @@ def worker(cfg: dict[str, Any]) -> None:
             "combined": float(t.combined_log_wealth),
             "finite": bool(np.all(np.isfinite(lw)) and np.all(np.isfinite(comp))
                            and math.isfinite(t.combined_log_wealth)
-                           and np.all(np.isfinite(t._bets.lam))
-                           and np.all(np.isfinite(t._bets.a_sum))),
+                           and np.all(np.isfinite(bets["lam"]))
+                           and np.all(np.isfinite(bets["a_sum"]))),
             "rejected_at": t.rejected_at,
             "n_stored": int(getattr(t, "n_stored", -1)),
         }

@@ -182,7 +182,7 @@ def one_trial(mode: str, batch: int, trial: int, args: argparse.Namespace) -> di
     steps = args.reps * args.block
     mean = statistics.fmean
     out = {
-        "n_params": s["n_params"], "check_every": aud.check_every,
+        "n_params": s["n_params"], "check_every": aud.config.check_every,
         "audited_steps": aud.step,
         "cpu_base": mean(c_base), "cpu_aud": mean(c_aud),
         "opt_base": mean(o_base), "opt_aud": mean(o_aud),

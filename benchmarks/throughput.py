@@ -91,7 +91,8 @@ class NaiveMMD:
         self.rejected_at: int | None = None
         self.n = 0
 
-    def _k(self, a: float, b: float) -> float:
+    def k(self, a: float, b: float) -> float:
+        """Gaussian kernel exp(-(a - b)^2 / (2 bw^2)) with the fitted bandwidth."""
         return math.exp(-((a - b) ** 2) / (2.0 * self.bw * self.bw))
 
     def update_one(self, x: float, y: float) -> None:
@@ -115,11 +116,11 @@ class NaiveMMD:
         else:
             v = 0.0
             for xi, yi, ci in zip(self.X, self.Y, self.C):
-                v += ci * (self._k(xi, x) - self._k(xi, y) - self._k(yi, x) + self._k(yi, y))
+                v += ci * (self.k(xi, x) - self.k(xi, y) - self.k(yi, x) + self.k(yi, y))
         lw = self.ons.step(v - self.tau)
         if self.rejected_at is None and lw >= math.log(1.0 / ALPHA):
             self.rejected_at = self.n
-        g2 = 2.0 - 2.0 * self._k(x, y)
+        g2 = 2.0 - 2.0 * self.k(x, y)
         self.m += g2
         eta = 0.5 / math.sqrt(self.m) if self.m > 0 else 0.0
         n2 = max(self.s + 2.0 * eta * v + eta * eta * g2, 0.0)

@@ -2,7 +2,7 @@
 
 Trains a small CNN with Opacus on scikit-learn's bundled 8x8 handwritten digits (1,797 real
 images shipped inside the scikit-learn wheel: nothing is downloaded), with a
-:class:`~dpaudit_torch.hook.PrivacyAuditor` attached, and writes the audit report.
+:class:`~dpaudit_torch.audit.PrivacyAuditor` attached, and writes the audit report.
 ``bug=`` applies one of :mod:`dpaudit_torch.testing.bugs` to show an early stop.
 
 Library code: it logs, and reports progress through an optional callback; the command line

@@ -23,7 +23,8 @@ def _one_step(setup, seed: int = 0):
 
 
 def test_registry():
-    assert bugs.names() == ["no-noise", "noise-divided-by-batch", "noise-halved", "no-clipping"]
+    assert bugs.names() == ["no-noise", "noise-divided-by-batch", "noise-halved", "no-clipping",
+                           "bias-no-noise"]
     for name, bug in bugs.BUGS.items():
         assert bug.name == name and len(bug.description) > 10
     assert "no-noise" in (bugs.__doc__ or "")
@@ -45,6 +46,19 @@ def test_noise_bugs_scale_the_same_draws(name, factor):
     # the correct run adds noise of std sigma * C = 1 (610 draws: sample std within ~0.1)
     assert 0.85 < float(torch.cat(noises).std()) < 1.15
     assert bad.optimizer.noise_multiplier == 1.0
+
+
+def test_bias_no_noise_drops_the_noise_on_one_dimensional_tensors_only():
+    ok = make_private_setup(lr=0.0, noise_seed=3)
+    bad = make_private_setup(lr=0.0, noise_seed=3)
+    bugs.apply_bug(bad.optimizer, "bias-no-noise")
+    params = list(bad.optimizer.params)
+    for p, (s0, n0), (s1, n1) in zip(params, _one_step(ok), _one_step(bad)):
+        assert torch.equal(s0, s1)
+        if p.dim() == 1:
+            assert float(n1.abs().max()) < 1e-6  # no noise left
+        else:
+            assert torch.allclose(n1, n0, atol=1e-5)
 
 
 def test_no_clipping_sums_unclipped_gradients_and_keeps_the_noise():

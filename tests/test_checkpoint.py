@@ -135,7 +135,8 @@ def test_state_dict_is_torch_saveable_plain(tmp_path):
     assert torch.equal(other.monitors["one_run"].coins.state()[0],
                        aud.monitors["one_run"].coins.state()[0])
     assert other.step == aud.step == 4
-    assert torch.equal(other.monitors["one_run"].scores, aud.monitors["one_run"].scores)
+    assert torch.equal(other.monitors["one_run"].stacked_scores(),
+                       aud.monitors["one_run"].stacked_scores())
     # the coming role coins and inclusions are the same (drawn in blocks of steps)
     for _ in range(70):
         np.testing.assert_array_equal(other.tap.injector.next_uniforms(),

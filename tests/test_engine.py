@@ -184,7 +184,7 @@ def test_monitor_states_round_trip():
     ev2 = [e for e in (m.advance() for m in mons2.values()) if e]
     assert ev1[0].steps == ev2[0].steps == list(range(17, 31))
     np.testing.assert_array_equal(ev1[0].log_e, ev2[0].log_e)
-    assert torch.equal(mons["one_run"].scores, mons2["one_run"].scores)
+    assert torch.equal(mons["one_run"].stacked_scores(), mons2["one_run"].stacked_scores())
     bigger = build_monitors(MonitorContext(
         config=AuditConfig(k_pairs=K, m_canaries=M + 1), k_pairs=K, m_canaries=M + 1,
         device="cpu", warn=print, coins=SecretCoins(M + 1, torch.Generator())))

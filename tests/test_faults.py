@@ -76,11 +76,11 @@ def test_nonfinite_raise_before_update_state_untouched():
     aud = PrivacyAuditor(s.engine, s.optimizer, s.loader, seed=1, **SMALL)
     batches = list(s.batches(3, batch=16))
     s.step(*batches[0])
-    before, step, scores = _params(s.model), aud.step, aud.monitors["one_run"].scores.clone()
+    before, step, scores = _params(s.model), aud.step, aud.monitors["one_run"].stacked_scores()
     with pytest.raises(ValueError, match="non-finite gradient at canary"):
         s.step(_nan_batch(batches[1][0]), batches[1][1])
     assert _same(_params(s.model), before)  # the update was not applied
-    assert aud.step == step and torch.equal(aud.monitors["one_run"].scores, scores)
+    assert aud.step == step and torch.equal(aud.monitors["one_run"].stacked_scores(), scores)
     assert aud.attached and not _untouched(s.optimizer)  # still auditing
     s.step(*batches[2])  # training goes on
     assert aud.step == step + 1
@@ -114,7 +114,7 @@ def _skip_run(deferred: bool):
         assert t.n_pairs == (n - 2) * aud.config.k_pairs
     hist = rep.wealth_history
     assert all(math.isfinite(v) for k, vals in hist.items() for v in vals)
-    assert torch.isfinite(aud.monitors["one_run"].scores).all()
+    assert torch.isfinite(aud.monitors["one_run"].stacked_scores()).all()
     assert math.isfinite(rep.sequential["combined_log_wealth"])
     return rep
 
@@ -170,51 +170,47 @@ def test_internal_failure_restores_optimizer_model_untouched(monkeypatch, where)
 
 
 def test_canary_rows_buffer_is_zero_between_steps(monkeypatch):
-    """The canary rows live in one persistent buffer: after every step (and after a step whose
-    second clipping call raised) it is all zeros again, and each step's rows hold exactly its
-    own canaries (one entry of canary_norm * C per row)."""
+    """The canary rows are compact (2k + m numbers each, whatever the model's size) and live in
+    one persistent buffer: the optimizer class's own clipping runs on them (on a shadow of the
+    optimizer, not on the real one), each row holds exactly its canary (one entry of
+    canary_norm * C), and after every step (and after a step whose canary clipping raised) the
+    buffer is all zeros again."""
     a = make_private_setup(sigma=0.0)
     aud = PrivacyAuditor(a.engine, a.optimizer, a.loader, seed=2, **SMALL)
     inj = aud.tap.injector
-    seen: list[tuple[int, int, float]] = []
-    original = inj.original_method
+    cls = type(a.optimizer)
+    class_clip = cls.clip_and_accumulate
+    seen: list[tuple[int, int, int, float]] = []
+    width = 2 * SMALL["k_pairs"] + SMALL["m_canaries"]
 
-    def spy():
-        orig = original()
+    def spy(self):
+        if self is not a.optimizer:  # the canaries' call, on the shadow
+            buf = inj.rows_buffer
+            lo, hi = buf.data_ptr(), buf.data_ptr() + buf.numel() * buf.element_size()
+            assert all(lo <= p.grad_sample.data_ptr() < hi for p in self.params
+                       if p.grad_sample.numel())  # views of the persistent buffer
+            rows = torch.cat([p.grad_sample for p in self.params], dim=1)
+            seen.append((int(rows.shape[0]), int(rows.shape[1]), int((rows != 0).sum()),
+                         float(rows.abs().max())))
+        return class_clip(self)
 
-        def call():
-            gs = a.optimizer.params[0].grad_sample
-            if gs is not None and not isinstance(gs, list) and inj.rows_buffer is not None and \
-                    gs.data_ptr() == inj.rows_buffer.data_ptr():
-                rows = torch.cat([p.grad_sample.reshape(gs.shape[0], -1)
-                                  for p in a.optimizer.params], dim=1)
-                seen.append((int(rows.shape[0]), int((rows != 0).sum()),
-                             float(rows.abs().max())))
-            return orig()
-        return call
-
-    monkeypatch.setattr(inj, "original_method", spy)
+    monkeypatch.setattr(cls, "clip_and_accumulate", spy)
     for x, y in a.batches(4, batch=16):
         a.step(x, y)
         assert inj.rows_buffer is not None and not bool(inj.rows_buffer.any())
     assert len(seen) == 4
-    for n_rows, nonzero, biggest in seen:
-        assert nonzero == n_rows  # one entry per row
+    for n_rows, n_cols, nonzero, biggest in seen:
+        assert n_cols == width and nonzero == n_rows  # one entry per row
         assert biggest == pytest.approx(aud.config.canary_norm * 1.0)
-    # a failure inside Opacus's second clipping call still leaves the buffer clean
-    calls = {"n": 0}
+    assert inj.rows_buffer.numel() < 2 * max(r for r, *_ in seen) * width  # no row of size d
 
-    def failing():
-        orig = original()
+    # a failure inside the canaries' clipping call still leaves the buffer clean
+    def failing(self):
+        if self is not a.optimizer:
+            raise RuntimeError("clipping failed")
+        return class_clip(self)
 
-        def call():
-            calls["n"] += 1
-            if calls["n"] == 2:
-                raise RuntimeError("clipping failed")
-            return orig()
-        return call
-
-    monkeypatch.setattr(inj, "original_method", failing)
+    monkeypatch.setattr(cls, "clip_and_accumulate", failing)
     with pytest.raises(RuntimeError, match="clipping failed"):
         a.step(*next(iter(a.batches(1, batch=16))))
     assert not bool(inj.rows_buffer.any())
@@ -340,7 +336,7 @@ def test_autocast_statistics_in_float64(dtype):
         if i == 0:  # observations are float64 from the start
             assert aud.monitors["sequential_pairs"].buffer_x[0].dtype == torch.float64
     rep = aud.finalize()
-    assert aud.monitors["one_run"].scores.dtype == torch.float64
+    assert aud.monitors["one_run"].stacked_scores().dtype == torch.float64
     for t in aud.monitors["sequential_pairs"].segment.testers.values():
         assert t.n_pairs == 6 * 4
     assert math.isfinite(rep.sequential["combined_log_wealth"])

@@ -53,18 +53,18 @@ def _feed(t: HockeyStickTest, x: torch.Tensor, y: torch.Tensor, sizes: list[int]
 
 
 class _Recorder:
-    """Captures the payoffs [n, 2G] the test hands to its bettor, chunk by chunk."""
+    """Captures the payoffs [n, 2G] the test hands to its bettor, chunk by chunk, and the pairs
+    consumed before each chunk (through the public ``payoff_observer`` hook)."""
 
     def __init__(self, t: HockeyStickTest) -> None:
         self.chunks: list[np.ndarray] = []
-        orig = t._payoffs
+        self.starts: list[int] = []
 
-        def wrapped(x: torch.Tensor, y: torch.Tensor) -> np.ndarray:
-            p = orig(x, y)
+        def observe(start: int, p: np.ndarray) -> None:
+            self.starts.append(start)
             self.chunks.append(p.copy())
-            return p
 
-        t._payoffs = wrapped  # type: ignore[method-assign]
+        t.payoff_observer = observe
 
     @property
     def payoffs(self) -> np.ndarray:
@@ -143,9 +143,10 @@ def test_payoff_range_and_bets() -> None:
     """Payoffs lie in [-(e^eps + delta), 1 - delta]; lambda_max = 1 / (2 (e^eps + delta))."""
     eps, delta = np.array([0.05, 1.0, 3.0]), np.array([0.0, 0.2, 1e-3])
     t = HockeyStickTest(eps, delta)
-    np.testing.assert_allclose(t._bets.lambda_max, np.repeat(1 / (2 * (np.exp(eps) + delta)), 2))
-    np.testing.assert_allclose(t._payoff_upper_bound(), np.repeat(1 - delta, 2))
-    assert list(t._component_groups()) == [0, 0, 1, 1, 2, 2]
+    np.testing.assert_allclose(t.betting_state()["lambda_max"],
+                               np.repeat(1 / (2 * (np.exp(eps) + delta)), 2))
+    np.testing.assert_allclose(t.payoff_upper_bound, np.repeat(1 - delta, 2))
+    assert list(t.component_groups) == [0, 0, 1, 1, 2, 2]
     r = _Recorder(t)
     gen = _gen(4)
     t.update(_cauchy(500, gen), _cauchy(500, gen, 5.0))
@@ -159,11 +160,12 @@ def test_atoms_get_their_own_cell() -> None:
     x = torch.tensor([0.0] * 8 + list(np.linspace(-3, 3, 12)), dtype=torch.float64)
     y = torch.tensor(list(np.linspace(-2, 2, 20)), dtype=torch.float64)
     t.update(x, y)
-    edges = t._edges[0][torch.isfinite(t._edges[0])]
+    d = t.diagnostics()
+    edges = d["edges"][0][torch.isfinite(d["edges"][0])]
     assert 0.0 in edges.tolist()
-    zero_cell = int(t._cells(torch.zeros(1, 2, dtype=torch.float64))[0, 0])
-    assert zero_cell % 2 == 1 and bool(t._atom_cell[0, zero_cell])
-    near = t._cells(torch.tensor([[1e-300, 0.0], [-1e-300, 0.0]], dtype=torch.float64))[:, 0]
+    zero_cell = int(t.cells(torch.zeros(1, 2, dtype=torch.float64))[0, 0])
+    assert zero_cell % 2 == 1 and bool(d["atom_cell"][0, zero_cell])
+    near = t.cells(torch.tensor([[1e-300, 0.0], [-1e-300, 0.0]], dtype=torch.float64))[:, 0]
     assert zero_cell not in near.tolist()  # the continuous mass next to the atom: other cells
 
 
@@ -216,16 +218,10 @@ def test_refreshes_grow_logarithmically() -> None:
     gen = _gen(5)
     x, y = _normal(5000, gen), _normal(5000, gen)
     t = HockeyStickTest(0.5, burn_in=5)
-    sizes = []
-    orig = t._payoffs
-
-    def spy(a: torch.Tensor, b: torch.Tensor) -> np.ndarray:
-        sizes.append((t._t, int(a.shape[0])))
-        return orig(a, b)
-
-    t._payoffs = spy  # type: ignore[method-assign]
+    r = _Recorder(t)  # pairs consumed before each chunk, and its size
     for i in range(0, 5000, 1000):
         t.update(x[i : i + 1000], y[i : i + 1000])
+    sizes = [(s, int(c.shape[0])) for s, c in zip(r.starts, r.chunks)]
     assert t.refresh_points == [5 * 2**k for k in range(10)]  # 5 ... 2560
     assert t.n_refreshes == 1 + int(math.log2(5000 / 5))
     starts = [s for s, _ in sizes]
@@ -234,7 +230,8 @@ def test_refreshes_grow_logarithmically() -> None:
     for s, n in sizes:  # ... and none crosses one
         assert not any(s < p < s + n for p in t.refresh_points)
     # counts are incremental: after T pairs they count every past pair once, per score
-    assert int(t._cnt_x.sum()) == int(t._cnt_y.sum()) == 2 * 5000
+    d = t.diagnostics()
+    assert int(d["cell_counts_x"].sum()) == int(d["cell_counts_y"].sum()) == 2 * 5000
 
 
 # ------------------------------------------------------------------------------ type-I error
@@ -499,9 +496,10 @@ def test_device_and_dtype(device: str, dtype: torch.dtype) -> None:
     y = (0.7 + torch.randn(300, 2, generator=gen)).to(device)
     t = HockeyStickTest([0.1, 0.5], dtype=dtype).update(x, y)
     assert t.device == torch.device(device)
-    for buf in (t._edges, t._cnt_x, t._cnt_y, t._hist_x[0]):
+    d = t.diagnostics()
+    for buf in (d["edges"], d["cell_counts_x"], d["cell_counts_y"], d["history_x"]):
         assert buf.device.type == device
-    assert t._hist_x[0].dtype == dtype
+    assert d["history_x"].dtype == dtype
     assert t.log_wealth.device.type == device
     ref = HockeyStickTest([0.1, 0.5]).update(x.cpu().to(dtype).double(),
                                              y.cpu().to(dtype).double())
@@ -539,8 +537,7 @@ def test_compiled_cpu_path_matches_vectorised(kind: str) -> None:
         y = torch.randn(n, 3, generator=gen, dtype=torch.float64)
     eps, deltas = [0.1, 0.5, 1.0], [1e-3, 1e-4, 1e-5]
     a = HockeyStickTest(eps, deltas, 0.05)
-    b = HockeyStickTest(eps, deltas, 0.05)
-    b._force_vectorised = True
+    b = HockeyStickTest(eps, deltas, 0.05, force_vectorised=True)
     trajs = {id(a): [], id(b): []}
     i = 0
     for size in [3, 1, 40, 7, 200, 33, 600, 616]:
@@ -552,4 +549,6 @@ def test_compiled_cpu_path_matches_vectorised(kind: str) -> None:
                                rtol=0, atol=1e-12)
     assert a.rejected_at == b.rejected_at and a.grid_rejected_at == b.grid_rejected_at
     assert a.n_refreshes == b.n_refreshes >= 5
-    assert torch.equal(a._cnt_x, b._cnt_x) and torch.equal(a._cnt_y, b._cnt_y)
+    da, db = a.diagnostics(), b.diagnostics()
+    assert torch.equal(da["cell_counts_x"], db["cell_counts_x"])
+    assert torch.equal(da["cell_counts_y"], db["cell_counts_y"])

@@ -14,13 +14,14 @@ import torch
 from conftest import make_private_setup
 
 from dpaudit_torch.audit import PrivacyAuditor, PrivacyViolationError
+from dpaudit_torch.opacus_tap import OWNER_ATTR
 from dpaudit_torch.testing import bugs
 
 
 def _untouched(opt) -> bool:
     """No auditor attribute, no wrapped method, no step pre-hook left on the optimizer."""
     return ("clip_and_accumulate" not in vars(opt) and "accumulate" not in vars(opt)
-            and not hasattr(opt, "_dpaudit_auditor")
+            and not hasattr(opt, OWNER_ATTR)
             and len(opt.original_optimizer._optimizer_step_pre_hooks) == 0)
 
 
@@ -84,9 +85,11 @@ def test_sigma0_canary_contributes_exactly_C(mode, clipping, C, extra):
         expected = _expected_presence(rec, k, m)
         assert rec.included.numel() > 0  # the one-run path is exercised too
         assert torch.allclose(diff, expected, rtol=0.0, atol=1e-6), (diff - expected).abs().max()
-        # the auditor's own projection agrees with the twin-free computation
+        # the auditor's observation has the real data's sum removed: at sigma = 0 it is
+        # exactly the canary's presence (the twin's gradient, the real data, is not in it)
         proj = aud.tap.reader.last_values.cpu()
-        assert torch.allclose(proj - cap_b[-1] / clip, expected, atol=1e-6)
+        assert torch.allclose(proj, expected, rtol=0.0, atol=1e-6)
+        assert float((cap_b[-1] / clip).abs().max()) > 1e-3  # there was real data to remove
         if clipping == "adaptive":
             # canaries do not bias adaptive clipping's bound update (sample count corrected)
             assert float(a.optimizer.max_grad_norm) == pytest.approx(
@@ -318,7 +321,7 @@ def test_rejects_non_opacus_optimizer_loader_without_rate_and_second_auditor():
     first = PrivacyAuditor(s.engine, s.optimizer, s.loader, seed=0, m_canaries=64)
     with pytest.raises(ValueError, match="already"):
         PrivacyAuditor(s.engine, s.optimizer, s.loader, seed=1, m_canaries=64)
-    assert s.optimizer._dpaudit_auditor is first
+    assert getattr(s.optimizer, OWNER_ATTR) is first
     s.step(*next(s.batches(1)))
     assert first.step == 1
 
@@ -334,7 +337,7 @@ def test_non_finite_gradient_is_refused_before_the_update():
         s.step(x, y)
     assert all(torch.equal(p, q) for p, q in zip(s.model.parameters(), before))
     assert aud.step == 0 and not aud.monitors["sequential_pairs"].buffer_x
-    assert float(aud.monitors["one_run"].scores.abs().sum()) == 0.0
+    assert float(aud.monitors["one_run"].stacked_scores().abs().sum()) == 0.0
     s.step(*next(s.batches(1, seed=5)))  # training (and the audit) go on with good data
     assert aud.step == 1
 
@@ -395,8 +398,13 @@ def test_finalize_builds_a_complete_report():
     assert rep.sequential["per_step_null"]["type"] == "gaussian_profile"
     assert rep.training["sample_rate"] == s.loader.sample_rate and rep.training["steps"] == 12
     assert rep.training["noise_multiplier"] == 1.0 and rep.threat_model["white_box"] is True
-    # W is read at every check_every-th observed step (steps 1, 6, 11 of 12), 16 pairs each
-    assert rep.interference["n"] == 3 * 16 and rep.interference["std"] >= 0
+    # W, the real data's sum that was removed, at both coordinates of the 16 pairs, every step
+    assert rep.interference["n"] == 12 * 32 and rep.interference["std"] > 0
+    assert rep.interference["removed"] is True and rep.interference["read_every_steps"] == 1
+    # the power statement of the one-run audit
+    assert rep.power["replicates"] > 0 and rep.power["mean_inclusions"] == pytest.approx(
+        12 * s.loader.sample_rate)
+    assert rep.lower_bound_details["steinke"]["score"] == aud.config.one_run_score
     assert not rep.violation and not rep.claim_refuted and rep.seed_policy == "seeded (0)"
     json.dumps(rep.to_dict())
 
@@ -456,7 +464,10 @@ def test_non_injecting_rank_observes_without_injecting():
     a.step(x, y)
     b.step(x, y)
     assert aud.step == 1 and aud.tap.injector.insertions == 0
-    assert torch.allclose(aud.tap.reader.last_values.cpu(), cap_b[-1], atol=1e-6)
+    # this rank's own real-data sum is removed; no canary and no noise: nothing remains
+    assert float(cap_b[-1].abs().max()) > 1e-3
+    assert torch.allclose(aud.tap.reader.last_values.cpu(), torch.zeros_like(cap_b[-1]),
+                          atol=1e-6)
 
 
 def test_on_step_callback_errors_never_break_training():
@@ -494,7 +505,8 @@ def test_compiled_observation_matches_torch_path(skip):
             projections.append(aud.tap.reader.last_values.clone())
         assert bool(aud.tap.reader.compiled_reads) == compiled
         pairs = aud.monitors["sequential_pairs"]
-        runs.append((torch.stack(projections), aud.monitors["one_run"].scores.clone(),
+        runs.append((torch.stack(projections), aud.monitors["one_run"].scores["sum"].clone(),
+                     aud.monitors["one_run"].scores["llr"].clone(),
                      torch.stack(pairs.buffer_x), float(pairs.w_sum), float(pairs.w_sumsq),
                      pairs.w_count, aud.combined_log_wealth))
     a, b = runs

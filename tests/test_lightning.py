@@ -100,9 +100,9 @@ def _trainer(root: Path, max_steps: int, callback: PrivacyAuditCallback) -> L.Tr
 
 def _is_wrapped(optimizer) -> bool:
     """Does a PrivacyAuditor still hold hooks in the optimizer (pre-hook or owner mark)?"""
-    from dpaudit_torch import hook
+    from dpaudit_torch.opacus_tap import OWNER_ATTR
 
-    owner = getattr(optimizer, getattr(hook, "_OWNER_ATTR", "_dpaudit_auditor"), None)
+    owner = getattr(optimizer, OWNER_ATTR, None)
     return bool(optimizer.original_optimizer._optimizer_step_pre_hooks) or owner is not None
 
 

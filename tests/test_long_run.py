@@ -20,6 +20,7 @@ import numpy as np
 import pytest
 import torch
 
+from dpaudit_torch.stats.base import SequentialTest
 from dpaudit_torch.stats.betting import ONS_C, OnlineNewtonStep, log_mean_exp
 from dpaudit_torch.stats.hockey_stick import HockeyStickTest
 from dpaudit_torch.stats.mmd import SequentialMMDTest
@@ -55,18 +56,15 @@ def reference_ons(payoffs: np.ndarray, lambda_max: np.ndarray) -> tuple[np.ndarr
 
 
 class _Recorder:
-    """Wraps a tester's ``_payoffs`` to keep every payoff it bets on (in order)."""
+    """Keeps every payoff a tester bets on (in order), through its ``payoff_observer`` hook."""
 
-    def __init__(self, tester: object) -> None:
+    def __init__(self, tester: SequentialTest) -> None:
         self.chunks: list[np.ndarray] = []
-        orig = tester._payoffs  # type: ignore[attr-defined]
 
-        def wrapped(x: torch.Tensor, y: torch.Tensor) -> np.ndarray:
-            p = orig(x, y)
+        def observe(start: int, p: np.ndarray) -> None:
             self.chunks.append(np.array(p, dtype=np.float64, copy=True))
-            return p
 
-        tester._payoffs = wrapped  # type: ignore[attr-defined]
+        tester.payoff_observer = observe
 
     @property
     def payoffs(self) -> np.ndarray:
@@ -137,16 +135,16 @@ def _iid(n: int, seed: int) -> tuple[torch.Tensor, torch.Tensor]:
             torch.randn(n, generator=gen, dtype=torch.float64))
 
 
-def _check_exact(tester: object, rec: _Recorder) -> np.ndarray:
+def _check_exact(tester: SequentialTest, rec: _Recorder) -> np.ndarray:
     """The tester's component log-wealth equals the independent recomputation."""
-    bets = tester._bets  # type: ignore[attr-defined]
-    ref, state = reference_ons(rec.payoffs, bets.lambda_max)
-    np.testing.assert_allclose(bets.log_wealth, ref, rtol=1e-10, atol=1e-9)
-    np.testing.assert_allclose(bets.lam, state["lam"], rtol=1e-10, atol=1e-12)
-    assert np.all((bets.lam >= 0) & (bets.lam <= bets.lambda_max))
-    grid = tester.log_wealth.numpy()  # type: ignore[attr-defined]
+    bets = tester.betting_state()
+    ref, state = reference_ons(rec.payoffs, bets["lambda_max"])
+    np.testing.assert_allclose(bets["log_wealth"], ref, rtol=1e-10, atol=1e-9)
+    np.testing.assert_allclose(bets["lam"], state["lam"], rtol=1e-10, atol=1e-12)
+    assert np.all((bets["lam"] >= 0) & (bets["lam"] <= bets["lambda_max"]))
+    grid = tester.log_wealth.numpy()
     assert np.all(np.isfinite(grid))
-    assert math.isfinite(tester.combined_log_wealth)  # type: ignore[attr-defined]
+    assert math.isfinite(tester.combined_log_wealth)
     return ref
 
 
@@ -191,7 +189,7 @@ def test_hockey_stick_log_wealth_beyond_float64() -> None:
     # the average over the 2 directions: one direction wins, the other sits near 0
     assert ref.max() > 800.0 + math.log(2.0) and t.rejected
     assert t.epsilon_lower_bound == 1.0
-    assert t._bets.lam.shape == (int(t._groups.size),)
+    assert t.betting_state()["lam"].shape == (int(t.component_groups.size),)
 
 
 def test_hockey_stick_null_stream_finite() -> None:

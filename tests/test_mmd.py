@@ -12,9 +12,8 @@ import pytest
 import torch
 from conftest import devices
 
-from dpaudit_torch.stats._mmd_witness import REFRESH_FACTOR
 from dpaudit_torch.stats.base import CannotRejectWarning
-from dpaudit_torch.stats.mmd import SequentialMMDTest
+from dpaudit_torch.stats.mmd import REFRESH_FACTOR, SequentialMMDTest
 from dpaudit_torch.stats.thresholds import gaussian_delta
 
 ONS_C = 2.0 / (2.0 - math.log(3.0))
@@ -177,7 +176,8 @@ def test_tau_values_and_lambda_max() -> None:
     np.testing.assert_allclose(
         t.tau, [0.0070710088868896261, 0.65353995801451789, 0.74243268689632465], rtol=1e-12
     )
-    np.testing.assert_allclose(t._bets.lambda_max, 1.0 / (8.0 + 4.0 * expected), rtol=1e-15)
+    np.testing.assert_allclose(t.betting_state()["lambda_max"], 1.0 / (8.0 + 4.0 * expected),
+                               rtol=1e-15)
 
 
 def test_ceiling_warning_and_flag() -> None:
@@ -452,8 +452,9 @@ def test_device_and_dtype(device: str, dtype: torch.dtype) -> None:
     y = (0.7 + torch.randn(300, 4, generator=gen)).to(device)
     t = SequentialMMDTest([0.01, 0.1], dtype=dtype, chunk_size=100).update(x, y)
     assert t.device == torch.device(device)
-    for buf in (t._X, t._Y, t._Xn, t._Yn, t._a, t._center):
-        assert buf.device.type == device and buf.dtype == dtype
+    d = t.diagnostics()
+    for key in ("x", "y", "x_sqnorm", "y_sqnorm", "coef", "center"):
+        assert d[key].device.type == device and d[key].dtype == dtype
     assert t.log_wealth.device.type == device
     ref = SequentialMMDTest([0.01, 0.1]).update(x.cpu().double(), y.cpu().double())
     tol = 1e-9 if dtype == torch.float64 else 1e-3
@@ -467,7 +468,7 @@ def test_memory_linear_and_amortised_growth() -> None:
     for _ in range(12):
         x = torch.randn(256, 3, generator=gen, dtype=torch.float64)
         t.update(x, x + 0.1)
-        caps.append(int(t._X.shape[0]))
+        caps.append(t.diagnostics()["capacity"])
     # capacity doubles (few reallocations) and stays within 2x of what is stored
     assert len(set(caps)) <= 4
     assert t.n_stored <= caps[-1] <= 2 * max(t.n_stored, 1024)
@@ -505,8 +506,9 @@ def test_long_stream_renormalisation(caplog: pytest.LogCaptureFixture) -> None:
     with caplog.at_level(logging.DEBUG, logger="dpaudit_torch.stats.mmd"):
         t = SequentialMMDTest(1e-4, witness_radius=1e-3, chunk_size=1000).update(x, y)
     assert "renormalised" in caplog.text
-    assert 1e-30 <= t._scale <= 1.0
-    assert torch.isfinite(t._a[: t.n_stored]).all()
+    d = t.diagnostics()
+    assert 1e-30 <= d["scale"] <= 1.0
+    assert d["coef"].shape == (t.n_stored,) and torch.isfinite(d["coef"]).all()
     assert t.witness_norm == pytest.approx(1e-3, rel=1e-6)
     u = SequentialMMDTest(1e-4, witness_radius=1e-3, chunk_size=37).update(x, y)
     np.testing.assert_allclose(u.log_wealth.numpy(), t.log_wealth.numpy(), rtol=1e-9)
@@ -647,7 +649,7 @@ def test_capped_memory_bounded() -> None:
         x = torch.randn(128, d, generator=gen, dtype=torch.float64)
         t.update(x, x + 0.2)
         sizes.append(t.memory_bytes)
-    assert t.n_stored == cap and int(t._X.shape[0]) == cap
+    assert t.n_stored == cap and t.diagnostics()["capacity"] == cap
     assert sizes[-1] == cap * (2 * d + 3) * 8 + d * 8
     assert len(set(sizes[4:])) == 1  # constant once the cap is reached
     t32 = SequentialMMDTest(0.1, dtype=torch.float32, max_witness_points=cap)
@@ -704,7 +706,7 @@ def test_capped_state_round_trip_after_wrap() -> None:
     y = 0.4 + torch.randn(500, 2, generator=gen, dtype=torch.float64)
     a = SequentialMMDTest([0.01, 0.1], max_witness_points=60, chunk_size=25).update(x[:233],
                                                                                     y[:233])
-    assert a._head != 0  # the ring buffer has wrapped
+    assert a.diagnostics()["ring_head"] != 0  # the ring buffer has wrapped
     buf = io.BytesIO()
     torch.save(a.state_dict(), buf)
     buf.seek(0)
@@ -725,16 +727,22 @@ def test_capped_state_round_trip_after_wrap() -> None:
 def test_capped_forward_sums_match_recomputation(chunk: int) -> None:
     """The tracked fwd_i (witness at stored pair i from the pairs no older than i), which
     replaces the kernel evaluations at the dropped points, equals its from-scratch value after
-    many wraps of the ring buffer, renormalisations included."""
+    many wraps of the ring buffer, renormalisations included. The from-scratch value is the one
+    a state saved without fwd is loaded with (see the next test)."""
     gen = torch.Generator().manual_seed(26)
     x = torch.randn(900, generator=gen, dtype=torch.float64)
     y = 0.7 + torch.randn(900, generator=gen, dtype=torch.float64)
     t = SequentialMMDTest([0.05, 0.5], max_witness_points=60, chunk_size=chunk)
     for i in range(0, 900, 113):
         t.update(x[i : i + 113], y[i : i + 113])
-        tracked = t._fwd[: t.n_stored].clone()
-        t._recompute_fwd()
-        torch.testing.assert_close(tracked, t._fwd[: t.n_stored], rtol=1e-10, atol=1e-12)
+        tracked = t.diagnostics()["forward_sums"]
+        sd = t.state_dict()
+        del sd["extra"]["fwd"]
+        u = SequentialMMDTest([0.05, 0.5], max_witness_points=60, chunk_size=chunk)
+        u.load_state_dict(sd)  # recomputes fwd from scratch over the stored pairs
+        assert tracked.shape == (t.n_stored,)
+        torch.testing.assert_close(tracked, u.diagnostics()["forward_sums"], rtol=1e-10,
+                                   atol=1e-12)
     assert t.n_evicted > 10 * 60
 
 
@@ -761,7 +769,10 @@ def test_capped_norm_refresh_repairs_drift() -> None:
     y = 1.0 + torch.randn(500, generator=gen, dtype=torch.float64)
     t = SequentialMMDTest(0.1, max_witness_points=20, chunk_size=10).update(x[:100], y[:100])
     refreshes = t.n_norm_refreshes
-    t._s = (1.0 - 1e-4) * t._s  # pretend rounding made the tracked ||f||^2 slightly too small
+    sd = t.state_dict()  # pretend rounding made the tracked ||f||^2 slightly too small
+    sd["extra"]["s"] = (1.0 - 1e-4) * sd["extra"]["s"]
+    t.load_state_dict(sd)
+    assert t.witness_norm**2 == pytest.approx((1.0 - 1e-4) * t.exact_witness_norm()**2)
     t.update(x[100:], y[100:])  # 400 more drops >= 16 * 20
     assert t.n_norm_refreshes > refreshes
     assert t.witness_norm == pytest.approx(t.exact_witness_norm(), rel=1e-9)
@@ -774,7 +785,9 @@ def test_capped_norm_guard_raises_on_inconsistent_state() -> None:
     x = torch.randn(400, generator=gen, dtype=torch.float64)
     y = 1.0 + torch.randn(400, generator=gen, dtype=torch.float64)
     t = SequentialMMDTest(0.1, max_witness_points=20, chunk_size=10).update(x[:100], y[:100])
-    t._s = 0.25 * t._s
+    sd = t.state_dict()
+    sd["extra"]["s"] = 0.25 * sd["extra"]["s"]
+    t.load_state_dict(sd)
     with pytest.raises(RuntimeError, match="witness norm"):
         t.update(x[100:], y[100:])
 
@@ -801,7 +814,8 @@ def test_capped_device_and_dtype(device: str, dtype: torch.dtype) -> None:
     ref = SequentialMMDTest([0.01, 0.1], max_witness_points=40).update(x, y)
     t = SequentialMMDTest([0.01, 0.1], max_witness_points=40, dtype=dtype)
     t.update(x.to(device), y.to(device))
-    assert t._X.device.type == device and t._X.dtype == dtype and t._X.shape[0] == 40
+    d = t.diagnostics()
+    assert d["x"].device.type == device and d["x"].dtype == dtype and d["capacity"] == 40
     assert t.n_norm_refreshes == ref.n_norm_refreshes > 0
     tol = 1e-9 if dtype == torch.float64 else 1e-3
     np.testing.assert_allclose(t.log_wealth.cpu().numpy(), ref.log_wealth.numpy(), atol=tol)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import html
 import json
 import math
 import re
@@ -505,3 +506,122 @@ def test_records_and_decision_cadence_are_rendered() -> None:
         f"first reached the threshold at step 4; the violation was declared at step "
         f"{report.violation_step} (the decision is checked every 10 steps)"
     ) in page
+
+
+# ----------------------------------------------------------------------------------------------
+# the power object (schema 1.1)
+# ----------------------------------------------------------------------------------------------
+
+
+def power_dict(**changes: Any) -> dict[str, Any]:
+    """A ``power`` object shaped like one_run_power(...).to_dict()."""
+    d = {"expected_bound": 0.4123, "expected_bound_quantiles": [0.3, 0.52],
+         "min_refutable_epsilon": 4.567, "min_refutable_sigma": 0.61, "claimed_epsilon": 2.0,
+         "target_power": 0.8, "mean_inclusions": 15.0, "replicates": 200, "score": "llr",
+         "method": "steinke", "mode": "exact", "seconds": 1.5, "warnings": [],
+         "no_power": False, "note": None, "sigma": 1.1, "q": 0.05, "steps": 300, "m": 1000,
+         "c": 1.0, "delta": 1e-5, "alpha": 0.05}
+    d.update(changes)
+    return d
+
+
+def _text(page: str) -> str:
+    """Visible text of the verdict's power paragraph (tags removed)."""
+    m = re.search(r'<p id="power">(.*?)</p>', page)
+    assert m, "no power sentence"
+    return html.unescape(re.sub(r"<[^>]+>", "", m.group(1)))
+
+
+def test_power_round_trip_and_schema_version(tmp_path: Path) -> None:
+    assert SCHEMA_VERSION == "1.1"
+    report = make_report("nothing")
+    report.power = power_dict()
+    out = report.save(tmp_path)
+    raw = json.loads((out / JSON_NAME).read_text(encoding="utf-8"))
+    assert raw["schema_version"] == "1.1" and raw["power"] == power_dict()
+    back = AuditReport.load(out)
+    assert back == report and back.power == power_dict()
+    assert AuditReport().to_dict()["power"] == {}
+
+
+def test_old_reports_without_power_still_load(tmp_path: Path) -> None:
+    d = make_report("violation").to_dict()
+    del d["power"]
+    d["schema_version"] = "1.0"
+    (tmp_path / JSON_NAME).write_text(json.dumps(d), encoding="utf-8")
+    old = AuditReport.load(tmp_path)
+    assert old.power == {} and old.schema_version == SCHEMA_VERSION  # read as this version
+    assert old.claimed_epsilon == d["claimed_epsilon"] and old.violation
+    assert '<p id="power">' not in old.to_html()
+    old.save(tmp_path / "again")
+    assert json.loads((tmp_path / "again" / JSON_NAME).read_text())["schema_version"] == "1.1"
+    # a 1.0 document cannot hold a field that 1.0 did not have
+    d["power"] = power_dict()
+    with pytest.raises(ValueError, match=r"\['power'\] do not exist in schema 1.0"):
+        AuditReport.from_dict(d)
+
+
+@pytest.mark.parametrize(
+    ("change", "message"),
+    [({"expected_bound": -1.0}, "'power.expected_bound'"),
+     ({"min_refutable_epsilon": "big"}, "'power.min_refutable_epsilon'"),
+     ({"target_power": 1.2}, "'power.target_power'"),
+     ({"replicates": 2.5}, "'power.replicates'"),
+     ({"expected_bound_quantiles": [0.1]}, "'power.expected_bound_quantiles'"),
+     ({"warnings": [3]}, "'power.warnings'"),
+     ({"no_power": "no"}, "'power.no_power'"),
+     ({"score": 7}, "'power.score'")],
+)
+def test_power_is_validated(change: dict[str, Any], message: str) -> None:
+    d = make_report("nothing").to_dict()
+    d["power"] = power_dict(**change)
+    with pytest.raises(ValueError, match=re.escape(message)):
+        AuditReport.from_dict(d)
+    with pytest.raises(ValueError, match="'power'"):
+        AuditReport(power=[1]).to_dict()  # type: ignore[arg-type]
+    # every number may be None
+    ok = power_dict(expected_bound=None, min_refutable_epsilon=None, expected_bound_quantiles=None,
+                    replicates=None, target_power=None, mean_inclusions=None)
+    AuditReport(power=ok).to_dict()
+
+
+@pytest.mark.parametrize("kind", KINDS)
+def test_html_power_sentence(kind: str) -> None:
+    report = make_report(kind)
+    report.power = power_dict()
+    page = report.to_html()
+    assert _text(page) == (
+        "A correct implementation with this run's settings would give a Steinke bound of about "
+        "0.4123 (median of 200 simulated runs); this audit refutes a true ε of 4.567 or more "
+        "with probability 80%."
+    )
+    seen = check_html_fields(page, report)
+    assert {"power.expected_bound", "power.min_refutable_epsilon", "power.replicates"} <= seen
+    # inside the verdict box, and the ceiling sentence stays
+    assert page.index('id="verdict"') < page.index('<p id="power">') < page.index('id="bounds"')
+    if kind == "nothing":
+        assert "whatever the mechanism, is 3.914" in page
+    assert "would give a Steinke bound of about 0.4123" in report.summary_text()
+
+
+def test_html_power_sentence_without_power_or_refutation() -> None:
+    report = make_report("nothing")
+    report.power = power_dict(min_refutable_epsilon=None, min_refutable_sigma=None,
+                              note="this audit cannot refute the claim at this m and T: ...")
+    assert _text(report.to_html()).endswith(
+        "; this audit cannot refute the claim with this many canaries and steps, even for a "
+        "true ε far above it.")
+    report.power = power_dict(min_refutable_epsilon=None, note=None)
+    assert _text(report.to_html()).endswith("(median of 200 simulated runs).")
+    evil = "no training steps were audited <script>x</script>"
+    report.power = power_dict(no_power=True, expected_bound=None, min_refutable_epsilon=None,
+                              expected_bound_quantiles=None, note=evil,
+                              warnings=["the one-run audit has no power: " + evil])
+    page = report.to_html()
+    assert _text(page) == (
+        "The one-run audit had no power to detect a leak (no training steps were audited "
+        "<script>x</script>)."
+    )
+    assert "<script>x" not in page and "&lt;script&gt;x&lt;/script&gt;" in page
+    assert "the one-run audit has no power" in page  # the warning, in the strength section
+    assert "had no power to detect a leak" in report.summary_text()

@@ -58,6 +58,7 @@ def build_audit_report(auditor: PrivacyAuditor, claimed: float | None) -> AuditR
         },
         wealth_history={k: list(v) for k, v in dec.history.items()},
         one_run_scores=one_run["scores"],
+        power=one_run["power"],
         canaries={
             **auditor.design.summary(),
             "norm_multiplier": cfg.canary_norm,
@@ -74,8 +75,7 @@ def build_audit_report(auditor: PrivacyAuditor, claimed: float | None) -> AuditR
             "steps_at_attach": auditor.steps_at_attach,
             "claimed_epsilon_history": [[s, e] for s, e in auditor.claimed_history],
         },
-        interference=pairs.interference_summary(sigma_eff if sigma_eff > 0 else None,
-                                                tap.reader.interference_every),
+        interference=pairs.interference_summary(sigma_eff if sigma_eff > 0 else None),
         config={**cfg.to_dict(), "device": str(auditor.device)},
         seed_policy=auditor.seed_policy,
     )

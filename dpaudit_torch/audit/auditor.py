@@ -171,15 +171,13 @@ class PrivacyAuditor:
             tap.shapes, cfg.k_pairs, cfg.m_canaries,
             torch.Generator().manual_seed(seeds["design"]))
         self._coins = SecretCoins(cfg.m_canaries, torch.Generator().manual_seed(seeds["secret"]))
-        self.monitors = build_monitors(MonitorContext(
-            config=cfg, k_pairs=cfg.k_pairs, m_canaries=cfg.m_canaries, device=self.device,
-            warn=self.warn, coins=self._coins))
+        self.monitors = build_monitors(self._context(self._coins))
         self.monitors["sequential_pairs"].start(tap.noise_multiplier())
         self.decision = Decision(cfg.alpha, cfg.history_stride,
                                  ["epsilon_lower_bound", *cfg.tests])
         tap.build(self.design, self._coins,
                   torch.Generator().manual_seed(seeds["mechanics"]), cfg.canary_norm,
-                  self.device, cfg.check_every, self._on_internal_failure)
+                  self.device, self._on_internal_failure)
         self.step = 0  # audited (observed) logical steps
         self.steps_at_attach = tap.accountant.steps()
         self.should_stop = False
@@ -197,6 +195,16 @@ class PrivacyAuditor:
                     "noise multiplier %.4g, %s", cfg.k_pairs, cfg.m_canaries, tap.sample_rate,
                     tap.noise_multiplier(),
                     "ghost clipping" if tap.ghost else "per-sample clipping")
+
+    def _context(self, coins: SecretCoins) -> MonitorContext:
+        cfg, tap = self.config, self.tap
+
+        def epsilon_of_sigma(sigma: float, steps: int) -> float:
+            return tap.accountant.epsilon_for(sigma, tap.sample_rate, steps, cfg.delta)
+
+        return MonitorContext(config=cfg, k_pairs=cfg.k_pairs, m_canaries=cfg.m_canaries,
+                              device=self.device, warn=self.warn, coins=coins,
+                              sample_rate=tap.sample_rate, epsilon_of_sigma=epsilon_of_sigma)
 
     # ------------------------------------------------------------------ public state
     def warn(self, msg: str) -> None:
@@ -512,9 +520,7 @@ class PrivacyAuditor:
         mechanics.set_state(sd["mechanics_rng"])
         saved_warnings = list(self.warnings)
         try:  # building testers may warn; the state's own warnings replace them below
-            monitors = build_monitors(MonitorContext(
-                config=cfg, k_pairs=cfg.k_pairs, m_canaries=cfg.m_canaries, device=self.device,
-                warn=self.warn, coins=coins))
+            monitors = build_monitors(self._context(coins))
             if set(monitors) != set(sd["monitors"]):
                 raise ValueError(f"PrivacyAuditor state_dict: monitors {sorted(sd['monitors'])}"
                                  f", this auditor {sorted(monitors)}")
@@ -531,7 +537,7 @@ class PrivacyAuditor:
         self.tap.detach()
         self.design, self._coins, self.monitors, self.decision = design, coins, monitors, decision
         self.seed_policy = str(sd["seed_policy"])
-        self.tap.build(design, coins, mechanics, cfg.canary_norm, self.device, cfg.check_every,
+        self.tap.build(design, coins, mechanics, cfg.canary_norm, self.device,
                        self._on_internal_failure)
         inj, reader = self.tap.injector, self.tap.reader
         assert inj is not None and reader is not None

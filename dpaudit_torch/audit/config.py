@@ -77,6 +77,7 @@ class AuditConfig:
     history_stride: int = 1
     device: str | None = None
     test_options: dict[str, dict[str, Any]] = field(default_factory=dict)
+    one_run_score: str = "llr"
 
     def __post_init__(self) -> None:
         put = object.__setattr__  # frozen: normalise the values once, here
@@ -119,6 +120,11 @@ class AuditConfig:
         if self.device is not None:
             put(self, "device", str(self.device))
         put(self, "test_options", _freeze_options(self.test_options))
+        from ..stats.one_run_scores import SCORES
+
+        if self.one_run_score not in SCORES:
+            raise ValueError(f"one_run_score must be one of {SCORES}, got "
+                             f"{self.one_run_score!r}")
 
     # ------------------------------------------------------------------ derived
     @property
@@ -173,5 +179,6 @@ class AuditConfig:
             "on_nonfinite": self.on_nonfinite, "history_stride": self.history_stride,
             "device": self.device, "test_options": {k: dict(v)
                                                     for k, v in self.test_options.items()},
+            "one_run_score": self.one_run_score,
         }
 

@@ -5,9 +5,9 @@ coordinate and hands the engine one record per logical step; monitors never touc
 Anything that can produce these records (another DP library, a simulation in a test) can drive
 the engine.
 
-Values are in units of the clipping bound C: for a correct implementation the value at a canary
-coordinate is ``1{canary present} + N(0, sigma^2) + W``, W being the real data's clipped sum there
-(docs/design.md section 5).
+Values are in units of the clipping bound C, with the real data's clipped sum at that coordinate
+subtracted: for a correct implementation the value at a canary coordinate is
+``1{canary present} + N(0, sigma^2)`` (docs/design.md sections 5 and 8).
 """
 
 from __future__ import annotations
@@ -35,8 +35,9 @@ class StepRecord:
         sigma_claimed: the noise multiplier the accountant is told.
         finite: whether every value is finite: a Python bool where it was checked on the host
             at once, a 0-d bool tensor on the device where the check is deferred.
-        pair_sums: ``[2k]`` the real data's clipped pre-noise sum / C at the pair coordinates,
-            design order, when it was read at this step; else None.
+        real_sums: ``[2k + m]`` the real data's clipped pre-noise sum / C at every canary
+            coordinate, design order (already subtracted from ``values``; kept to report the
+            interference that was removed), or None where it was not read.
     """
 
     step: int
@@ -47,7 +48,7 @@ class StepRecord:
     sigma: float
     sigma_claimed: float
     finite: bool | torch.Tensor = True
-    pair_sums: torch.Tensor | None = None
+    real_sums: torch.Tensor | None = None
 
     @property
     def k(self) -> int:

@@ -27,16 +27,8 @@ import torch
 from .. import mechanisms as mech
 from .._validation import check_alpha, check_positive_int
 from ..stats.thresholds import gaussian_profile_grid
-from .common import (
-    LIBRARY_DEFAULT_METHODS,
-    check_methods,
-    clopper_pearson,
-    feed,
-    make_tester,
-    method_label,
-    progress_bar,
-    run_seed,
-)
+from . import common
+from .common import LIBRARY_DEFAULT_METHODS, clopper_pearson
 
 logger = logging.getLogger(__name__)
 
@@ -147,12 +139,13 @@ def type1_chunk(args: tuple[Any, ...]) -> tuple[int, list[int], float]:
     """Worker: runs [start, stop) of one case; returns (case index, rejections per method, s)."""
     ci, case, methods, start, stop, pairs, alpha, seed, batch = args
     torch.set_num_threads(1)
-    testers = [make_tester(m, list(case.epsilons), list(case.deltas), alpha) for m in methods]
+    testers = [common.make_tester(m, list(case.epsilons), list(case.deltas), alpha)
+               for m in methods]
     counts = [0] * len(methods)
     t0 = time.perf_counter()
     for r in range(start, stop):
-        gen = torch.Generator().manual_seed(run_seed(seed, 7919, ci, r))
-        res = feed(case.mechanism, testers, pairs, batch, gen, stop_at_rejection=True)
+        gen = torch.Generator().manual_seed(common.run_seed(seed, 7919, ci, r))
+        res = common.feed(case.mechanism, testers, pairs, batch, gen, stop_at_rejection=True)
         for i, v in enumerate(res):
             counts[i] += v is not None
     return ci, counts, time.perf_counter() - t0
@@ -208,7 +201,7 @@ def run_type1(
     cases = list(default_type1_cases() if cases is None else cases)
     if not cases:
         raise ValueError("cases must not be empty")
-    methods = check_methods(methods)
+    methods = common.check_methods(methods)
     runs = check_positive_int(runs, "runs")
     pairs = check_positive_int(pairs, "pairs")
     batch = check_positive_int(batch, "batch")
@@ -234,7 +227,7 @@ def run_type1(
                     done[rec["key"]] = (rec["counts"], rec["seconds"])
     counts = [[0] * len(methods) for _ in cases]
     secs = [0.0] * len(cases)
-    bar = progress_bar(runs * len(cases), progress, "type1")
+    bar = common.progress_bar(runs * len(cases), progress, "type1")
 
     def book(res: tuple[int, list[int], float], job: tuple[Any, ...], fresh: bool) -> None:
         ci, c, s = res
@@ -288,7 +281,7 @@ def format_type1(rows: Iterable[Type1Row]) -> str:
              "|---|---|---|---|---|---|---|---|"]
     for r in rows:
         lo, hi = r.ci
-        lines.append(f"| {r.case} | {method_label(r.method)} | {r.runs} | "
+        lines.append(f"| {r.case} | {common.method_label(r.method)} | {r.runs} | "
                      f"{r.pairs} | {r.rejections} | {r.rate:.4f} | [{lo:.4f}, {hi:.4f}] | "
                      f"{'yes' if r.passed else 'NO'} |")
     return "\n".join(lines)

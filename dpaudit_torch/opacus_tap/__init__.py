@@ -2,16 +2,10 @@
 private members (:class:`OpacusTap`; injection, observation, accountant view, DDP)."""
 
 from .accountant import AccountantView
-from .injection import (
-    Injector,
-    StepPlan,
-    effective_noise_multiplier,
-    is_ghost,
-    opacus_clipped_value,
-    per_param_clip,
-)
+from .injection import Injector
 from .observation import GradientReader
+from .plan import StepPlan, effective_noise_multiplier, is_ghost
 from .tap import OWNER_ATTR, OpacusTap
 
 __all__ = ["AccountantView", "Injector", "StepPlan", "GradientReader", "OpacusTap", "OWNER_ATTR",
-           "effective_noise_multiplier", "is_ghost", "opacus_clipped_value", "per_param_clip"]
+           "effective_noise_multiplier", "is_ghost"]

@@ -76,20 +76,21 @@ def plan_step(u: np.ndarray, in_mask: np.ndarray, sample_rate: float, consts: np
 
 @njit(cache=True, nogil=True)
 def observe_step(grads: tuple, coord_param: np.ndarray, coord_flat: np.ndarray,
-                 unit_scale: np.ndarray, pair_order: np.ndarray, k: int, vals: np.ndarray,
-                 xy: np.ndarray) -> bool:
-    """One step's projections at every canary coordinate, in one pass (CPU, one dtype).
+                 unit_scale: np.ndarray, offset: np.ndarray, pair_order: np.ndarray, k: int,
+                 vals: np.ndarray, xy: np.ndarray) -> bool:
+    """One step's values at every canary coordinate, in one pass (CPU, one dtype).
 
     ``grads``: the flat gradient of each parameter tensor; coordinate j (design order: pair a,
-    pair b, one-run) is ``grads[coord_param[j]][coord_flat[j]] * unit_scale[coord_param[j]]``
-    (units of C), written to ``vals`` in float64. ``xy`` receives the pairs' (x, y) through
-    ``pair_order``. Returns whether every projection is finite.
+    pair b, one-run) is ``grads[coord_param[j]][coord_flat[j]] * unit_scale[coord_param[j]]
+    - offset[j]`` (units of C; ``offset``: the real data's clipped sum there, subtracted),
+    written to ``vals`` in float64. ``xy`` receives the pairs' (x, y) through ``pair_order``
+    (k = 0: none). Returns whether every value is finite.
     """
     n = coord_param.shape[0]
     finite = True
     for j in range(n):
         p = coord_param[j]
-        v = float(grads[p][coord_flat[j]]) * unit_scale[p]
+        v = float(grads[p][coord_flat[j]]) * unit_scale[p] - offset[j]
         vals[j] = v
         if not np.isfinite(v):
             finite = False

@@ -43,6 +43,13 @@ class AccountantView:
         except (TypeError, ValueError, IndexError):
             return len(hist)
 
+    def epsilon_for(self, sigma: float, sample_rate: float, steps: int, delta: float) -> float:
+        """Epsilon of a hypothetical run (``steps`` steps of noise multiplier ``sigma`` at
+        ``sample_rate``) computed by a fresh accountant of the same class."""
+        acc = type(self.accountant)()
+        acc.history = [(float(sigma), float(sample_rate), int(steps))]
+        return float(acc.get_epsilon(delta=delta))
+
     def epsilon(self, delta: float) -> float | None:
         """The claimed epsilon at ``delta`` (None before the first step, or if the read
         failed: the failure is reported through ``warn``)."""

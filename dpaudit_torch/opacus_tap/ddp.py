@@ -14,7 +14,7 @@ import torch
 
 logger = logging.getLogger(__name__)
 
-__all__ = ["share_seeds", "broadcast_decision"]
+__all__ = ["share_seeds", "broadcast_decision", "all_reduce_sum"]
 
 _SEED_NAMES = ("design", "mechanics", "secret")
 
@@ -63,3 +63,14 @@ def broadcast_decision(violation: bool, violation_step: int | None, crossed_at: 
     dist.broadcast(t, src=0)
     v, vs, ca = (int(a) for a in t.cpu().tolist())
     return bool(v), (None if vs < 0 else vs), (None if ca < 0 else ca)
+
+
+def all_reduce_sum(t: torch.Tensor, device: torch.device) -> torch.Tensor:
+    """The sum of ``t`` over the ranks (a new tensor on ``t``'s device; ``t`` unchanged when
+    torch.distributed is not initialised)."""
+    dist = _dist()
+    if not (dist.is_available() and dist.is_initialized()):
+        return t
+    buf = t.to(_comm_device(device), copy=True)
+    dist.all_reduce(buf, op=dist.ReduceOp.SUM)
+    return buf.to(t.device)

@@ -3,22 +3,22 @@
 Hook points (Opacus 1.6, ``optimizers/optimizer.py``; see docs/auditor.md):
 
 * per-sample modes (``hooks``, ``functorch``, ``ew``): the optimizer *instance's*
-  ``clip_and_accumulate`` is wrapped. After the original has clipped and summed the real
-  examples, ``p.grad_sample`` is set to the canary rows (one per injected canary, raw norm
-  ``canary_norm * C`` at the canary's coordinate, zero elsewhere; ``C`` read at injection time:
-  per-layer clipping reads ``max_grad_norms[i]``, adaptive clipping its current
-  ``max_grad_norm``) and the original runs again: the canaries are one extra micro-batch of the
-  logical step (the path ``BatchMemoryManager`` uses), clipped by the same code as every real
-  example and accumulated into ``p.summed_grad``; then ``p.grad_sample`` is restored. A clipping
-  bug therefore shows in the canaries. (Appending the rows to the real ones with ``torch.cat``
-  would copy all B x d real per-sample gradients every step: 32 ms of a 144 ms step measured at
-  batch 256.) The rows live in one persistent all-zero buffer: a step writes its k + (a few)
-  entries, Opacus reads the rows, and exactly those entries are set back to zero, so no step
-  allocates or clears R x d elements.
+  ``clip_and_accumulate`` is wrapped. The original clips and sums the real examples; the
+  wrapper then reads their sum at every canary coordinate (the snapshot of docs/design.md
+  section 8, subtracted from the observation) and clips the canaries: R *compact* rows (one per
+  injected canary, raw norm ``canary_norm * C`` at the canary's coordinate; ``C`` read at
+  injection time: per-layer clipping reads ``max_grad_norms[i]``, adaptive clipping its current
+  ``max_grad_norm``) holding only the 2k + m canary coordinates, clipped by the optimizer
+  class's own ``clip_and_accumulate`` run on a shadow of the optimizer whose parameters are
+  those compact tensors, and added to ``p.summed_grad`` at the canary coordinates
+  (docs/design.md section 5, "Compact canary rows"). A clipping bug of the class therefore shows
+  in the canaries, and the memory is R x (2k + m) numbers, not R x d. The rows live in one
+  persistent all-zero buffer: a step writes its entries and sets exactly those back to zero.
 * ghost clipping (``DPOptimizerFastGradientClipping``): there are no per-sample gradients in the
   optimizer (clipping happens in the loss's second backward), so ``accumulate`` is wrapped and
   the *already clipped* canary, ``raw * min(1, C / (raw + 1e-6))`` exactly as Opacus's flat
-  clipping would produce it, is added to ``p.summed_grad``. Clipping is then not exercised.
+  clipping would produce it, is added to ``p.summed_grad`` after the real examples' sum has been
+  read. Clipping is then not exercised.
 
 Injection happens only on the micro-batch that ends a logical step
 (``optimizer._check_skip_next_step(pop_next=False)`` is False), so ``BatchMemoryManager`` gets one
@@ -37,7 +37,6 @@ from __future__ import annotations
 import logging
 import math
 from collections.abc import Callable
-from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
@@ -45,88 +44,18 @@ import torch
 
 from ..canaries import CanaryDesign, SecretCoins
 from ._step_kernels import plan_step
+from .plan import (
+    OPACUS_NORM_EPS,
+    StepPlan,
+    effective_noise_multiplier,
+    is_adaclip,
+    is_ghost,
+    per_param_clip,
+)
 
 logger = logging.getLogger(__name__)
 
-__all__ = ["StepPlan", "Injector", "is_ghost", "per_param_clip", "effective_noise_multiplier",
-           "opacus_clipped_value"]
-
-#: the constant Opacus adds to per-sample norms before dividing (``optimizers/optimizer.py``)
-OPACUS_NORM_EPS = 1e-6
-
-
-def is_ghost(optimizer: Any) -> bool:
-    from opacus.optimizers import DPOptimizerFastGradientClipping
-
-    return isinstance(optimizer, DPOptimizerFastGradientClipping)
-
-
-def per_param_clip(optimizer: Any, n_params: int) -> list[float]:
-    """The clipping bound C_i that applies to each parameter tensor right now.
-
-    Flat (and adaptive) clipping: one joint bound ``max_grad_norm`` (adaptive clipping changes it
-    every step, so it is read at injection time). Per-layer clipping: ``max_grad_norms[i]``.
-    """
-    norms = getattr(optimizer, "max_grad_norms", None)
-    if norms is not None:
-        vals = [float(c) for c in norms]
-        if len(vals) != n_params:
-            raise RuntimeError(f"per-layer clipping has {len(vals)} bounds for {n_params} "
-                               f"parameter tensors")
-        return vals
-    return [float(optimizer.max_grad_norm)] * n_params
-
-
-def _is_adaclip(optimizer: Any) -> bool:
-    from opacus.optimizers import AdaClipDPOptimizer
-
-    return isinstance(optimizer, AdaClipDPOptimizer)
-
-
-def effective_noise_multiplier(optimizer: Any, adaclip: bool | None = None) -> float:
-    """The noise multiplier the optimizer really uses for the gradient noise this step.
-
-    Adaptive clipping (Andrew et al. 2021, Theorem 1) draws the gradient noise with
-    ``(sigma^-2 - (2 sigma_u)^-2)^(-1/2)``; ghost clipping may carry an
-    ``_adjusted_noise_multiplier``; otherwise it is ``noise_multiplier`` (what the accountant is
-    told).
-    """
-    sigma = float(optimizer.noise_multiplier)
-    if adaclip is None:
-        adaclip = _is_adaclip(optimizer)
-    if adaclip and sigma > 0:
-        return float((sigma ** -2 - (2.0 * float(optimizer.unclipped_num_std)) ** -2) ** -0.5)
-    adj = getattr(optimizer, "_adjusted_noise_multiplier", None)
-    if adj is not None:
-        return float(adj)
-    return sigma
-
-
-def opacus_clipped_value(raw: float, clip: float) -> float:
-    """What Opacus's flat clipping makes of a one-coordinate row of value ``raw``."""
-    return raw * min(1.0, clip / (abs(raw) + OPACUS_NORM_EPS))
-
-
-@dataclass
-class StepPlan:
-    """This step's injection plan: what the observer needs to read it (all small; tensors on
-    the device)."""
-
-    coins: torch.Tensor  # [k] bool on device: True -> the canary went to coordinate a_j
-    coins_cpu: torch.Tensor  # [k] bool on host (same values)
-    clip: list[float]  # C_i per parameter tensor at injection time
-    unit_scale: list[float]  # per parameter: multiply p.grad by this to get units of C_i
-    sigma: float  # effective noise multiplier of this step
-    sigma_claimed: float  # the optimizer's noise_multiplier (what the accountant is told)
-    n_rows: int  # canary rows (or clipped canaries, ghost) added this step
-    n_one_run: int  # one-run canaries included this step
-    injected: bool  # False on DDP ranks other than 0
-    included: torch.Tensor | None = None  # [n] one-run canaries included (host; private)
-    entry_param: np.ndarray | None = None  # [n_rows] parameter tensor of each row's entry
-    entry_flat: np.ndarray | None = None  # [n_rows] flat index of each row's entry
-    entry_index: np.ndarray | None = None  # [n_rows] position in the step's rows buffer
-    pair_order: np.ndarray | None = None  # [2k] positions of (x_j), then (y_j), in [a, b]
-
+__all__ = ["Injector"]
 
 class Injector:
     """Wraps the optimizer instance's ``clip_and_accumulate`` (or ``accumulate`` in ghost mode).
@@ -154,7 +83,7 @@ class Injector:
         self.canary_norm = float(canary_norm)
         self.device = device
         self.ghost = is_ghost(optimizer)
-        self.adaclip = _is_adaclip(optimizer)
+        self.adaclip = is_adaclip(optimizer)
         self.rank = int(getattr(optimizer, "rank", 0))
         self.injects = self.rank == 0
         self._attr = "accumulate" if self.ghost else "clip_and_accumulate"
@@ -168,21 +97,43 @@ class Injector:
         self.steps_injected = 0
         self._k = design.k_pairs
         # the step's canary coordinates are computed on the host (numpy; k + a few entries) and
-        # sent to the device in one small copy; per-sample modes write them into one persistent
-        # zero buffer holding all canary rows of the step
-        numel = [int(p.numel()) for p in params]
-        off = [0]
-        for n in numel[:-1]:
-            off.append(off[-1] + n)
-        self._offsets = off
-        self._d_total = sum(numel)
+        # sent to the device in one small copy. Per-sample modes do not build rows of the
+        # model's size: a canary row is *compact*, holding per parameter tensor only that
+        # tensor's canary coordinates (its n_i = a few numbers), and the rows are clipped by the
+        # optimizer's own clipping method run on a shadow of the optimizer whose parameters are
+        # these compact tensors (see _shadow_clip); the clipped sums are then added to
+        # p.summed_grad at the canary coordinates.
+        coord_param, coord_flat = design.coordinates()
+        cp, cf = coord_param.numpy().astype(np.int64), coord_flat.numpy().astype(np.int64)
+        n_par = len(params)
+        pos = np.zeros(cp.shape[0], dtype=np.int64)  # position in its tensor's compact row
+        csize = np.zeros(n_par, dtype=np.int64)
+        for j, i in enumerate(cp):
+            pos[j] = csize[i]
+            csize[i] += 1
+        coff = np.concatenate([[0], np.cumsum(csize)[:-1]]).astype(np.int64)
+        self._csize = csize
+        self._coff = coff
+        self._d_total = int(csize.sum())  # = 2k + m: one compact row
+        #: per tensor, the flat indices of its canary coordinates, compact order (device)
+        self._real_flat = [torch.from_numpy(cf[cp == i].copy()).to(device)
+                           for i in range(n_par)]
+        self._shadow_params: list[torch.nn.Parameter] | None = None
         self._in_mask_np = coins.sampling_mask().numpy()  # shares memory with the private coins
         # design constants of plan_step in one array: pair_param, pair_a, pair_b (k each),
-        # one_param, one_flat (m each), offsets, numel (one per parameter tensor)
+        # one_param, one_flat (m each), offsets, numel (one per parameter tensor); ghost clipping
+        # places entries at their real flat index, per-sample modes in the compact rows
+        k = design.k_pairs
+        if self.ghost:
+            where = (design.pair_a.numpy(), design.pair_b.numpy(), design.one_flat.numpy())
+            numel = np.asarray([int(p.numel()) for p in params], dtype=np.int64)
+            layout = (np.concatenate([[0], np.cumsum(numel)[:-1]]), numel)
+        else:
+            where = (pos[:k], pos[k:2 * k], pos[2 * k:])
+            layout = (coff, csize)
         self._consts = np.concatenate([
-            design.pair_param.numpy(), design.pair_a.numpy(), design.pair_b.numpy(),
-            design.one_param.numpy(), design.one_flat.numpy(), np.asarray(off),
-            np.asarray(numel)]).astype(np.int64)
+            design.pair_param.numpy(), where[0], where[1], design.one_param.numpy(), where[2],
+            layout[0], layout[1]]).astype(np.int64)
         # uniforms drawn ahead for this many steps (at most ~2^16 numbers)
         self._draw_block = max(1, min(64, (1 << 16) // (self._k + design.m_canaries)))
         self._draws: np.ndarray | None = None
@@ -193,6 +144,9 @@ class Injector:
         self._views: dict[tuple[int, torch.dtype], list[torch.Tensor]] = {}
         self._ghost_values: dict[tuple[float, torch.dtype, torch.device], torch.Tensor] = {}
         self._param_ids = [id(p) for p in params]
+        #: reads the real examples' clipped sum at the canary coordinates (set by the adapter:
+        #: GradientReader.snapshot), right after the optimizer clipped and summed them
+        self.read_real_sum: Callable[[StepPlan], torch.Tensor] | None = None
         #: called with the exception when the auditor's own part of a step fails (the auditor
         #: then detaches itself); set by PrivacyAuditor
         self.on_failure: Callable[[BaseException], None] | None = None
@@ -343,7 +297,7 @@ class Injector:
         doubled: for a large model one row is the whole parameter count."""
         buf = self._zero_buf
         if buf is None or buf.dtype != dtype or buf.numel() < size:
-            rows = -(-size // self._d_total)
+            rows = -(-size // max(self._d_total, 1))
             cap = (rows + max(4, rows // 8)) * self._d_total
             buf = torch.zeros(cap, dtype=dtype, device=self.device)
             self._zero_buf = buf
@@ -351,14 +305,14 @@ class Injector:
         return buf[:size]
 
     def _row_views(self, n_rows: int, dtype: torch.dtype) -> list[torch.Tensor]:
-        """Per parameter, the [R, *shape] view of the rows buffer for R = ``n_rows`` rows
+        """Per parameter, the [R, n_i] view of the compact rows buffer for R = ``n_rows`` rows
         (cached per R: a step then creates no tensors for its rows)."""
         key = (n_rows, dtype)
         views = self._views.get(key)
         if views is None:
             buf = self._rows_buffer(n_rows * self._d_total, dtype)
-            views = [buf[n_rows * off:n_rows * (off + int(p.numel()))].view((n_rows,) + p.shape)
-                     for off, p in zip(self._offsets, self.params)]
+            views = [buf[n_rows * int(off):n_rows * int(off + n)].view(n_rows, int(n))
+                     for off, n in zip(self._coff, self._csize)]
             self._views[key] = views
         return views
 
@@ -401,20 +355,23 @@ class Injector:
             self._fail(e)
             raise
         result = original()  # the real examples, exactly as without the auditor
+        try:
+            rec.real_sum = self.read_real_sum(rec) if self.read_real_sum else None
+        except Exception as e:
+            self._fail(e)
+            raise
         if self.injects:
-            # the canaries: one extra micro-batch of per-sample rows through the same clipping
-            # code (as BatchMemoryManager's micro-batches are), accumulated into p.summed_grad.
-            # Appending them to the real rows instead would copy every real per-sample
-            # gradient (B x d) at every step.
-            n_rows = rec.n_rows
-            saved = [p.grad_sample for p in params]
+            # the canaries: one extra micro-batch of compact per-sample rows, clipped by the
+            # optimizer's own clipping method (on a shadow of the optimizer), accumulated into
+            # p.summed_grad at the canary coordinates
             written: torch.Tensor | None = None
             views: list[torch.Tensor] = []
             try:
-                ref0 = saved[0][-1] if isinstance(saved[0], list) else saved[0]
+                gs = params[0].grad_sample
+                ref0 = gs[-1] if isinstance(gs, list) else gs
                 index, which = rec.entry_index, rec.entry_param
                 assert index is not None and which is not None
-                views = self._row_views(n_rows, ref0.dtype)
+                views = self._row_views(rec.n_rows, ref0.dtype)
                 buf = self._zero_buf
                 assert buf is not None
                 written = torch.from_numpy(index)
@@ -426,22 +383,14 @@ class Injector:
                 else:
                     vals = torch.from_numpy(self.canary_norm * np.asarray(clip)[which])
                     buf.index_copy_(0, written, vals.to(device=buf.device, dtype=buf.dtype))
-                for p, rows, gs in zip(params, views, saved):
-                    ref = gs[-1] if isinstance(gs, list) else gs
-                    if rows.dtype != ref.dtype or rows.device != ref.device:
-                        rows = rows.to(device=ref.device, dtype=ref.dtype)  # a copy
-                    p.grad_sample = rows
-                original()
+                self._shadow_clip(views)
                 self._count(rec)
-                self._after_clip(rec)
             except Exception as e:
-                # the auditor's part failed: per-sample gradients back (finally), the auditor
-                # detaches itself, the step raises before any noise or update
+                # the auditor's part failed: the auditor detaches itself, the step raises
+                # before any noise or update
                 self._fail(e)
                 raise
             finally:
-                for p, gs in zip(params, saved):
-                    p.grad_sample = gs
                 for v in views:  # Opacus marks what it clipped; the cached views are reused
                     if hasattr(v, "_processed"):
                         del v._processed
@@ -450,13 +399,71 @@ class Injector:
         self._pending = rec
         return result
 
-    def _after_clip(self, rec: StepPlan) -> None:
-        """Keep adaptive clipping's unclipped-fraction estimate about real examples only."""
+    def _shadow(self) -> Any:
+        """A shadow of the optimizer for one clipping call: an object of the optimizer's own
+        class with a copy of its attributes (tensors cloned, so that counters such as adaptive
+        clipping's stay untouched), whose parameters are the compact canary tensors (one per
+        real parameter tensor, same dtype and device, ``n_i`` entries)."""
         opt = self.optimizer
-        if self.injects and self.adaclip:
-            # every canary row (raw norm canary_norm * C > C) is clipped, so it only inflated
-            # the sample count; remove it so the clipping-bound update sees the real data only
-            opt.sample_size -= rec.n_rows
+        if self._shadow_params is None:
+            self._shadow_params = [
+                torch.nn.Parameter(torch.zeros(int(n), dtype=p.dtype, device=p.device))
+                for n, p in zip(self._csize, self.params)]
+        state = {k: (v.clone() if isinstance(v, torch.Tensor) else v)
+                 for k, v in vars(opt).items() if k != self._attr}
+        state["original_optimizer"] = _ParamGroups([{"params": self._shadow_params}])
+        shadow = object.__new__(type(opt))
+        shadow.__dict__.update(state)
+        return shadow
+
+    def _shadow_clip(self, views: list[torch.Tensor]) -> None:
+        """Clip the compact canary rows with the optimizer's clipping code and add the clipped
+        sums to ``p.summed_grad`` at the canary coordinates.
+
+        What this exercises of the implementation under audit: its class's
+        ``clip_and_accumulate`` (a subclass's override included), with its current bounds
+        (``max_grad_norm``, per-layer ``max_grad_norms``, adaptive clipping's current bound),
+        its per-sample norm over all parameter tensors, its clip factor and its accumulation into
+        ``summed_grad``, on the rows' dtype. Each canary is one sample of that call, so a bug in
+        how one sample is clipped shows in the canaries. Not exercised: what a clipping method
+        does differently with the real tensors' shapes or identities (the shadow tensors are
+        1-d), and the final addition to the real ``summed_grad`` (this method's)."""
+        shadow = self._shadow()
+        sparams = self._shadow_params
+        assert sparams is not None
+        for sp, rows in zip(sparams, views):
+            sp.grad_sample = rows if rows.device == sp.device else rows.to(sp.device)
+            sp.summed_grad = None
+        try:
+            self._clip_method(shadow)()
+        finally:
+            for sp in sparams:
+                sp.grad_sample = None
+        for i, (p, sp) in enumerate(zip(self.params, sparams)):
+            if not int(self._csize[i]):
+                continue
+            add = sp.summed_grad
+            if add is None:
+                raise RuntimeError("the optimizer's clipping left no summed_grad on a canary "
+                                   "tensor")
+            sg = getattr(p, "summed_grad", None)
+            if sg is None:
+                sg = torch.zeros_like(p)
+                p.summed_grad = sg
+            flat = self._real_flat[i]
+            sg.view(-1).index_add_(0, flat if flat.device == sg.device else flat.to(sg.device),
+                                   add.reshape(-1).to(sg.dtype))
+            sp.summed_grad = None
+
+    def _clip_method(self, shadow: Any) -> Callable[[], Any]:
+        """The clipping method the wrapper stands in front of, bound to ``shadow``."""
+        if self._had_instance_attr:
+            fn = getattr(self._saved, "__func__", None)
+            if fn is None:
+                raise TypeError(f"the optimizer's {self._attr} is an instance attribute that is "
+                                f"not a method; the auditor cannot run it on its canaries")
+            return fn.__get__(shadow, type(shadow))
+        return getattr(type(shadow), self._attr).__get__(shadow, type(shadow))
 
     def _wrapper_ghost(self) -> Any:
         self.check_params()
@@ -473,6 +480,7 @@ class Injector:
 
     def _ghost_inject(self) -> None:
         rec = self._plan()
+        rec.real_sum = self.read_real_sum(rec) if self.read_real_sum else None
         if self.injects:
             params, flats = rec.entry_param, rec.entry_flat
             assert params is not None and flats is not None
@@ -527,3 +535,11 @@ def _already_processed(params: list[torch.nn.Parameter]) -> bool:
             if t is None or hasattr(t, "_processed"):
                 return True
     return False
+
+
+class _ParamGroups:
+    """Stands in for the shadow's ``original_optimizer``: Opacus's optimizers reach their
+    parameters through ``self.original_optimizer.param_groups``."""
+
+    def __init__(self, param_groups: list[dict[str, Any]]) -> None:
+        self.param_groups = param_groups

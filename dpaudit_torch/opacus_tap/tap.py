@@ -24,8 +24,9 @@ import torch
 from ..audit.record import StepRecord
 from ..canaries import CanaryDesign, SecretCoins
 from .accountant import AccountantView
-from .injection import Injector, StepPlan, effective_noise_multiplier, is_ghost
+from .injection import Injector
 from .observation import GradientReader
+from .plan import StepPlan, effective_noise_multiplier, is_ghost
 
 logger = logging.getLogger(__name__)
 
@@ -124,17 +125,20 @@ class OpacusTap:
 
     # ------------------------------------------------------------------ wiring
     def build(self, design: CanaryDesign, coins: SecretCoins, mechanics: torch.Generator,
-              canary_norm: float, device: torch.device, interference_every: int,
+              canary_norm: float, device: torch.device,
               on_failure: Callable[[BaseException], None]) -> None:
         """(Re)build the injector and the reader for a canary design (not attached yet)."""
         inj = Injector(self.optimizer, self.params, design, coins, mechanics, self.sample_rate,
                        canary_norm, device)
         inj.on_failure = on_failure
-        compiled = self.reader.compiled if self.reader is not None else True
+        old = self.reader  # a rebuild (resume) keeps how the reader was set to read
         self.injector = inj
-        self.reader = GradientReader(self.params, design, device,
-                                     check_finite_every_step=(device.type == "cpu"),
-                                     interference_every=interference_every, compiled=compiled)
+        self.reader = GradientReader(
+            self.params, design, device,
+            check_finite_every_step=(old.check_finite_every_step if old is not None
+                                     else device.type == "cpu"),
+            compiled=old.compiled if old is not None else True)
+        inj.read_real_sum = self.reader.snapshot
 
     @property
     def attached(self) -> bool:
@@ -175,7 +179,14 @@ class OpacusTap:
         return self.injector.pop_plan()
 
     def read(self, plan: StepPlan, step: int) -> StepRecord:
+        """The record of the step being released. Under DDP the real-data sums of every rank are
+        added first (the released gradient is the reduction of every rank's sum plus the
+        noise): one collective of 2k + m numbers per step."""
         assert self.reader is not None
+        if self.world_size > 1 and plan.real_sum is not None:
+            from .ddp import all_reduce_sum
+
+            plan.real_sum = all_reduce_sum(plan.real_sum, self.param_device)
         return self.reader.read(plan, step)
 
     # ------------------------------------------------------------------ report

@@ -30,13 +30,5 @@ from .schema import (
     library_versions,
 )
 
-__all__ = [
-    "AuditReport",
-    "SCHEMA_VERSION",
-    "JSON_NAME",
-    "HTML_NAME",
-    "format_number",
-    "library_versions",
-    "VERDICT_REFUTED",
-    "VERDICT_NOTHING",
-]
+__all__ = ["AuditReport", "SCHEMA_VERSION", "JSON_NAME", "HTML_NAME", "VERDICT_NOTHING",
+           "VERDICT_REFUTED", "format_number", "library_versions"]

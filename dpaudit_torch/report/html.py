@@ -27,7 +27,7 @@ from .markup import (
     num,
     scalar,
 )
-from .schema import JSON_NAME, AuditReport, is_num, scope_text
+from .schema import JSON_NAME, AuditReport, is_num, power_sentence, scope_text
 from .sections import plots_section, provenance_section, sequential_section, strength_section
 
 __all__ = ["render_html"]
@@ -188,8 +188,15 @@ def verdict_section(v: ReportView) -> str:
     return (
         f'<section id="verdict" class="verdict {css}">'
         f'<h2>Verdict: <span id="verdict-text" data-field="verdict">{esc(r.verdict)}</span>'
-        f"</h2>{text}{meaning}</section>"
+        f"</h2>{text}{power_text(v)}{meaning}</section>"
     )
+
+
+def power_text(v: ReportView) -> str:
+    """One sentence on what the one-run audit could have found (the report's ``power``, from
+    simulated runs of a correct implementation with the run's settings), or nothing."""
+    sentence = power_sentence(v.d["power"], number=num, eps="ε", text=esc)
+    return f'<p id="power">{sentence}</p>' if sentence else ""
 
 
 def meaning_text(v: ReportView) -> str:

@@ -97,6 +97,17 @@ def _mark_step(ax: Any, step: int | None, label: str) -> None:
         ax.axvline(step, color="#d62728", linestyle=":", linewidth=1.2, label=label)
 
 
+def _finish(fig: Any, ax: Any, xlabel: str, ylabel: str, title: str, notes: list[str]
+            ) -> Plot:
+    """Labels, grid and legend of a report plot; the figure as a :class:`Plot`."""
+    ax.set_xlabel(xlabel)
+    ax.set_ylabel(ylabel)
+    ax.set_title(title)
+    ax.grid(True, alpha=0.3)
+    ax.legend(loc="best", fontsize="small")
+    return Plot(_to_png(fig), notes=notes)
+
+
 def plot_log_wealth(
     history: dict[str, list],
     threshold_log: float,
@@ -137,12 +148,8 @@ def plot_log_wealth(
         ax.axvline(crossed_step, color="grey", linestyle=":", linewidth=1.2,
                    label=f"threshold first reached (step {crossed_step:g})")
     _mark_step(ax, violation_step, f"violation proven (step {violation_step})")
-    ax.set_xlabel(xlabel)
-    ax.set_ylabel("log-wealth")
-    ax.set_title("Sequential tests: log-wealth (rejects at the dashed line)")
-    ax.grid(True, alpha=0.3)
-    ax.legend(loc="best", fontsize="small")
-    return Plot(_to_png(fig), notes=notes)
+    return _finish(fig, ax, xlabel, "log-wealth",
+                   "Sequential tests: log-wealth (rejects at the dashed line)", notes)
 
 
 def plot_epsilon_lower_bound(
@@ -168,12 +175,8 @@ def plot_epsilon_lower_bound(
                    label=f"largest grid ε = {grid_max:.3g} (ceiling)")
     _mark_step(ax, violation_step, f"violation proven (step {violation_step})")
     ax.set_ylim(bottom=0.0)
-    ax.set_xlabel(xlabel)
-    ax.set_ylabel("ε lower bound (one step)")
-    ax.set_title("Sequential ε lower bound for one training step")
-    ax.grid(True, alpha=0.3)
-    ax.legend(loc="best", fontsize="small")
-    return Plot(_to_png(fig), notes=notes)
+    return _finish(fig, ax, xlabel, "ε lower bound (one step)",
+                   "Sequential ε lower bound for one training step", notes)
 
 
 def plot_score_histograms(scores: dict[str, list[float]]) -> Plot:
@@ -202,9 +205,5 @@ def plot_score_histograms(scores: dict[str, list[float]]) -> Plot:
         if data[key].size:
             ax.hist(data[key], bins=edges, alpha=0.5, color=color, histtype="stepfilled",
                     label=f"{label}, n = {data[key].size}")
-    ax.set_xlabel("canary score (sum of projections over steps)")
-    ax.set_ylabel("canaries")
-    ax.set_title("One-run audit: canary scores, IN vs OUT")
-    ax.grid(True, alpha=0.3)
-    ax.legend(loc="best", fontsize="small")
-    return Plot(_to_png(fig), notes=notes)
+    return _finish(fig, ax, "canary score (sum of projections over steps)", "canaries",
+                   "One-run audit: canary scores, IN vs OUT", notes)

@@ -1,7 +1,7 @@
 """The audit report's data: :class:`AuditReport`, its validation and its JSON (``audit.json``).
 
 :class:`AuditReport` is a plain dataclass of JSON-able fields (schema documented field by field in
-``docs/report.md``). :class:`~dpaudit_torch.hook.PrivacyAuditor` builds one in ``finalize()``;
+``docs/report.md``). :class:`~dpaudit_torch.audit.PrivacyAuditor` builds one in ``finalize()``;
 anyone can build one piecemeal (every field has a default), e.g. for a black-box audit.
 
 The numbers it carries come from:
@@ -10,7 +10,9 @@ The numbers it carries come from:
   Training Run" (NeurIPS 2023) -- method ``"steinke"`` -- and its f-DP refinement by Mahloujifar,
   Melis and Chaudhuri, "Auditing f-Differential Privacy in One Run" (2024) -- method ``"fdp"``;
 * the sequential (anytime-valid) tests by betting of Gonzalez et al. (2025) and Kutta et al. (2026)
-  -- method ``"sequential"``, a lower bound on the epsilon of ONE training step, not of the run.
+  -- method ``"sequential"``, a lower bound on the epsilon of ONE training step, not of the run;
+* the power of the one-run audit (schema 1.1, field ``power``): simulated bounds of a correct
+  implementation with the run's settings (:mod:`dpaudit_torch.stats.one_run_power`).
 
 Every epsilon here is a statistical LOWER bound: the report can prove a privacy claim false; it can
 never prove a claim true.
@@ -33,6 +35,7 @@ import logging
 import math
 import os
 import platform
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from importlib import metadata
 from numbers import Integral, Real
@@ -57,10 +60,14 @@ __all__ = [
     "decode_nonfinite",
     "is_num",
     "scope_text",
+    "power_sentence",
 ]
 
 #: version of the ``audit.json`` schema written by this module (see docs/report.md)
-SCHEMA_VERSION = "1.0"
+SCHEMA_VERSION = "1.1"
+#: fields added after 1.0, with the minor version that introduced them (a document of an older
+#: minor version must not carry them; reading it fills in their defaults)
+_FIELDS_SINCE = {"power": 1}
 #: file names written by :meth:`AuditReport.save`
 JSON_NAME = "audit.json"
 HTML_NAME = "report.html"
@@ -138,6 +145,54 @@ def scope_text(method: str, article: bool = False, with_family: bool = False) ->
     return text
 
 
+#: how the power sentence names a one-run method (the registry's label for any other)
+_SHORT_METHOD = {"steinke": "Steinke", "fdp": "f-DP"}
+
+
+def power_sentence(power: dict[str, Any], number: Callable[[Any, str], str] | None = None,
+                   eps: str = "epsilon", text: Callable[[str], str] = str) -> str | None:
+    """One sentence saying what the audit could have found, from the report's ``power`` object
+    (schema 1.1; :func:`dpaudit_torch.stats.one_run_power.one_run_power`), or None when no power
+    was computed.  ``number(value, field_path)`` writes a number (default: :func:`format_number`;
+    the HTML page tags it), ``text`` writes the recorded note (the page escapes it), ``eps``
+    names epsilon ("ε" on the page)."""
+    if not power:
+        return None
+
+    def fmt(value: Any, path: str) -> str:
+        return number(value, path) if number is not None else format_number(value)
+
+    note = power.get("note")
+    if power.get("no_power"):
+        why = f" ({text(note)})" if isinstance(note, str) and note else ""
+        return f"The one-run audit had no power to detect a leak{why}."
+    expected = power.get("expected_bound")
+    if not is_num(expected):
+        return None
+    method = power.get("method")
+    spec = bound_method(method) if isinstance(method, str) else None
+    label = _SHORT_METHOD.get(str(method), spec.label if spec is not None else "one-run")
+    n = power.get("replicates")
+    runs = f"median of {fmt(n, 'power.replicates')}" if is_num(n) else "median of"
+    first = (
+        f"A correct implementation with this run's settings would give a {label} bound of "
+        f"about {fmt(expected, 'power.expected_bound')} ({runs} simulated runs)"
+    )
+    mre, tp = power.get("min_refutable_epsilon"), power.get("target_power")
+    if is_num(mre):
+        pct = format_number(100.0 * tp) if is_num(tp) else "n/a"
+        return (
+            f"{first}; this audit refutes a true {eps} of "
+            f"{fmt(mre, 'power.min_refutable_epsilon')} or more with probability {pct}%."
+        )
+    if isinstance(note, str) and "cannot refute" in note:
+        return (
+            f"{first}; this audit cannot refute the claim with this many canaries and steps, "
+            f"even for a true {eps} far above it."
+        )
+    return first + "."
+
+
 # ----------------------------------------------------------------------------------------------
 # plain-type conversion and validation
 # ----------------------------------------------------------------------------------------------
@@ -169,26 +224,33 @@ def plain(obj: Any, where: str) -> Any:
     raise ValueError(f"{where}: value {obj!r} of type {type(obj).__name__} is not JSON-able")
 
 
+def _map_leaves(obj: Any, fn: Any) -> Any:
+    """``obj`` (nested dicts and lists) with ``fn`` applied to every other value."""
+    if isinstance(obj, dict):
+        return {k: _map_leaves(v, fn) for k, v in obj.items()}
+    if isinstance(obj, list):
+        return [_map_leaves(v, fn) for v in obj]
+    return fn(obj)
+
+
+def _encode_leaf(v: Any) -> Any:
+    if isinstance(v, float) and not math.isfinite(v):
+        return "NaN" if math.isnan(v) else _NONFINITE_TO_STR[v]
+    return v
+
+
+def _decode_leaf(v: Any) -> Any:
+    return _STR_TO_NONFINITE[v] if isinstance(v, str) and v in _STR_TO_NONFINITE else v
+
+
 def encode_nonfinite(obj: Any) -> Any:
     """``obj`` with every non-finite float written as "Infinity", "-Infinity" or "NaN"."""
-    if isinstance(obj, float) and not math.isfinite(obj):
-        return "NaN" if math.isnan(obj) else _NONFINITE_TO_STR[obj]
-    if isinstance(obj, dict):
-        return {k: encode_nonfinite(v) for k, v in obj.items()}
-    if isinstance(obj, list):
-        return [encode_nonfinite(v) for v in obj]
-    return obj
+    return _map_leaves(obj, _encode_leaf)
 
 
 def decode_nonfinite(obj: Any) -> Any:
     """Inverse of :func:`encode_nonfinite`: the strings "Infinity", "-Infinity", "NaN" as floats."""
-    if isinstance(obj, str) and obj in _STR_TO_NONFINITE:
-        return _STR_TO_NONFINITE[obj]
-    if isinstance(obj, dict):
-        return {k: decode_nonfinite(v) for k, v in obj.items()}
-    if isinstance(obj, list):
-        return [decode_nonfinite(v) for v in obj]
-    return obj
+    return _map_leaves(obj, _decode_leaf)
 
 
 def is_num(v: Any) -> bool:
@@ -260,6 +322,34 @@ def _check_fields(d: dict[str, Any]) -> None:
     w = g("warnings")
     _need(isinstance(w, list) and all(isinstance(x, str) for x in w), "warnings",
           "a list of strings", w)
+    _check_power(g("power"))
+
+
+def _check_power(p: Any) -> None:
+    """The ``power`` object (schema 1.1): every known number may be None."""
+    _need(isinstance(p, dict), "power", "a dict (empty when no power was computed)", p)
+    for k in ("expected_bound", "min_refutable_epsilon", "min_refutable_sigma",
+              "mean_inclusions", "claimed_epsilon"):
+        v = p.get(k)
+        _need(v is None or (is_num(v) and (v >= 0 or math.isnan(v))), f"power.{k}",
+              "None or a number >= 0", v)
+    tp = p.get("target_power")
+    _need(tp is None or (is_num(tp) and 0.0 < tp < 1.0), "power.target_power",
+          "None or a number in (0, 1)", tp)
+    n = p.get("replicates")
+    _need(n is None or (isinstance(n, int) and not isinstance(n, bool) and n >= 0),
+          "power.replicates", "None or an int >= 0", n)
+    for k in ("score", "method", "note", "mode"):
+        _need(p.get(k) is None or isinstance(p[k], str), f"power.{k}", "None or a string",
+              p.get(k))
+    qs = p.get("expected_bound_quantiles")
+    _need(qs is None or (isinstance(qs, list) and len(qs) == 2 and all(is_num(x) for x in qs)),
+          "power.expected_bound_quantiles", "None or a list of 2 numbers", qs)
+    pw = p.get("warnings", [])
+    _need(isinstance(pw, list) and all(isinstance(x, str) for x in pw), "power.warnings",
+          "a list of strings", pw)
+    _need(isinstance(p.get("no_power", False), bool), "power.no_power", "a bool",
+          p.get("no_power"))
 
 
 def _check_schema_version(version: Any) -> None:
@@ -320,6 +410,7 @@ class AuditReport:
     seed_policy: str = ""
     versions: dict = field(default_factory=library_versions)
     warnings: list[str] = field(default_factory=list)
+    power: dict = field(default_factory=dict)
 
     # -- plain data ------------------------------------------------------------------------------
 
@@ -345,7 +436,10 @@ class AuditReport:
         """Build a report from :meth:`to_dict` output (or parsed ``audit.json``), validating it.
 
         Accepts any ``1.x`` schema version; fields unknown to this version are ignored (with a
-        logged warning) only if the document declares a newer minor version.
+        logged warning) only if the document declares a newer minor version.  A document of an
+        older minor version (e.g. ``1.0``, written before the ``power`` field existed) is read
+        with the missing fields at their defaults and carries this version afterwards; it must
+        not hold a field its own version did not have.
 
         Raises:
             ValueError: not a dict, missing or unsupported ``schema_version``, unknown fields,
@@ -368,9 +462,16 @@ class AuditReport:
                 )
             else:
                 raise ValueError(f"unknown audit report field(s) {unknown} in schema {version}")
+        too_new = sorted(k for k in d if _FIELDS_SINCE.get(k, 0) > _minor(version))
+        if too_new:
+            raise ValueError(
+                f"audit report field(s) {too_new} do not exist in schema {version} (added in "
+                + ", ".join(f"1.{_FIELDS_SINCE[k]}" for k in too_new) + ")"
+            )
         kwargs = {k: v for k, v in d.items() if k in names}
-        if _minor(version) > _minor(SCHEMA_VERSION):
-            # the object holds what this version understood, and says so when saved again
+        if _minor(version) != _minor(SCHEMA_VERSION):
+            # the object holds what this version understood (an older document with the new
+            # fields at their defaults), and says so when saved again
             kwargs["schema_version"] = SCHEMA_VERSION
         report = cls(**kwargs)
         report.to_dict()  # validates every field
@@ -477,6 +578,9 @@ class AuditReport:
                 "Nothing found is not a proof of privacy: these are lower bounds, and this "
                 "audit could only have detected leaks up to its ceiling."
             )
+        power = power_sentence(self.power)
+        if power:
+            lines.append(power)
         return "\n".join(lines)
 
     def to_html(self) -> str:

@@ -186,9 +186,17 @@ def strength_section(v: ReportView) -> str:
         "canary coordinates, in units of the clipping norm C. Interference costs power "
         "(weaker bounds), not validity.</p>" + generic(inter) if inter else ""
     )
+    power = d["power"]
+    for w in power.get("warnings") or []:
+        strength.append(f'<li class="notes">{esc(w)}</li>')
     strength_html = (
         "<h3>Strength of this audit</h3><ul>" + "".join(strength) + "</ul>"
         if strength else ""
+    )
+    power_html = (
+        "<details><summary>Power of the one-run audit (simulated runs of a correct "
+        f"implementation with this run's settings)</summary>{generic(power)}</details>"
+        if power else ""
     )
     return (
         '<section id="threat-model"><h2>Threat model and audit strength</h2>'
@@ -196,7 +204,8 @@ def strength_section(v: ReportView) -> str:
         "reads the privatised gradient at their coordinates. It tests the privacy of what "
         "it observes; leaks it does not observe (e.g. through data-dependent choices "
         "outside the optimizer step) are out of its sight.</p>"
-        f'<table class="kv">{table}</table>{notes}{strength_html}{inter_html}</section>'
+        f'<table class="kv">{table}</table>{notes}{strength_html}{power_html}{inter_html}'
+        "</section>"
     )
 
 

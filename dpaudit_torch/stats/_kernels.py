@@ -150,7 +150,7 @@ def hockey_stick_gaps(cx: np.ndarray, cy: np.ndarray, cnt_x: np.ndarray, cnt_y: 
 
     Writes ``top[i, c] = max(0, max_E logit)`` and ``gaps[i, E, c] = max(logit - top, -60)``:
     the log-weights relative to the leader (or to the empty set), clamped as in
-    ``HockeyStickTest._soft_sets`` (weights below e^-60 of the leader's change nothing). The
+    ``EventSetLearner._soft_sets`` (weights below e^-60 of the leader's change nothing). The
     exponential is taken by the caller, vectorised.
     """
     n, S = cx.shape

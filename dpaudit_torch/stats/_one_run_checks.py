@@ -9,6 +9,8 @@ from __future__ import annotations
 
 import numpy as np
 
+from .._validation import check_alpha, check_delta
+
 __all__ = ["METHODS", "GUESSES", "check_int", "check_counts", "check_method"]
 
 #: the one-run tests: Steinke, Nasr & Jagielski (2023) and Mahloujifar, Melis & Chaudhuri (2025)
@@ -48,3 +50,22 @@ def check_method(method: object) -> str:
     if method not in METHODS:
         raise ValueError(f"method must be one of {METHODS}, got {method!r}")
     return str(method)
+
+
+def check_fdp_delta(delta: float) -> None:
+    """Refuse delta = 0: every mu-GDP mechanism with mu > 0 has eps(0) = inf."""
+    if delta <= 0.0:
+        raise ValueError(
+            f"method='fdp' needs delta > 0 (every mu-GDP mechanism with mu > 0 has eps(0) = inf), "
+            f"got delta={delta!r}"
+        )
+
+
+def check_bound_request(method: object, delta: object, alpha: object) -> tuple[str, float, float]:
+    """(method, delta, alpha) of a bound request, validated; ``method="fdp"`` needs delta > 0."""
+    delta_ = check_delta(delta)
+    alpha_ = check_alpha(alpha)
+    method_ = check_method(method)
+    if method_ == "fdp":
+        check_fdp_delta(delta_)
+    return method_, delta_, alpha_

@@ -12,7 +12,9 @@ e-process *components*, each attached to one grid point (eps_i, delta_i). This b
   gives ONE level-alpha decision with no Bonferroni split;
 * the per-grid-point tests (average of that point's components) and the empirical epsilon lower
   bound of section 4, in its anytime form and optionally Bonferroni-simultaneous;
-* ``state_dict`` / ``load_state_dict`` with a configuration fingerprint.
+* ``state_dict`` / ``load_state_dict`` with a configuration fingerprint;
+* read-only views for diagnostics and white-box tests: ``betting_state()``,
+  ``component_groups``, ``payoff_upper_bound`` and the ``payoff_observer`` hook.
 
 Subclasses implement ``_component_groups``, ``_lambda_max``, ``_payoff_upper_bound``,
 ``_fit_burn_in``, ``_payoffs`` (which must be *predictable*: the payoff of pair t may use pairs < t
@@ -24,6 +26,7 @@ from __future__ import annotations
 import logging
 import math
 import warnings
+from collections.abc import Callable
 from typing import Any
 
 import numpy as np
@@ -60,6 +63,15 @@ class SequentialTest:
             ``rejected`` is always at level alpha (average of e-processes).
         device: where the test's tensors live; default: the device of the first pairs given.
         dtype: floating type of the device computations (float64 by default).
+
+    Attributes:
+        payoff_observer: ``None`` (default) or a callable ``observer(start, payoffs)``, called
+            with every chunk of payoffs just before the test bets on it: ``start`` is the number
+            of pairs consumed before the chunk (burn-in included), so row i is pair
+            ``start + i`` of the stream; ``payoffs`` is a read-only float64 array [n, K]
+            (burn-in pairs are never bet on, hence never observed). For diagnostics and
+            white-box tests; it does not change the bets or the decisions. Not part of the
+            configuration (``state_dict`` ignores it).
     """
 
     #: name used in reports and in the state fingerprint
@@ -86,6 +98,7 @@ class SequentialTest:
         if dtype not in (torch.float64, torch.float32):
             raise TypeError(f"dtype must be torch.float64 or torch.float32, got {dtype!r}")
         self.dtype = dtype
+        self.payoff_observer: Callable[[int, np.ndarray], None] | None = None
         self._device = torch.device(device) if device is not None else None
         self._groups = np.asarray(self._component_groups(), dtype=np.int64)
         # components laid out as G contiguous blocks of equal size c (both tests): the per-grid
@@ -167,6 +180,46 @@ class SequentialTest:
     def dim(self) -> int | None:
         return self._dim
 
+    @property
+    def n_components(self) -> int:
+        """Number K of e-process components (a fixed number per grid point)."""
+        return int(self._groups.size)
+
+    @property
+    def component_groups(self) -> np.ndarray:
+        """Grid index of each of the K e-process components, int64 array [K] (a copy).
+
+        Grid point g's test averages the wealths of the components with index g; the combined
+        decision averages all K (docs/design.md sections 1 and 4).
+        """
+        return self._groups.copy()
+
+    @property
+    def payoff_upper_bound(self) -> np.ndarray:
+        """Supremum of each component's payoff, float64 array [K] (a new array).
+
+        A grid point whose components all have a bound <= 0 can never be rejected
+        (``cannot_reject``).
+        """
+        return np.array(self._payoff_upper_bound(), dtype=np.float64)
+
+    def betting_state(self) -> dict[str, np.ndarray]:
+        """The Online Newton Step state of the K components, as copies (float64 arrays [K]).
+
+        Keys: ``lambda_max`` (the bet caps, which keep 1 + lambda g > 0 for every possible
+        payoff g), ``lam`` (the bets for the next pair), ``a_sum`` (the ONS sums A_t) and
+        ``log_wealth`` (each component's log-wealth). See
+        :class:`~dpaudit_torch.stats.betting.OnlineNewtonStep` and docs/design.md section 1.
+        Reading it does not change the test.
+        """
+        b = self._bets
+        return {
+            "lambda_max": b.lambda_max.copy(),
+            "lam": b.lam.copy(),
+            "a_sum": b.a_sum.copy(),
+            "log_wealth": b.log_wealth.copy(),
+        }
+
     def reset(self) -> None:
         """Forget every pair (the configuration is kept)."""
         self._reset_base()
@@ -222,7 +275,12 @@ class SequentialTest:
                     self._fitted = True
             else:
                 take = max(1, min(n - i, int(self._chunk_limit())))
-                traj = self._bets.run(self._payoffs(x[i : i + take], y[i : i + take]))
+                payoffs = self._payoffs(x[i : i + take], y[i : i + take])
+                if self.payoff_observer is not None:
+                    view = np.asarray(payoffs, dtype=np.float64).view()
+                    view.flags.writeable = False
+                    self.payoff_observer(self._n_pairs, view)
+                traj = self._bets.run(payoffs)
                 combined = self._record(traj)
                 if chunks is not None:
                     chunks.append(("bet", combined))

@@ -20,7 +20,7 @@ from statistics import NormalDist
 from scipy import optimize
 
 from .._validation import check_alpha, check_delta
-from ._one_run_checks import check_counts
+from ._one_run_checks import check_counts, check_fdp_delta
 from .thresholds import gaussian_epsilon
 
 __all__ = [
@@ -46,15 +46,6 @@ try:  # CPython's C implementation of Wichura's AS241 (~1e-16 relative), without
         return _inv_cdf_raw(p, 0.0, 1.0)
 except ImportError:  # pragma: no cover - other interpreters
     _INV_CDF = NormalDist().inv_cdf
-
-
-def check_fdp_delta(delta: float) -> None:
-    """Refuse delta = 0: every mu-GDP mechanism with mu > 0 has eps(0) = inf."""
-    if delta <= 0.0:
-        raise ValueError(
-            f"method='fdp' needs delta > 0 (every mu-GDP mechanism with mu > 0 has eps(0) = inf), "
-            f"got delta={delta!r}"
-        )
 
 
 def _fdp_margin(m: int, n_guess: int, n_correct: int, mu: float, alpha: float,

@@ -27,6 +27,7 @@ eventually detected, including point masses (atoms) that the MMD bound cannot se
 
 Learning the sets (all predictable)
 -----------------------------------
+(The learner is the mixin :class:`~dpaudit_torch.stats._event_sets.EventSetLearner`.)
 *Scores.* Every output v is mapped to S = 2 real scores: for d = 1, the value itself and its
 distance |v - m| to the pooled median m of the past (half-lines of the first catch location
 shifts, of the second changes of spread); for d > 1, after robust standardisation (pooled median
@@ -88,7 +89,7 @@ from __future__ import annotations
 
 import logging
 import math
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from numbers import Real
 from typing import Any
 
@@ -96,6 +97,7 @@ import numpy as np
 import torch
 
 from .._validation import check_positive_int
+from ._event_sets import EventSetLearner, ScoreFn
 from ._kernels import hockey_stick_finish, hockey_stick_gaps
 from .base import SequentialTest
 
@@ -103,12 +105,6 @@ logger = logging.getLogger(__name__)
 
 __all__ = ["HockeyStickTest"]
 
-ScoreFn = Callable[[torch.Tensor], torch.Tensor]
-
-#: robust-standardisation clip for the automatic vector scores
-_CLIP = 10.0
-#: the normal-consistency factor of the median absolute deviation
-_MAD_TO_SD = 1.482602218505602
 #: soft cap on the number of float64 entries of one chunk's candidate tensors
 _CHUNK_BUDGET = 1 << 21
 
@@ -122,7 +118,7 @@ def _check_real(value: object, name: str) -> float:
     return v
 
 
-class HockeyStickTest(SequentialTest):
+class HockeyStickTest(EventSetLearner, SequentialTest):
     """Anytime-valid sequential test of (eps, delta)-DP by betting on learned events.
 
     docs/design.md section 3 (this project's addition to the betting framework of Shekhar & Ramdas
@@ -147,6 +143,9 @@ class HockeyStickTest(SequentialTest):
         max_atoms: at most this many repeated values get cells of their own, per score (>= 0).
         max_chunk: most pairs per vectorised chunk (memory vs overhead; the results do not
             depend on it beyond floating-point summation order).
+        force_vectorised: compute the payoffs of CPU tensors with the vectorised chunk code that
+            accelerators use, instead of the compiled pair-by-pair loops (same payoffs up to
+            floating-point summation order, ~3x slower on the CPU; for tests and benchmarks).
         simultaneous, device, dtype: see :class:`~dpaudit_torch.stats.base.SequentialTest`.
 
     Example::
@@ -171,6 +170,7 @@ class HockeyStickTest(SequentialTest):
         refresh_factor: float = 2.0,
         max_atoms: int = 8,
         max_chunk: int = 512,
+        force_vectorised: bool = False,
         simultaneous: bool = False,
         device: torch.device | str | None = None,
         dtype: torch.dtype = torch.float64,
@@ -197,6 +197,9 @@ class HockeyStickTest(SequentialTest):
             raise ValueError(f"refresh_factor must be > 1, got {refresh_factor!r}")
         self.max_atoms = check_positive_int(max_atoms, "max_atoms", minimum=0)
         self.max_chunk = check_positive_int(max_chunk, "max_chunk", minimum=1)
+        if not isinstance(force_vectorised, bool):
+            raise TypeError(f"force_vectorised must be a bool, got {force_vectorised!r}")
+        self.force_vectorised = force_vectorised
         super().__init__(epsilons, delta, alpha, burn_in, simultaneous=simultaneous,
                          device=device, dtype=dtype)
         ee, d = np.exp(self.epsilons), self.deltas
@@ -215,8 +218,6 @@ class HockeyStickTest(SequentialTest):
                                  np.concatenate((c_ab, c_ab)))), dtype=torch.float64
         )  # [3, 2G]
         self._kelly_np = np.ascontiguousarray(self._kelly_coef.numpy())
-        #: tests only: run the vectorised (accelerator) path on the CPU too
-        self._force_vectorised = False
 
     # ------------------------------------------------------------------ base-class hooks
     def _component_groups(self) -> np.ndarray:
@@ -310,7 +311,7 @@ class HockeyStickTest(SequentialTest):
     def _use_compiled(self, dev: torch.device) -> bool:
         """CPU tensors go through the compiled pair-by-pair kernel; accelerators keep the
         vectorised chunk computation (same payoffs up to floating-point summation order)."""
-        return dev.type == "cpu" and not self._force_vectorised
+        return dev.type == "cpu" and not self.force_vectorised
 
     def _payoffs_compiled(self, x: torch.Tensor, y: torch.Tensor, cx: torch.Tensor,
                           cy: torch.Tensor) -> np.ndarray:
@@ -336,43 +337,6 @@ class HockeyStickTest(SequentialTest):
         self._append_history(x, y)
         return out
 
-    # ------------------------------------------------------------------ the set learner
-    def _soft_sets(self, tab_x: torch.Tensor, tab_y: torch.Tensor, cx: torch.Tensor,
-                   cy: torch.Tensor, t: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        """The soft sets of both directions for every grid point, at x_i and at y_i.
-
-        tab_x, tab_y: [n, S, C] per-cell counts of past x and y (pairs < i); cx, cy: [n, S]
-        cells of x_i and y_i; t: [n] pairs before i. Returns f_x, f_y, each [n, 2G]: columns
-        0..G-1 the x-heavy sets of direction 1, G..2G-1 the y-heavy sets of direction 2.
-        """
-        kind, flat, k, sc = self._cand_kind, self._cand_flat, self._cand_k, self._cand_score
-        nx = self._cand_counts(tab_x, flat).to(torch.float64)  # [n, V]
-        ny = self._cand_counts(tab_y, flat).to(torch.float64)
-        # eta t (J(E) - log(1 - l0 delta)) is linear in (n_a, n_b, n_a n_b / t), with (a, b) =
-        # (x, y) for direction 1 and (y, x) for direction 2; the empty set (abstain) has logit 0
-        feats = torch.stack((nx, ny, nx * ny / t.view(-1, 1)), dim=2)  # [n, V, 3]
-        logit = feats @ self._kelly_coef.to(feats.device)  # [n, V, 2G]
-        top = logit.max(dim=1, keepdim=True).values.clamp(min=0.0)
-        # weights below e^-60 of the leader's change nothing; clamping avoids slow subnormals
-        w = torch.exp((logit - top).clamp(min=-60.0))
-        z = w.sum(dim=1) + torch.exp(-top.squeeze(1))  # [n, 2G], with the empty set's weight
-        cells = torch.stack((cx[:, sc], cy[:, sc]), dim=1)  # [n, 2, V]
-        below = cells < k
-        mem = torch.where(kind == 2, cells == k, below ^ (kind == 1))  # [n, 2, V]
-        f = (mem.to(torch.float64) @ w) / z.unsqueeze(1)  # [n, 2, 2G]
-        f = f.clamp(0.0, 1.0)
-        return f[:, 0], f[:, 1]
-
-    @staticmethod
-    def _cand_counts(tab: torch.Tensor, flat: torch.Tensor) -> torch.Tensor:
-        """Past counts [n, V] in each candidate set, from per-cell counts [n, S, C]."""
-        n, S, C = tab.shape
-        zero = torch.zeros(n, S, 1, dtype=tab.dtype, device=tab.device)
-        pre = torch.cat((zero, torch.cumsum(tab, 2)), 2)  # [n, S, C + 1]: count in cells < k
-        total = pre[:, :, -1:]
-        full = torch.cat((pre, total - pre, tab), 2).reshape(n, -1)  # [n, S * (3C + 2)]
-        return full.index_select(1, flat)
-
     # ------------------------------------------------------------------ diagnostics
     @property
     def n_refreshes(self) -> int:
@@ -383,6 +347,47 @@ class HockeyStickTest(SequentialTest):
     def refresh_points(self) -> list[int]:
         """Pairs consumed when each refit happened."""
         return list(self._refresh_points)
+
+    def cells(self, scores: torch.Tensor) -> torch.Tensor:
+        """Cells [n, S] of scores [n, S] in the current grids (docs/design.md section 3).
+
+        A score with exactly i grid edges below it lies in cell 2i, unless it equals the edge
+        e_i: then in cell 2i - 1 (so an atom is a cell of its own). Reading it does not change
+        the test; the grids exist once the burn-in is complete.
+        """
+        if self._edges is None:
+            raise RuntimeError("the grids are fitted at the end of the burn-in")
+        s = torch.as_tensor(scores).to(device=self._edges.device, dtype=torch.float64)
+        if s.ndim != 2 or s.shape[1] != self._edges.shape[0]:
+            raise ValueError(f"scores must have shape [n, {self._edges.shape[0]}], got "
+                             f"{tuple(s.shape)}")
+        return self._cells(s)
+
+    def diagnostics(self) -> dict[str, Any]:
+        """The set learner's state, as copies on the test's device (white-box tests).
+
+        Keys (tensors are ``None`` before the burn-in is complete): ``edges`` [S, W] (each
+        score's sorted grid edges, padded with +inf), ``atom_cell`` [S, C] (bool: the cell is an
+        atom's own), ``n_cells`` [S], ``cell_counts_x`` and ``cell_counts_y`` [S, C] (int64:
+        pairs consumed so far, burn-in included, per score and cell), ``history_x`` and
+        ``history_y`` [t, d] (the pairs kept for the refreshes, in the test's dtype) and
+        ``score_params`` (the automatic scores' fitted parameters). Reading it does not change
+        the test.
+        """
+        def copy(t: torch.Tensor | None) -> torch.Tensor | None:
+            return None if t is None else t.clone()
+
+        C = self._n_cells
+        return {
+            "edges": copy(self._edges),
+            "atom_cell": copy(self._atom_cell),
+            "n_cells": copy(self._n_cells_s),
+            "cell_counts_x": None if self._cnt_x is None else self._cnt_x.view(-1, C).clone(),
+            "cell_counts_y": None if self._cnt_y is None else self._cnt_y.view(-1, C).clone(),
+            "history_x": torch.cat(self._hist_x) if self._hist_x else None,
+            "history_y": torch.cat(self._hist_y) if self._hist_y else None,
+            "score_params": {k: v.clone() for k, v in self._score_params.items()},
+        }
 
     # ------------------------------------------------------------------ internals
     @property
@@ -403,72 +408,6 @@ class HockeyStickTest(SequentialTest):
             self._hist_x = [torch.cat(self._hist_x)]
             self._hist_y = [torch.cat(self._hist_y)]
         return self._hist_x[0], self._hist_y[0]
-
-    def _fit_auto_score(self, hx: torch.Tensor, hy: torch.Tensor) -> None:
-        hx, hy = hx.to(torch.float64), hy.to(torch.float64)
-        pooled = torch.cat((hx, hy))
-        center = pooled.median(dim=0).values
-        if hx.shape[1] == 1:
-            self._score_params = {"center": center}
-            return
-        scale = (pooled - center).abs().median(dim=0).values * _MAD_TO_SD
-        scale = torch.where(scale > 0, scale, pooled.std(dim=0, correction=0))
-        scale = torch.where(scale > 0, scale, torch.ones_like(scale))
-        zx = ((hx - center) / scale).clamp(-_CLIP, _CLIP)
-        zy = ((hy - center) / scale).clamp(-_CLIP, _CLIP)
-        w = zx.mean(0) - zy.mean(0)
-        norm = torch.linalg.vector_norm(w)
-        w = w / norm if bool(norm > 0) else torch.full_like(w, 1.0 / math.sqrt(w.numel()))
-        self._score_params = {"center": center, "scale": scale, "direction": w}
-
-    def _scores(self, v: torch.Tensor) -> torch.Tensor:
-        """Scores [n, S] of outputs v [n, d] (fixed between refreshes)."""
-        if self._score_fns is not None:
-            cols = []
-            for i, f in enumerate(self._score_fns):
-                s = f(v)
-                if not isinstance(s, torch.Tensor):
-                    s = torch.as_tensor(np.asarray(s, dtype=np.float64))
-                s = s.to(device=v.device, dtype=torch.float64).reshape(-1)
-                if s.shape[0] != v.shape[0]:
-                    raise ValueError(f"score[{i}] returned {s.shape[0]} values for "
-                                     f"{v.shape[0]} inputs; it must map [n, d] to [n]")
-                if not bool(torch.isfinite(s).all()):
-                    raise ValueError(f"score[{i}] returned non-finite values")
-                cols.append(s)
-            return torch.stack(cols, dim=1)
-        v = v.to(torch.float64)
-        p = self._score_params
-        if v.shape[1] == 1:
-            return torch.cat((v, (v - p["center"]).abs()), dim=1)
-        z = ((v - p["center"]) / p["scale"]).clamp(-_CLIP, _CLIP)
-        return torch.stack((z @ p["direction"], torch.linalg.vector_norm(z, dim=1)), dim=1)
-
-    def _cells(self, s: torch.Tensor) -> torch.Tensor:
-        """Cells [n, S] of scores s [n, S]: 2i in the gap above i edges, 2i - 1 at edge e_i."""
-        vals = s.T.contiguous()  # [S, n]
-        left = torch.searchsorted(self._edges, vals)  # edges < s
-        right = torch.searchsorted(self._edges, vals, right=True)  # edges <= s
-        return (2 * left + (right > left).to(left.dtype)).T
-
-    def _grid(self, pooled_sorted: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        """Sorted unique edges of one score's grid and, per edge, whether it is an atom."""
-        N = int(pooled_sorted.shape[0])
-        B = min(self.grid_cells, N)
-        j = torch.arange(1, B, dtype=torch.float64, device=pooled_sorted.device)
-        k = torch.round(j * N / B).to(torch.int64).clamp(1, N - 1)  # half to even, as round()
-        lo, hi = pooled_sorted[k - 1], pooled_sorted[k]
-        mids = torch.maximum(torch.minimum(lo / 2 + hi / 2, hi), lo)  # no overflow
-        vals, counts = torch.unique_consecutive(pooled_sorted, return_counts=True)
-        rep = counts >= 2
-        atoms, a_counts = vals[rep], counts[rep]
-        if atoms.numel() > self.max_atoms:
-            keep = torch.sort(-a_counts, stable=True).indices[: self.max_atoms]
-            atoms = atoms[keep]
-        edges = torch.unique(torch.cat((mids, atoms)))
-        mult = (torch.searchsorted(pooled_sorted, edges, right=True)
-                - torch.searchsorted(pooled_sorted, edges))
-        return edges, mult >= 2
 
     def _refresh(self) -> None:
         """Refit scores, grids and counts on every pair so far (all before the next pair)."""
@@ -499,33 +438,6 @@ class HockeyStickTest(SequentialTest):
         self._refresh_points.append(t)
         self._next_refresh = self._refresh_after(t)
         logger.debug("hockey-stick refresh at t=%d: %d scores, %d cells", t, S, C)
-
-    def _build_candidates(self) -> None:
-        """The candidate sets of every score's grid, as (kind, score, k) and flat indices.
-
-        kind 0: {cell < k}, 1: {cell >= k} (proper: 1 <= k <= C_s - 1), 2: {cell == k} (an
-        atom's own cell). For an edge that is not an atom the sets {v <= e} and {v < e} differ
-        only on a value that carries no mass, so only {v <= e} (k even) is kept.
-        """
-        S, C = self._atom_cell.shape
-        dev = self._atom_cell.device
-        pos = torch.arange(C + 1, device=dev)
-        atom = torch.cat((self._atom_cell, torch.zeros(S, 1, dtype=torch.bool, device=dev)), 1)
-        in_grid = pos.view(1, -1) < self._n_cells_s.view(-1, 1)  # [S, C + 1]
-        thresh = in_grid & (pos >= 1) & ((pos % 2 == 0) | atom)  # proper half-lines kept
-        single = in_grid & atom
-        parts = []  # per score: lower half-lines, upper half-lines, atom cells (in this order)
-        for s in range(S):
-            for kd, mask in ((0, thresh[s]), (1, thresh[s]), (2, single[s])):
-                kk = torch.nonzero(mask).flatten()
-                parts.append(torch.stack((torch.full_like(kk, kd), torch.full_like(kk, s), kk)))
-        kind, score, k = torch.cat(parts, dim=1)
-        width = 3 * C + 2  # per score: C + 1 lower, C + 1 upper, C single-cell entries
-        offset = torch.where(kind == 0, k, torch.where(kind == 1, C + 1 + k, 2 * C + 2 + k))
-        self._cand_kind, self._cand_score, self._cand_k = kind, score, k
-        self._cand_flat = score * width + offset
-        self._cand_np = tuple(np.ascontiguousarray(v.cpu().numpy(), dtype=np.int64)
-                              for v in (kind, score, k))
 
     # ------------------------------------------------------------------ state
     def _extra_state(self) -> dict[str, Any]:

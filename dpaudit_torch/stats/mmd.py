@@ -11,7 +11,9 @@ Threshold (their Theorem 3.1): an (eps, delta)-DP mechanism has, in any Gaussian
 mean <= 0 and the ONS wealth is a test supermartingale (Ville's inequality).
 
 The witness machinery (bandwidth fit, kernel blocks, the host recursion, the FIFO-capped
-witness) lives in :mod:`dpaudit_torch.stats._mmd_witness`, with its performance notes.
+witness) lives in :mod:`dpaudit_torch.stats._mmd_witness`, with its performance notes; its
+constant ``REFRESH_FACTOR`` (the capped witness recomputes ||f||^2 from scratch after every
+``REFRESH_FACTOR * max_witness_points`` drops) is re-exported here.
 
 Memory (issue 6, long runs): the witness keeps every pair it has bet on, so the state is O(T d).
 Each stored pair holds ``x_i``, ``y_i`` (d numbers each), their two squared norms and one
@@ -31,13 +33,13 @@ from typing import Any
 import numpy as np
 import torch
 
-from ._mmd_witness import KernelWitness
+from ._mmd_witness import REFRESH_FACTOR, KernelWitness
 from .base import CannotRejectWarning, SequentialTest
 from .thresholds import mmd_tau
 
 logger = logging.getLogger(__name__)
 
-__all__ = ["SequentialMMDTest"]
+__all__ = ["SequentialMMDTest", "REFRESH_FACTOR"]
 
 _PRESETS: dict[str, float] = {"paper": 0.5}
 
@@ -107,13 +109,13 @@ class SequentialMMDTest(KernelWitness, SequentialTest):
     a stationary stream is essentially unchanged once M is a few hundred pairs). Rounding: the
     tracked ``||f||^2`` could drift from the true norm over 10^6 drops; a negative value after a
     drop is clamped to 0 if it is within a relative 1e-9 of the size of the terms (rounding)
-    and raises ``RuntimeError`` otherwise (a bug), and every ``4 M`` drops ``||f||^2`` is
-    recomputed from scratch in float64 from the stored support (the Gram form, O(M^2 d), i.e.
-    O(M d / 4) per pair amortised) and the witness re-projected if it exceeds R. While fewer
-    than M pairs have been stored nothing is dropped and the trajectory is exactly the uncapped
-    one (chunks stop at the cap; once it is reached they hold at most min(M, max(64, M / 8))
-    pairs, so that a chunk only ever drops stored pairs, and the kernel work per pair, about
-    8 M + 16 n for chunks of n pairs, stays near its minimum).
+    and raises ``RuntimeError`` otherwise (a bug), and every ``REFRESH_FACTOR * M`` (16 M) drops
+    ``||f||^2`` is recomputed from scratch in float64 from the stored support (the Gram form,
+    O(M^2 d), i.e. O(M d / 16) per pair amortised) and the witness re-projected if it exceeds
+    R. While fewer than M pairs have been stored nothing is dropped and the trajectory is
+    exactly the uncapped one (chunks stop at the cap; once it is reached they hold at most
+    min(M, max(128, M / 8)) pairs, so that a chunk only ever drops stored pairs, and the kernel
+    work per pair, about 8 M + 16 n for chunks of n pairs, stays near its minimum).
 
     Args:
         epsilons: one epsilon or a grid; each finite and > 0.
@@ -350,6 +352,42 @@ class SequentialMMDTest(KernelWitness, SequentialTest):
         O(n_stored^2 d) (blocked); ``witness_norm`` is the O(1) tracked value.
         """
         return math.sqrt(max(self._exact_norm2(), 0.0))
+
+    def diagnostics(self) -> dict[str, Any]:
+        """The witness state, as copies (white-box tests; reading it does not change the test).
+
+        Keys: ``capacity`` (rows allocated per buffer: grows by doubling, at most
+        ``max_witness_points``), ``ring_head`` (capped witness: physical slot of the oldest
+        stored pair, 0 until the ring buffer wraps), ``scale`` (the global factor S of the
+        coefficients, c_i = S a_i), ``adagrad_sum`` (m_t), ``norm2`` (the tracked ||f||^2), and
+        tensors on the test's device in its dtype, the stored pairs oldest first (``None`` while
+        empty): ``x``, ``y`` [n_stored, d] (standardised points), ``x_sqnorm``, ``y_sqnorm``
+        [n_stored], ``coef`` [n_stored] (a_i, in units of S), ``forward_sums`` [n_stored]
+        (capped witness only: the witness at stored pair i from the pairs no older than i) and
+        ``center`` [d] (the burn-in mean).
+        """
+        T = self._T
+        order = self._logical_order()
+
+        def rows(t: torch.Tensor | None) -> torch.Tensor | None:
+            if t is None or T == 0:
+                return None
+            return t[:T].clone() if order is None else t[order]
+
+        return {
+            "capacity": 0 if self._X is None else int(self._X.shape[0]),
+            "ring_head": self._head,
+            "scale": self._scale,
+            "adagrad_sum": self._m,
+            "norm2": self._s,
+            "x": rows(self._X),
+            "y": rows(self._Y),
+            "x_sqnorm": rows(self._Xn),
+            "y_sqnorm": rows(self._Yn),
+            "coef": rows(self._a),
+            "forward_sums": rows(self._fwd),
+            "center": None if self._center is None else self._center.clone(),
+        }
 
     @property
     def memory_bytes(self) -> int:

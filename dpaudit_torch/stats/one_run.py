@@ -50,11 +50,9 @@ from typing import Any
 import numpy as np
 import torch
 
-from .._validation import check_alpha, check_delta
-from ._one_run_checks import GUESSES, check_int, check_method
+from ._one_run_checks import GUESSES, check_bound_request, check_int
 from .fdp import (
     FDP_FAMILY_NOTE,
-    check_fdp_delta,
     fdp_epsilon_lower_bound,
     fdp_mu_lower_bound,
     fdp_rejects,
@@ -400,11 +398,7 @@ class OneRunAudit:
             strategy: :class:`FixedK`, :class:`Bonferroni` (default ``Bonferroni("grid")``) or
                 :class:`RandomSplit`.
         """
-        delta = check_delta(delta)
-        alpha = check_alpha(alpha)
-        method = check_method(method)
-        if method == "fdp":
-            check_fdp_delta(delta)
+        method, delta, alpha = check_bound_request(method, delta, alpha)
         if guesses not in GUESSES:
             raise ValueError(f"guesses must be one of {GUESSES}, got {guesses!r}")
         if strategy is None:

@@ -15,9 +15,8 @@ import functools
 import numpy as np
 from scipy import special
 
-from .._validation import check_alpha, check_delta
-from ._one_run_checks import check_int, check_method
-from .fdp import check_fdp_delta, fdp_search, mu_to_eps
+from ._one_run_checks import check_bound_request, check_int
+from .fdp import fdp_search, mu_to_eps
 from .steinke import steinke_search
 
 __all__ = ["CanaryGame", "best_bound", "bound_for", "all_right_bound", "ceiling"]
@@ -45,11 +44,7 @@ def ceiling(m: int, alpha: float, delta: float, method: str = "steinke",
     at alpha 0.05).  At delta = 1e-5 and m = 5000: Steinke 7.28, f-DP about 15.0.
     """
     m_ = check_int("m", m, 1)
-    alpha = check_alpha(alpha)
-    delta = check_delta(delta)
-    method = check_method(method)
-    if method == "fdp":
-        check_fdp_delta(delta)
+    method, delta, alpha = check_bound_request(method, delta, alpha)
     if r is not None:
         r_ = check_int("r", r, 1)
         if r_ > m_:

@@ -18,6 +18,8 @@ Bugs (``names()``):
 * ``"no-clipping"``: per-sample gradients are summed without clipping (the clipping bound is
   treated as infinite in ``clip_and_accumulate``; the noise still uses the real bound). Not
   available under ghost clipping, whose clipping happens in the loss's backward pass.
+* ``"bias-no-noise"``: the noise is dropped again on one-dimensional tensors (biases, norm
+  scales), which often carry the largest real gradients.
 
 ``remove_bug(optimizer)`` restores the original class.
 """
@@ -78,6 +80,16 @@ def _noise_divided_by_batch(base: type) -> dict[str, Any]:
     return {"add_noise": add_noise}
 
 
+def _bias_no_noise(base: type) -> dict[str, Any]:
+    def add_noise(self: Any) -> None:
+        base.add_noise(self)
+        for p in self.params:
+            if p.dim() == 1:  # biases and norm scales: the noise is dropped again
+                p.grad = p.summed_grad.view_as(p).clone()
+
+    return {"add_noise": add_noise}
+
+
 def _no_clipping(base: type) -> dict[str, Any]:
     def clip_and_accumulate(self: Any) -> None:
         has_layers = "max_grad_norms" in self.__dict__
@@ -110,6 +122,8 @@ BUGS: dict[str, Bug] = {
             _scaled_noise(lambda opt: 0.5)),
         Bug("no-clipping", "per-sample gradients are summed without clipping",
             lambda base: _no_clipping(base), ghost_ok=False),
+        Bug("bias-no-noise", "one-dimensional tensors (biases, norm scales) get no noise",
+            lambda base: _bias_no_noise(base)),
     )
 }
 

@@ -69,6 +69,11 @@ class MonitorContext:
     warn: Callable[[str], None]
     #: the secret IN/OUT coins of the one-run canaries (revealed at finalize)
     coins: Any = None
+    #: the Poisson rate at which an IN one-run canary is included at each step (the loader's)
+    sample_rate: float = 1.0
+    #: epsilon(sigma, steps) of the accountant class the claim comes from, at the run's sample
+    #: rate and delta (for the power statement); None where unknown
+    epsilon_of_sigma: Callable[[float, int], float] | None = None
 
 
 @runtime_checkable

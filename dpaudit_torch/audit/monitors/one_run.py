@@ -1,17 +1,26 @@
-"""The one-run membership game on the canaries (docs/design.md sections 5-6).
+"""The one-run membership game on the canaries (docs/design.md sections 5, 6 and 9).
 
 Each of the m one-run canaries is IN with probability 1/2 (a secret coin, revealed only at
-finalize) and an IN canary is included at every step with the data loader's Poisson rate, so the
-audited mechanism is the one the accountant describes. Its score is the sum over steps of its
-value. At finalize the secret is revealed and the whole-run lower bounds registered for this
-monitor (:func:`dpaudit_torch.registry.methods_of`) are computed: Steinke, Nasr & Jagielski
-(NeurIPS 2023) and the Gaussian-family f-DP test of Mahloujifar, Melis & Chaudhuri (ICML 2025),
-by :class:`~dpaudit_torch.stats.one_run.OneRunAudit`.
+finalize) and an IN canary is included at every step with the data loader's Poisson rate q, so the
+audited mechanism is the one the accountant describes. Two running scores per canary, from its
+interference-free values Z (units of C): the plain sum of Z, and the sum of the per-step
+log-likelihood ratio of the claimed per-step mechanism,
+``log(1 - q + q exp((Z - 1/2) / sigma^2))`` (:func:`~dpaudit_torch.stats.one_run_scores.
+llr_step_score`). Neither uses the coins, so both are valid scores for the game; the
+configured one (``one_run_score``) gives the reported bounds. At finalize the secret is revealed
+and the whole-run lower bounds registered for this monitor
+(:func:`dpaudit_torch.registry.methods_of`) are computed: Steinke, Nasr & Jagielski (NeurIPS
+2023) and the Gaussian-family f-DP test of Mahloujifar, Melis & Chaudhuri (ICML 2025), by
+:class:`~dpaudit_torch.stats.one_run.OneRunAudit`; and the audit's power: the bound a correct
+implementation would give with this run's settings, and the smallest true epsilon it would
+refute (:func:`~dpaudit_torch.stats.one_run_power.one_run_power`).
 """
 
 from __future__ import annotations
 
 import logging
+import math
+import time
 from typing import Any
 
 import torch
@@ -27,7 +36,7 @@ __all__ = ["OneRunMonitor"]
 
 @register_monitor("one_run")
 class OneRunMonitor:
-    """Running scores of the one-run canaries; whole-run bounds at finalize."""
+    """Running scores of the one-run canaries; whole-run bounds and power at finalize."""
 
     name = "one_run"
 
@@ -36,18 +45,37 @@ class OneRunMonitor:
         self.m = ctx.m_canaries
         self.device = torch.device(ctx.device)
         self.coins = ctx.coins
+        self.sample_rate = float(ctx.sample_rate)
+        self._epsilon_of_sigma = ctx.epsilon_of_sigma
         self._warn = ctx.warn
         self.methods = methods_of(self.name)
         self.steps = 0
-        self.scores = torch.zeros(self.m, dtype=torch.float64, device=self.device)
+        self.scores = {s: torch.zeros(self.m, dtype=torch.float64, device=self.device)
+                       for s in ("sum", "llr")}
+        self.sigmas: set[float] = set()  # noise multipliers of the observed steps
+        self.score_used: str | None = None
         self.bounds: dict[str, float] = {}
         self.details: dict[str, dict[str, Any]] = {}
+        self.power: dict[str, Any] = {}
         self._in_mask: torch.Tensor | None = None
 
     def observe(self, record: StepRecord) -> None:
         if self.m:
-            self.scores += record.one_run
+            from ...stats.one_run_scores import llr_step_score
+
+            z = record.one_run
+            self.scores["sum"] += z
+            if record.sigma > 0 and math.isfinite(record.sigma):
+                inc = llr_step_score(z, self.sample_rate, record.sigma)
+                if not isinstance(record.finite, bool):  # a dropped step adds nothing
+                    inc = torch.where(record.finite, inc, torch.zeros_like(inc))
+                self.scores["llr"] += inc
+        self.sigmas.add(float(record.sigma))
         self.steps += 1
+
+    def stacked_scores(self) -> torch.Tensor:
+        """Every running score, ``[2, m]`` (the sum, then the likelihood-ratio score): a copy."""
+        return torch.stack([self.scores["sum"], self.scores["llr"]]).clone()
 
     def advance(self) -> Evidence | None:
         return None  # no evidence during training: the game is played once, at the end
@@ -55,54 +83,103 @@ class OneRunMonitor:
     def log_evidence(self) -> float | None:
         return None
 
+    def _score(self) -> str:
+        """The configured score, or the sum when the likelihood ratio is undefined (a step with
+        no noise claimed)."""
+        score = self.config.one_run_score
+        if score == "llr" and any(not (s > 0 and math.isfinite(s)) for s in self.sigmas):
+            self._warn("one-run score: a step had no (finite) noise multiplier, so the "
+                       "likelihood-ratio score is undefined; the plain sum was used")
+            return "sum"
+        return score
+
     def finalize(self, claimed_epsilon: float | None) -> None:
-        """Reveal the secret coins and compute every whole-run bound of this monitor."""
+        """Reveal the secret coins, compute every whole-run bound of this monitor and the
+        power statement."""
         self._in_mask = self.coins.reveal()
-        scores = self.scores.detach().cpu()
+        self.score_used = score = self._score()
+        scores = self.scores[score].detach().cpu()
         ins, outs = scores[self._in_mask], scores[~self._in_mask]
         if self.steps == 0 or ins.numel() == 0 or outs.numel() == 0:
             note = "no one-run bound: no audited steps or an empty IN/OUT group"
             for method in self.methods:
                 self.bounds[method] = 0.0
                 self.details[method] = {"bound": 0.0, "method": method, "note": note}
-            return
-        from ...stats.one_run import OneRunAudit
+        else:
+            from ...stats.one_run import OneRunAudit
 
-        audit = OneRunAudit(ins, outs)
-        for method in self.methods:
-            try:
-                res = audit.epsilon_lower_bound(delta=self.config.delta, alpha=self.config.alpha,
-                                                method=method)
-                self.bounds[method] = float(res.bound)
-                self.details[method] = dict(res.to_dict())
-            except Exception as e:  # noqa: BLE001 - report, never crash the end of training
-                msg = f"one-run {method} bound failed: {e!r}"
-                self._warn(msg)
-                self.bounds[method] = 0.0
-                self.details[method] = {"bound": 0.0, "method": method, "note": msg}
+            audit = OneRunAudit(ins, outs)
+            for method in self.methods:
+                try:
+                    res = audit.epsilon_lower_bound(delta=self.config.delta,
+                                                    alpha=self.config.alpha, method=method)
+                    self.bounds[method] = float(res.bound)
+                    self.details[method] = {**res.to_dict(), "score": score}
+                except Exception as e:  # noqa: BLE001 - report, never crash the end of training
+                    msg = f"one-run {method} bound failed: {e!r}"
+                    self._warn(msg)
+                    self.bounds[method] = 0.0
+                    self.details[method] = {"bound": 0.0, "method": method, "note": msg}
+        self.power = self._power(claimed_epsilon, score)
+
+    def _power(self, claimed: float | None, score: str) -> dict[str, Any]:
+        """What this audit could have found (docs/one_run.md): never raises."""
+        from ...stats.one_run_power import one_run_power
+
+        sigma = min(self.sigmas) if self.sigmas else 0.0
+        t0 = time.perf_counter()
+        try:
+            eps_of = self._epsilon_of_sigma
+            res = one_run_power(
+                sigma if sigma > 0 else 1.0, self.sample_rate, self.steps, self.m,
+                score=score, delta=self.config.delta, alpha=self.config.alpha,
+                claimed_epsilon=claimed,
+                epsilon_of_sigma=(None if eps_of is None
+                                  else (lambda s, _t=self.steps: eps_of(s, _t))),
+                seed=0)
+            out = res.to_dict()
+        except Exception as e:  # noqa: BLE001 - a power statement must not break finalize
+            self._warn(f"one-run power simulation failed: {e!r}")
+            return {"note": f"no power statement: the simulation failed ({e!r})"}
+        if not (sigma > 0):
+            out["note"] = "no noise multiplier was claimed: the power statement is not defined"
+            for key in ("expected_bound", "min_refutable_epsilon"):
+                out[key] = None
+        for w in out.get("warnings", []):
+            self._warn(w)
+        # the report holds what the audit could find, not how long the simulation took
+        out.pop("seconds", None)
+        logger.info("one-run power simulation took %.2f s", time.perf_counter() - t0)
+        return out
 
     def findings(self) -> list[Finding]:
         return []
 
     def report_section(self) -> dict[str, Any]:
-        """The bounds, their details and the scores split by the revealed coins (after
-        :meth:`finalize`)."""
-        if self._in_mask is None:
+        """The bounds, their details, the scores split by the revealed coins and the power
+        (after :meth:`finalize`)."""
+        if self._in_mask is None or self.score_used is None:
             raise RuntimeError("the one-run report section exists only after finalize()")
-        scores = self.scores.detach().cpu()
+        scores = self.scores[self.score_used].detach().cpu()
         return {
             "bounds": dict(self.bounds), "details": dict(self.details),
             "scores": {"in": scores[self._in_mask].tolist(),
                        "out": scores[~self._in_mask].tolist()},
-            "n_in": int(self._in_mask.sum()),
+            "n_in": int(self._in_mask.sum()), "score": self.score_used,
+            "power": dict(self.power),
         }
 
     def state_dict(self) -> dict[str, Any]:
-        return {"steps": self.steps, "scores": self.scores.detach().cpu().clone()}
+        return {"steps": self.steps, "sigmas": sorted(self.sigmas),
+                "scores": {k: v.detach().cpu().clone() for k, v in self.scores.items()}}
 
     def load_state_dict(self, sd: dict[str, Any]) -> None:
-        if tuple(sd["scores"].shape) != (self.m,):
-            raise ValueError(f"one-run state for {tuple(sd['scores'].shape)} canaries does not "
-                             f"fit m={self.m}")
+        scores = sd["scores"]
+        if set(scores) != set(self.scores) or any(
+                tuple(v.shape) != (self.m,) for v in scores.values()):
+            raise ValueError(f"one-run state with scores {sorted(scores)} of shapes "
+                             f"{[tuple(v.shape) for v in scores.values()]} does not fit "
+                             f"m={self.m}")
         self.steps = int(sd["steps"])
-        self.scores = sd["scores"].to(self.device, torch.float64).clone()
+        self.sigmas = {float(s) for s in sd["sigmas"]}
+        self.scores = {k: v.to(self.device, torch.float64).clone() for k, v in scores.items()}

@@ -191,15 +191,12 @@ class SequentialPairsMonitor:
         self.buffer_steps.append(record.step)
         self.buffer_sigma.append(record.sigma)
         self.buffer_ok.append(record.finite)
-        if record.pair_sums is not None:
-            self._add_interference(record.pair_sums, record.coins, record.finite)
+        if record.real_sums is not None:
+            self._add_interference(record.real_sums[:2 * self.k], record.finite)
 
-    def _add_interference(self, sums: torch.Tensor, c: torch.Tensor,
-                          finite: bool | torch.Tensor) -> None:
-        """W at the non-canary coordinate of each pair (pre-noise sum), into the running
-        statistics."""
-        k = self.k
-        w = torch.where(c, sums[k:2 * k], sums[:k])
+    def _add_interference(self, w: torch.Tensor, finite: bool | torch.Tensor) -> None:
+        """W, the real data's clipped sum at both coordinates of every pair (units of C; it was
+        subtracted from the observations), into the running statistics."""
         ok = torch.isfinite(w)
         if not isinstance(finite, bool):
             ok = ok & finite
@@ -207,7 +204,7 @@ class SequentialPairsMonitor:
         self.w_sum += w.sum()
         self.w_sumsq += (w * w).sum()
         self.w_maxabs = torch.maximum(self.w_maxabs, w.abs().max())
-        self.w_count += k
+        self.w_count += int(w.numel())
 
     @property
     def pending_steps(self) -> list[int]:
@@ -342,11 +339,13 @@ class SequentialPairsMonitor:
             },
         }
 
-    def interference_summary(self, sigma: float | None, read_every: int) -> dict[str, Any]:
-        """Spread of the real-data gradient at canary coordinates, in units of C (host sync)."""
+    def interference_summary(self, sigma: float | None) -> dict[str, Any]:
+        """The real-data gradient W at the pair coordinates, removed from every observation,
+        and the spread of the observation at the non-canary coordinate, in units of C (host
+        sync)."""
         out: dict[str, Any] = {"units": "C (clipping bound)",
-                               "coordinates": "non-canary coordinate of each sequential pair",
-                               "read_every_steps": read_every}
+                               "coordinates": "both coordinates of each sequential pair",
+                               "read_every_steps": 1, "removed": True}
         y_sum, y_sumsq, n_y = float(self.y_sum), float(self.y_sumsq), self.y_count
         if self.buffer_y:  # steps not drained yet
             yb = torch.stack(self.buffer_y)
@@ -361,11 +360,12 @@ class SequentialPairsMonitor:
         if self.w_count:
             wm = float(self.w_sum) / self.w_count
             wv = max(float(self.w_sumsq) / self.w_count - wm * wm, 0.0)
-            out.update({"source": "p.summed_grad (exact pre-noise sum)", "mean": wm,
+            out.update({"source": "p.summed_grad of the real examples, read before the "
+                                  "canaries and the noise (subtracted)", "mean": wm,
                         "std": math.sqrt(wv), "rms": math.sqrt(float(self.w_sumsq) / self.w_count),
                         "max_abs": float(self.w_maxabs), "n": self.w_count})
         else:
-            out["source"] = "observations only (p.summed_grad unavailable)"
+            out["source"] = "none read (no audited step)"
         return out
 
     # ------------------------------------------------------------------ checkpoint

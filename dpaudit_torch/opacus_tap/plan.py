@@ -1,0 +1,100 @@
+"""Facts about an Opacus DP optimizer that the adapter reads at each step, and the step's
+injection plan (:class:`StepPlan`).
+
+Opacus 1.6 (``optimizers/``): flat, per-layer (``max_grad_norms``), adaptive
+(``AdaClipDPOptimizer``, its noise multiplier adjusted as in Andrew et al., NeurIPS 2021,
+Theorem 1) and ghost (``DPOptimizerFastGradientClipping``) clipping.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+import torch
+
+__all__ = ["StepPlan", "is_ghost", "is_adaclip", "per_param_clip", "effective_noise_multiplier",
+           "opacus_clipped_value", "OPACUS_NORM_EPS"]
+
+
+#: the constant Opacus adds to per-sample norms before dividing (``optimizers/optimizer.py``)
+OPACUS_NORM_EPS = 1e-6
+
+
+def is_ghost(optimizer: Any) -> bool:
+    from opacus.optimizers import DPOptimizerFastGradientClipping
+
+    return isinstance(optimizer, DPOptimizerFastGradientClipping)
+
+
+def per_param_clip(optimizer: Any, n_params: int) -> list[float]:
+    """The clipping bound C_i that applies to each parameter tensor right now.
+
+    Flat (and adaptive) clipping: one joint bound ``max_grad_norm`` (adaptive clipping changes it
+    every step, so it is read at injection time). Per-layer clipping: ``max_grad_norms[i]``.
+    """
+    norms = getattr(optimizer, "max_grad_norms", None)
+    if norms is not None:
+        vals = [float(c) for c in norms]
+        if len(vals) != n_params:
+            raise RuntimeError(f"per-layer clipping has {len(vals)} bounds for {n_params} "
+                               f"parameter tensors")
+        return vals
+    return [float(optimizer.max_grad_norm)] * n_params
+
+
+def is_adaclip(optimizer: Any) -> bool:
+    from opacus.optimizers import AdaClipDPOptimizer
+
+    return isinstance(optimizer, AdaClipDPOptimizer)
+
+
+def effective_noise_multiplier(optimizer: Any, adaclip: bool | None = None) -> float:
+    """The noise multiplier the optimizer really uses for the gradient noise this step.
+
+    Adaptive clipping (Andrew et al. 2021, Theorem 1) draws the gradient noise with
+    ``(sigma^-2 - (2 sigma_u)^-2)^(-1/2)``; ghost clipping may carry an
+    ``_adjusted_noise_multiplier``; otherwise it is ``noise_multiplier`` (what the accountant is
+    told).
+    """
+    sigma = float(optimizer.noise_multiplier)
+    if adaclip is None:
+        adaclip = is_adaclip(optimizer)
+    if adaclip and sigma > 0:
+        return float((sigma ** -2 - (2.0 * float(optimizer.unclipped_num_std)) ** -2) ** -0.5)
+    adj = getattr(optimizer, "_adjusted_noise_multiplier", None)
+    if adj is not None:
+        return float(adj)
+    return sigma
+
+
+def opacus_clipped_value(raw: float, clip: float) -> float:
+    """What Opacus's flat clipping makes of a one-coordinate row of value ``raw``."""
+    return raw * min(1.0, clip / (abs(raw) + OPACUS_NORM_EPS))
+
+
+@dataclass
+class StepPlan:
+    """This step's injection plan: what the observer needs to read it (all small; tensors on
+    the device)."""
+
+    coins: torch.Tensor  # [k] bool on device: True -> the canary went to coordinate a_j
+    coins_cpu: torch.Tensor  # [k] bool on host (same values)
+    clip: list[float]  # C_i per parameter tensor at injection time
+    unit_scale: list[float]  # per parameter: multiply p.grad by this to get units of C_i
+    sigma: float  # effective noise multiplier of this step
+    sigma_claimed: float  # the optimizer's noise_multiplier (what the accountant is told)
+    n_rows: int  # canary rows (or clipped canaries, ghost) added this step
+    n_one_run: int  # one-run canaries included this step
+    injected: bool  # False on DDP ranks other than 0
+    included: torch.Tensor | None = None  # [n] one-run canaries included (host; private)
+    entry_param: np.ndarray | None = None  # [n_rows] parameter tensor of each row's entry
+    #: [n_rows] where each row's entry goes in its tensor: the flat index (ghost clipping), or
+    #: the position in the tensor's compact canary row (per-sample modes)
+    entry_flat: np.ndarray | None = None
+    entry_index: np.ndarray | None = None  # [n_rows] position in the step's rows buffer
+    pair_order: np.ndarray | None = None  # [2k] positions of (x_j), then (y_j), in [a, b]
+    #: [2k + m] the real examples' clipped sum / C at every canary coordinate, read before the
+    #: canaries and the noise (summed over DDP ranks by the adapter before the observation)
+    real_sum: torch.Tensor | None = None
