@@ -80,7 +80,7 @@ class DemoConfig:
     device: str = "cpu"
     bug: str | None = None
     grad_sample_mode: str = "hooks"
-    m_canaries: int = 1000
+    m_canaries: int | None = None  # the auditor's default, sized to the model
     k_pairs: int = 16
 
 

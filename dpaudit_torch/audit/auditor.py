@@ -85,7 +85,10 @@ class PrivacyAuditor:
         config: an :class:`~dpaudit_torch.audit.config.AuditConfig` holding every setting below
             (keyword arguments given as well override it).
         k_pairs: sequential canary pairs (each gives one test pair per step).
-        m_canaries: one-run canaries (IN with probability 1/2, secret until ``finalize``).
+        m_canaries: one-run canaries (IN with probability 1/2, secret until ``finalize``); default
+            5,000, or half of the coordinates the pairs leave free in a smaller model
+            (:func:`~dpaudit_torch.audit.config.default_m_canaries`). Each costs a few numbers
+            per step, not a row of the model's size.
         canary_norm: raw canary norm as a multiple of the clipping bound C (> 1, so that clipping
             is exercised). A correct optimizer clips the canary to C whatever this is; a missing
             or broken clipping lets ``canary_norm * C`` through, so a large value makes clipping
@@ -154,6 +157,12 @@ class PrivacyAuditor:
         except (RuntimeError, TypeError) as e:
             raise ValueError(f"device must name a torch device, got {cfg.device!r} ({e})"
                              ) from None
+        if cfg.m_canaries is None:  # the default, sized to the model
+            from .config import default_m_canaries
+
+            self.config = cfg = cfg.replace(
+                m_canaries=default_m_canaries(tap.n_coordinates, cfg.k_pairs))
+        assert cfg.m_canaries is not None
         need = 2 * cfg.k_pairs + cfg.m_canaries
         if need > tap.n_coordinates:
             raise ValueError(

@@ -20,12 +20,25 @@ from .._validation import check_alpha, check_epsilon, check_positive_int
 from ..registry import TESTERS
 
 __all__ = ["AuditConfig", "ON_VIOLATION", "ON_NONFINITE", "DEFAULT_TEST_OPTIONS",
-           "DEFAULT_NULL_GRID"]
+           "DEFAULT_NULL_GRID", "DEFAULT_M_CANARIES", "default_m_canaries"]
 
 #: what the auditor does once a violation is proven
 ON_VIOLATION = ("stop", "raise", "warn")
 #: what the auditor does with a non-finite observation
 ON_NONFINITE = ("raise", "skip")
+
+#: one-run canaries by default, where the model has room (see :func:`default_m_canaries`): in
+#: the idealized game the Steinke bound a correct run gives grows by 18-78% from 1,000 to 5,000
+#: canaries and by at most 10% more at 10,000 (docs/one_run.md, "How many canaries and steps")
+DEFAULT_M_CANARIES = 5000
+
+
+def default_m_canaries(n_coordinates: int, k_pairs: int) -> int:
+    """The default number of one-run canaries for a model with ``n_coordinates`` trainable
+    coordinates: :data:`DEFAULT_M_CANARIES`, but at most half of the coordinates the pairs leave
+    free (a small model keeps most of its coordinates canary-free)."""
+    return max(0, min(DEFAULT_M_CANARIES, (n_coordinates - 2 * k_pairs) // 2))
+
 
 #: default grid of the per-step Gaussian null: eps_i = c_i * mu, mu = 1 / sigma. Small eps give the
 #: betting tests the most growth per pair against every bug of testing.bugs (their bet cap is
@@ -65,7 +78,7 @@ class AuditConfig:
     delta: float = 1e-5
     alpha: float = 0.05
     k_pairs: int = 16
-    m_canaries: int = 1000
+    m_canaries: int | None = None
     canary_norm: float = 25.0
     per_step_null: tuple[float, float] | None = None
     tests: tuple[str, ...] = ("mmd", "hockey_stick")
@@ -84,7 +97,9 @@ class AuditConfig:
         put(self, "delta", check_alpha(self.delta, "delta"))  # the open interval (0, 1)
         put(self, "alpha", check_alpha(self.alpha, "alpha"))
         put(self, "k_pairs", check_positive_int(self.k_pairs, "k_pairs"))
-        put(self, "m_canaries", check_positive_int(self.m_canaries, "m_canaries", minimum=0))
+        if self.m_canaries is not None:
+            put(self, "m_canaries", check_positive_int(self.m_canaries, "m_canaries",
+                                                       minimum=0))
         norm = check_epsilon(self.canary_norm, "canary_norm")
         if norm <= 1.0:
             raise ValueError(f"canary_norm must exceed 1 (a multiple of the clipping bound, so "
