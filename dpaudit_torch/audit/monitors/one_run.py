@@ -31,7 +31,12 @@ from .base import Evidence, Finding, MonitorContext, register_monitor
 
 logger = logging.getLogger(__name__)
 
-__all__ = ["OneRunMonitor"]
+__all__ = ["OneRunMonitor", "POWER_REPLICATES", "POWER_SEARCH_REPLICATES"]
+
+#: simulated games for the expected bound, and per step of the search for the smallest
+#: refutable epsilon: a few seconds at finalize with 5,000 canaries (docs/one_run.md)
+POWER_REPLICATES = 100
+POWER_SEARCH_REPLICATES = 40
 
 
 @register_monitor("one_run")
@@ -136,15 +141,17 @@ class OneRunMonitor:
                 claimed_epsilon=claimed,
                 epsilon_of_sigma=(None if eps_of is None
                                   else (lambda s, _t=self.steps: eps_of(s, _t))),
-                seed=0)
+                replicates=POWER_REPLICATES, search_replicates=POWER_SEARCH_REPLICATES, seed=0)
             out = res.to_dict()
         except Exception as e:  # noqa: BLE001 - a power statement must not break finalize
             self._warn(f"one-run power simulation failed: {e!r}")
             return {"note": f"no power statement: the simulation failed ({e!r})"}
         if not (sigma > 0):
             out["note"] = "no noise multiplier was claimed: the power statement is not defined"
-            for key in ("expected_bound", "min_refutable_epsilon"):
-                out[key] = None
+            for key in ("expected_bound", "expected_bound_quantiles", "min_refutable_epsilon",
+                        "min_refutable_sigma"):
+                if key in out:
+                    out[key] = None
         for w in out.get("warnings", []):
             self._warn(w)
         # the report holds what the audit could find, not how long the simulation took

@@ -1,0 +1,333 @@
+"""Memory and time of the auditor at scale: a transformer language model of 1M, 10M and 100M
+parameters, Opacus hooks and ghost clipping (issue 11).
+
+Model: a decoder-only transformer on synthetic tokens (uniform random token ids, nothing
+downloaded): ``nn.Embedding`` for tokens and positions, pre-norm blocks (``nn.LayerNorm``,
+causal self-attention whose projections are ``nn.Linear`` layers, a GELU MLP of width 4d) and a
+linear head. The blocks are written from ``nn.Linear`` rather than ``nn.TransformerEncoderLayer``
+because Opacus supports neither per-sample gradients nor ghost norms for ``nn.MultiheadAttention``
+(its validator asks for ``opacus.layers.DPMultiheadAttention``); every layer here (Linear,
+Embedding, LayerNorm) has an Opacus grad sampler, and Linear and Embedding also have ghost-norm
+samplers. Sizes (vocabulary V, width d, layers L, heads, sequence length S = 32):
+
+* 1M: V 2304, d 128, L 2, 4 heads;  * 10M: V 10000, d 256, L 6, 8 heads;
+* 100M: V 10000, d 768, L 12, 12 heads.
+
+Training: SGD, C 1, sigma 1, RDP accountant, physical batch 8 (a data set of 800 sequences
+behind Opacus's Poisson loader, so q = 0.01 for the accountant and the auditor; the timed steps
+themselves use fixed batches of exactly 8 sequences, the same in every process, so that Poisson
+batch sizes add no variance to the step times), one torch thread, auditor defaults
+(:class:`~dpaudit_torch.audit.PrivacyAuditor` with ``delta`` 1e-5).
+
+Each (size, mode) runs two fresh subprocesses with the same seed:
+
+* **without**: setup, then phase 1 (``--warm`` + ``--timed`` steps) and phase 2 (the same
+  number of steps), no auditor;
+* **with**: setup, phase 1 without the auditor, then ``PrivacyAuditor(...)`` is attached and
+  phase 2 runs audited.
+
+*Step time* (figure of merit): in the **with** process, the median wall time of phase 2's timed
+steps over phase 1's (same process, same setup; phase 2 starts with ``--warm`` audited steps
+that include the auditor's first decision, where its compiled kernels are loaded). The same
+ratio in the **without** process (phase 2 over phase 1, no auditor in either) is the noise floor.
+*Peak memory*: the process's peak resident set (``VmHWM`` of ``/proc/self/status``, which sees
+every allocator, unlike ``tracemalloc``) at the end of the **with** process over that of the
+**without** process, and the same for the peak increase over the resident set right before the
+first step (the memory the steps need); both processes import the same modules before the
+baseline is read. Targets: <= 1.05 for the step time and for the peak resident memory.
+
+    python benchmarks/scale.py [--sizes 1M,10M,100M] [--modes hooks,ghost] [--warm 5]
+                               [--timed 5] [--quick]
+
+``--quick`` runs the 1M model with 2 + 3 steps and writes nothing.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import os
+import statistics
+import subprocess
+import sys
+import time
+import warnings
+from pathlib import Path
+from typing import Any
+
+import torch
+from torch import nn
+from torch.utils.data import DataLoader, TensorDataset
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from _common import command, machine, markdown_table, write_section  # noqa: E402
+
+from dpaudit_torch.audit import PrivacyAuditor  # noqa: E402
+
+#: (vocabulary, width, layers, heads) per size
+SIZES: dict[str, tuple[int, int, int, int]] = {
+    "1M": (2304, 128, 2, 4),
+    "10M": (10000, 256, 6, 8),
+    "100M": (10000, 768, 12, 12),
+}
+SEQ = 32
+BATCH = 8
+N_DATA = 800
+TARGET = 1.05
+
+
+class Block(nn.Module):
+    """Pre-norm transformer block from nn.Linear layers (causal self-attention + GELU MLP)."""
+
+    def __init__(self, d: int, heads: int) -> None:
+        super().__init__()
+        self.heads = heads
+        self.ln1 = nn.LayerNorm(d)
+        self.qkv = nn.Linear(d, 3 * d)
+        self.proj = nn.Linear(d, d)
+        self.ln2 = nn.LayerNorm(d)
+        self.fc1 = nn.Linear(d, 4 * d)
+        self.fc2 = nn.Linear(4 * d, d)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        b, s, d = x.shape
+        qkv = self.qkv(self.ln1(x)).view(b, s, 3, self.heads, d // self.heads)
+        q, k, v = qkv.permute(2, 0, 3, 1, 4)
+        a = nn.functional.scaled_dot_product_attention(q, k, v, is_causal=True)
+        x = x + self.proj(a.transpose(1, 2).reshape(b, s, d))
+        return x + self.fc2(nn.functional.gelu(self.fc1(self.ln2(x))))
+
+
+class TinyLM(nn.Module):
+    def __init__(self, vocab: int, d: int, layers: int, heads: int, seq: int = SEQ) -> None:
+        super().__init__()
+        self.tok = nn.Embedding(vocab, d)
+        self.pos = nn.Embedding(seq, d)
+        self.blocks = nn.ModuleList(Block(d, heads) for _ in range(layers))
+        self.ln_f = nn.LayerNorm(d)
+        self.head = nn.Linear(d, vocab)
+
+    def forward(self, idx: torch.Tensor) -> torch.Tensor:
+        pos = torch.arange(idx.shape[1], device=idx.device).expand_as(idx)
+        x = self.tok(idx) + self.pos(pos)
+        for blk in self.blocks:
+            x = blk(x)
+        return self.head(self.ln_f(x))
+
+
+def proc_status() -> dict[str, int]:
+    """VmRSS and VmHWM of this process, in bytes."""
+    out = {}
+    with open("/proc/self/status") as f:
+        for line in f:
+            if line.startswith(("VmRSS:", "VmHWM:")):
+                key, val = line.split(":")
+                out[key] = int(val.split()[0]) * 1024
+    return out
+
+
+# ------------------------------------------------------------------------------------------------
+# child: one process, one setting
+# ------------------------------------------------------------------------------------------------
+def child(size: str, mode: str, audit: bool, warm: int, timed: int, seed: int) -> dict[str, Any]:
+    from opacus import PrivacyEngine
+
+    torch.set_num_threads(1)
+    warnings.filterwarnings("ignore")
+    torch.manual_seed(seed)
+    vocab, d, layers, heads = SIZES[size]
+    g = torch.Generator().manual_seed(seed)
+    tokens = torch.randint(0, vocab, (N_DATA, SEQ + 1), generator=g)
+    data = TensorDataset(tokens[:, :-1], tokens[:, 1:])
+    model = TinyLM(vocab, d, layers, heads)
+    n_params = sum(p.numel() for p in model.parameters())
+    opt = torch.optim.SGD(model.parameters(), lr=0.01)
+    dl = DataLoader(data, batch_size=BATCH)
+    engine = PrivacyEngine(accountant="rdp")
+    crit = nn.CrossEntropyLoss()
+    out = engine.make_private(module=model, optimizer=opt, data_loader=dl, noise_multiplier=1.0,
+                              max_grad_norm=1.0, grad_sample_mode=mode, criterion=crit,
+                              noise_generator=torch.Generator().manual_seed(seed + 1))
+    if mode == "ghost":
+        model, opt, crit, dl = out
+    else:
+        model, opt, dl = out
+    n_steps = 2 * (warm + timed)
+    batches = [(data.tensors[0][i * BATCH:(i + 1) * BATCH],
+                data.tensors[1][i * BATCH:(i + 1) * BATCH]) for i in range(n_steps)]
+
+    def step(x: torch.Tensor, y: torch.Tensor) -> float:
+        t = time.perf_counter()
+        opt.zero_grad(set_to_none=True)
+        logits = model(x)
+        if mode == "ghost":
+            loss = crit(logits.reshape(-1, vocab), y.reshape(-1), shape=(x.shape[0], x.shape[1]))
+        else:
+            loss = crit(logits.reshape(-1, vocab), y.reshape(-1))
+        loss.backward()
+        opt.step()
+        return time.perf_counter() - t
+
+    base = proc_status()
+    times: list[list[float]] = [[], []]
+    status: list[dict[str, int]] = []
+    aud = None
+    attach_s = 0.0
+    for phase in (0, 1):
+        if phase == 1 and audit:
+            t = time.perf_counter()
+            aud = PrivacyAuditor(engine, opt, dl, delta=1e-5, seed=seed)
+            attach_s = time.perf_counter() - t
+        for i in range(warm + timed):
+            x, y = batches[phase * (warm + timed) + i]
+            dt = step(x, y)
+            if i >= warm:
+                times[phase].append(dt)
+        status.append(proc_status())
+    res = {
+        "size": size, "mode": mode, "audit": audit, "n_params": n_params,
+        "rss_before_steps": base["VmRSS"], "hwm_before_steps": base["VmHWM"],
+        "hwm_after_phase1": status[0]["VmHWM"], "hwm_end": status[1]["VmHWM"],
+        "rss_end": status[1]["VmRSS"], "times": times, "attach_s": attach_s,
+    }
+    if aud is not None:
+        res["m_canaries"] = aud.config.m_canaries
+        res["audited_steps"] = aud.step
+        res["violation"] = bool(aud.violation)
+        aud.detach()
+    return res
+
+
+def run_child(size: str, mode: str, audit: bool, args: argparse.Namespace) -> dict[str, Any]:
+    cmd = [sys.executable, os.path.abspath(__file__), "--child", "--sizes", size, "--modes", mode,
+           "--warm", str(args.warm), "--timed", str(args.timed), "--seed", str(args.seed)]
+    if audit:
+        cmd.append("--audit")
+    t = time.time()
+    p = subprocess.run(cmd, capture_output=True, text=True, check=False)
+    if p.returncode != 0:
+        tail = (p.stderr or p.stdout)[-2000:]
+        return {"error": f"exit code {p.returncode}: {tail}"}
+    res = json.loads(p.stdout.strip().splitlines()[-1])
+    res["wall_s"] = time.time() - t
+    return res
+
+
+def fits(size: str, mode: str) -> tuple[bool, str]:
+    """Whether a setting fits this machine's memory (a rough estimate of the largest terms)."""
+    vocab, d, layers, heads = SIZES[size]
+    n = vocab * d * 2 + SEQ * d + layers * 12 * d * d
+    # parameters, grad, summed_grad, optimizer temporaries: ~4 copies; hooks: B per-sample copies
+    need = 4 * n * 4 + (BATCH * n * 4 if mode == "hooks" else 0) + 1.5e9
+    try:
+        with open("/proc/meminfo") as f:
+            avail = next(int(line.split()[1]) * 1024 for line in f
+                         if line.startswith("MemAvailable:"))
+    except (OSError, StopIteration):
+        return True, ""
+    return need < 0.8 * avail, (f"needs about {need / 2**30:.1f} GiB, "
+                                f"{avail / 2**30:.1f} GiB available")
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--sizes", default="1M,10M,100M")
+    ap.add_argument("--modes", default="hooks,ghost")
+    ap.add_argument("--warm", type=int, default=5)
+    ap.add_argument("--timed", type=int, default=5)
+    ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
+    ap.add_argument("--audit", action="store_true", help=argparse.SUPPRESS)
+    ap.add_argument("--quick", action="store_true", help="1M, 2 + 3 steps; writes nothing")
+    args = ap.parse_args()
+    if args.child:
+        print(json.dumps(child(args.sizes, args.modes, args.audit, args.warm, args.timed,
+                               args.seed)))
+        return
+    if args.quick:
+        args.sizes, args.warm, args.timed = "1M", 2, 3
+    torch.set_num_threads(1)
+    t0 = time.time()
+    rows, notes = [], []
+    mb = 2.0**20
+    for size in args.sizes.split(","):
+        for mode in args.modes.split(","):
+            ok, why = fits(size, mode)
+            if not ok:
+                rows.append([size, "-", mode] + ["not run: " + why] + ["-"] * 13)
+                print(f"{size} {mode}: not run ({why})", flush=True)
+                continue
+            a = run_child(size, mode, False, args)
+            b = run_child(size, mode, True, args)
+            if "error" in a or "error" in b:
+                err = a.get("error") or b.get("error")
+                rows.append([size, "-", mode] + ["failed: " + str(err)[-200:]] + ["-"] * 13)
+                print(f"{size} {mode}: FAILED {err}", flush=True)
+                continue
+            med = statistics.median
+            t_off, t_on = med(b["times"][0]), med(b["times"][1])
+            t_ratio = t_on / t_off
+            floor = med(a["times"][1]) / med(a["times"][0])
+            mean_ratio = statistics.fmean(b["times"][1]) / statistics.fmean(b["times"][0])
+            peak_ratio = b["hwm_end"] / a["hwm_end"]
+            inc_a = a["hwm_end"] - a["rss_before_steps"]
+            inc_b = b["hwm_end"] - b["rss_before_steps"]
+            inc_ratio = inc_b / inc_a if inc_a > 0 else math.nan
+            met_t, met_m = t_ratio <= TARGET, peak_ratio <= TARGET
+            rows.append([
+                size, f"{a['n_params'] / 1e6:.2f}M", mode, f"{1e3 * t_off:.0f}",
+                f"{1e3 * t_on:.0f}", f"{t_ratio:.3f}", f"{mean_ratio:.3f}", f"{floor:.3f}",
+                "yes" if met_t else "NO", f"{a['hwm_end'] / mb:.0f}",
+                f"{b['hwm_end'] / mb:.0f}", f"{peak_ratio:.3f}", "yes" if met_m else "NO",
+                f"{inc_a / mb:.0f}", f"{inc_b / mb:.0f}", f"{inc_ratio:.3f}",
+                b.get("m_canaries", "-")])
+            notes.append(f"{size} {mode}: attach {b['attach_s']:.2f} s; processes "
+                         f"{a['wall_s']:.0f} s + {b['wall_s']:.0f} s; step times (s) without "
+                         f"auditor {[round(x, 3) for x in b['times'][0]]}, with "
+                         f"{[round(x, 3) for x in b['times'][1]]}")
+            print(f"{size} {mode}: step {1e3 * t_off:.0f} -> {1e3 * t_on:.0f} ms ({t_ratio:.3f}, "
+                  f"floor {floor:.3f}); peak RSS {a['hwm_end'] / mb:.0f} -> "
+                  f"{b['hwm_end'] / mb:.0f} MB ({peak_ratio:.3f}); increase {inc_a / mb:.0f} -> "
+                  f"{inc_b / mb:.0f} MB ({inc_ratio:.3f}) ({time.time() - t0:.0f}s)", flush=True)
+    table = markdown_table(
+        ["size", "params", "mode", "step ms without (median)", "step ms with (median)",
+         "step time ratio", "ratio of means", "noise floor (without: phase 2 / phase 1)",
+         "time <= 1.05", "peak RSS MB without", "peak RSS MB with", "peak RSS ratio",
+         "memory <= 1.05", "peak increase over setup MB, without", "with",
+         "increase ratio", "one-run canaries m"], rows)
+    print(table)
+    for n in notes:
+        print(n)
+    total = time.time() - t0
+    print(f"total {total:.0f}s")
+    if args.quick:
+        return
+    body = (
+        "## The auditor at scale: transformer LM, 1M-100M parameters (benchmarks/scale.py)\n\n"
+        f"Command: `{command()}`  \nMachine: {machine()}\n\n"
+        "Decoder-only transformer on synthetic tokens (token and position nn.Embedding, pre-norm "
+        "blocks of nn.LayerNorm and nn.Linear with causal attention and a GELU MLP, linear "
+        "head; nn.TransformerEncoderLayer is not used because Opacus supports neither "
+        "per-sample gradients nor ghost norms for nn.MultiheadAttention), sequence length "
+        f"{SEQ}, physical batch {BATCH} (fixed batches, the same in every process; the loader's "
+        f"Poisson rate q = {BATCH / N_DATA:g} is what the accountant and the auditor use), SGD, "
+        "C 1, sigma 1, RDP accountant, one torch thread, auditor defaults. Sizes (V, d, L, "
+        "heads): " + "; ".join(f"{k} {v}" for k, v in SIZES.items()) + ". Two fresh processes "
+        "per row, same seed: *without* runs 2 x "
+        f"({args.warm} warm-up + {args.timed} timed) steps with no auditor; *with* runs the "
+        "same first phase, attaches the auditor, and runs the second phase audited (its warm-up "
+        "includes the first decision, where the compiled kernels are loaded). Step time = "
+        "median wall time of the timed steps; the ratio is the audited phase over the "
+        "unaudited phase of the *with* process (same process and setup); *ratio of means* "
+        "includes the decision steps; the noise floor is the same ratio in the *without* "
+        "process (no auditor in either phase). Peak memory = the peak resident set "
+        "(VmHWM, /proc/self/status: every allocator, including torch's) at the end of each "
+        "process; *increase* = that peak minus the resident set right before the first step "
+        "(both processes have imported the same modules by then).\n\n" + table + "\n\n"
+        + "\n".join(f"- {n}" for n in notes) + f"\n\nTotal time {total:.0f} s.\n")
+    write_section("scale", body)
+
+
+if __name__ == "__main__":
+    main()

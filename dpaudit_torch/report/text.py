@@ -1,0 +1,111 @@
+"""How the report writes numbers and scopes in words (HTML, summary text): one place, so that
+the page, the summary and the tests agree."""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable
+from numbers import Integral, Real
+from typing import Any
+
+from ..registry import ONE_STEP, WHOLE_RUN, bound_method
+
+__all__ = ["format_number", "scope_text", "power_sentence", "is_num"]
+
+def is_num(v: Any) -> bool:
+    """True for an int or float (not a bool)."""
+    return isinstance(v, (int, float)) and not isinstance(v, bool)
+
+
+_SCOPE_NAMES = {WHOLE_RUN: "whole training run", ONE_STEP: "one training step"}
+
+
+def format_number(value: Any) -> str:
+    """The one way the report writes a number (HTML, summary text); tests compare against it.
+
+    ``None`` -> ``"n/a"``; booleans -> ``"yes"``/``"no"``; integers as is; floats with 4
+    significant digits (``inf`` -> ``"∞"``, ``nan`` -> ``"NaN"``).
+    """
+    if value is None:
+        return "n/a"
+    if isinstance(value, bool):
+        return "yes" if value else "no"
+    if isinstance(value, Integral):
+        return str(int(value))
+    if isinstance(value, Real):
+        v = float(value)
+        if math.isnan(v):
+            return "NaN"
+        if math.isinf(v):
+            return "∞" if v > 0 else "-∞"
+        return f"{v:.4g}"
+    return str(value)
+
+
+def scope_text(method: str, article: bool = False, with_family: bool = False) -> str | None:
+    """What the bound of ``method`` speaks about, as the report writes it: "whole training run"
+    (``article``: "the whole training run") or "one training step"; ``with_family`` appends the
+    trade-off family a bound assumes (", Gaussian family"). None for a method this version does
+    not know (a report from a newer writer)."""
+    spec = bound_method(method)
+    if spec is None:
+        return None
+    text = _SCOPE_NAMES.get(spec.scope, spec.scope)
+    if spec.scope == WHOLE_RUN and article:
+        text = "the " + text
+    if with_family and not spec.family_free and spec.family:
+        text += f", {spec.family} family"
+    return text
+
+
+#: how the power sentence names a one-run method (the registry's label for any other)
+_SHORT_METHOD = {"steinke": "Steinke", "fdp": "f-DP"}
+
+
+def power_sentence(power: dict[str, Any], number: Callable[[Any, str], str] | None = None,
+                   eps: str = "epsilon", text: Callable[[str], str] = str) -> str | None:
+    """One sentence saying what the audit could have found, from the report's ``power`` object
+    (schema 1.1; :func:`dpaudit_torch.stats.one_run_power.one_run_power`), or None when no power
+    was computed.  ``number(value, field_path)`` writes a number (default: :func:`format_number`;
+    the HTML page tags it), ``text`` writes the recorded note (the page escapes it), ``eps``
+    names epsilon ("ε" on the page)."""
+    if not power:
+        return None
+
+    def fmt(value: Any, path: str) -> str:
+        return number(value, path) if number is not None else format_number(value)
+
+    note = power.get("note")
+    if power.get("no_power"):
+        why = f" ({text(note)})" if isinstance(note, str) and note else ""
+        return f"The one-run audit had no power to detect a leak{why}."
+    expected = power.get("expected_bound")
+    if not is_num(expected):
+        return None
+    method = power.get("method")
+    spec = bound_method(method) if isinstance(method, str) else None
+    label = _SHORT_METHOD.get(str(method), spec.label if spec is not None else "one-run")
+    n = power.get("replicates")
+    runs = f"median of {fmt(n, 'power.replicates')}" if is_num(n) else "median of"
+    first = (
+        f"A correct implementation with this run's settings would give a {label} bound of "
+        f"about {fmt(expected, 'power.expected_bound')} ({runs} simulated runs)"
+    )
+    mre, tp = power.get("min_refutable_epsilon"), power.get("target_power")
+    if is_num(mre):
+        pct = format_number(100.0 * tp) if is_num(tp) else "n/a"
+        return (
+            f"{first}; this audit refutes a true {eps} of "
+            f"{fmt(mre, 'power.min_refutable_epsilon')} or more with probability {pct}%."
+        )
+    if isinstance(note, str) and "cannot refute" in note:
+        return (
+            f"{first}; this audit cannot refute the claim with this many canaries and steps, "
+            f"even for a true {eps} far above it."
+        )
+    return first + "."
+
+
+# ----------------------------------------------------------------------------------------------
+# plain-type conversion and validation
+# ----------------------------------------------------------------------------------------------
