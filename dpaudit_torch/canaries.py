@@ -30,7 +30,8 @@ from typing import Any
 import numpy as np
 import torch
 
-__all__ = ["CanaryDesign", "allocate", "draw_design", "derive_seeds", "SecretCoins"]
+__all__ = ["CanaryDesign", "allocate", "draw_design", "derive_seeds", "SecretCoins",
+           "draw_noise_coordinates"]
 
 
 def derive_seeds(seed: int | None) -> tuple[dict[str, int], str]:
@@ -199,6 +200,44 @@ def draw_design(shapes: list[tuple[int, ...]], k_pairs: int, m_canaries: int,
 
     return CanaryDesign(shapes=[tuple(s) for s in shapes], pair_param=cat(pp), pair_a=cat(pa),
                         pair_b=cat(pb), one_param=cat(op), one_flat=cat(of))
+
+
+def draw_noise_coordinates(design: CanaryDesign, per_tensor: int, generator: torch.Generator
+                           ) -> tuple[torch.Tensor, torch.Tensor]:
+    """A fixed random subset U of coordinates of every tensor for the noise audit
+    (docs/design.md section 11): up to ``per_tensor`` coordinates of each tensor, none of them a
+    canary coordinate, uniformly at random from ``generator``. Returns (param, flat) int64
+    tensors, tensor-major."""
+    coord_param, coord_flat = design.coordinates()
+    taken: dict[int, set[int]] = {}
+    for i, f in zip(coord_param.tolist(), coord_flat.tolist()):
+        taken.setdefault(i, set()).add(f)
+    params, flats = [], []
+    for i, shape in enumerate(design.shapes):
+        n = int(np.prod(shape)) if len(shape) else 1
+        busy = taken.get(i, set())
+        want = min(int(per_tensor), n - len(busy))
+        if want <= 0:
+            continue
+        if n <= 4 * (want + len(busy)) or n <= 1 << 16:
+            perm = torch.randperm(n, generator=generator).tolist()
+            chosen = [c for c in perm if c not in busy][:want]
+        else:  # rejection sampling without an O(n) permutation
+            chosen, seen = [], set(busy)
+            while len(chosen) < want:
+                for c in torch.randint(0, n, (2 * (want - len(chosen)),),
+                                       generator=generator).tolist():
+                    if c not in seen:
+                        seen.add(c)
+                        chosen.append(c)
+                        if len(chosen) == want:
+                            break
+        chosen.sort()
+        params.append(torch.full((len(chosen),), i, dtype=torch.long))
+        flats.append(torch.tensor(chosen, dtype=torch.long))
+    if not params:
+        return torch.zeros(0, dtype=torch.long), torch.zeros(0, dtype=torch.long)
+    return torch.cat(params), torch.cat(flats)
 
 
 class SecretCoins:

@@ -29,14 +29,14 @@ from dpaudit_torch.audit import PrivacyAuditor  # noqa: E402
 from dpaudit_torch.testing import bugs  # noqa: E402
 
 REPO = Path(__file__).resolve().parent.parent
-TOTAL, CUT = 12, 4  # CUT is not a multiple of check_every: pairs are still buffered there
+TOTAL, CUT = 12, 2  # CUT is not a multiple of check_every: pairs are still buffered there
 CONFIG: dict[str, Any] = dict(delta=1e-5, k_pairs=8, m_canaries=40, check_every=3,
                               claimed_every=4)
 
 
 def _setup():
     s = make_private_setup(sigma=1.0, noise_seed=11)
-    # a bug, so that the wealth moves and the violation is proven after the checkpoint (step 6)
+    # a bug, so that the wealth moves and the violation is proven after the checkpoint (step 3)
     bugs.apply_bug(s.optimizer, "noise-divided-by-batch")
     return s
 

@@ -96,11 +96,12 @@ def test_engine_imports_without_opacus():
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
                          timeout=300)
     assert out.returncode == 0, out.stderr
-    assert "OK ['one_run', 'sequential_pairs'] 5" in out.stdout
+    assert ("OK ['accounting', 'noise', 'one_run', 'sampling', 'sequential_pairs'] 5"
+            in out.stdout)
 
 
 def test_registries_name_every_part():
-    assert set(MONITORS) == {"sequential_pairs", "one_run"}
+    assert set(MONITORS) == {"sequential_pairs", "one_run", "noise", "sampling", "accounting"}
     assert set(TESTERS) == {"mmd", "hockey_stick"}
     assert methods_of("one_run") == ("steinke", "fdp")
     assert methods_of("sequential_pairs") == ("sequential",)
@@ -161,8 +162,10 @@ def test_decision_averages_monitors():
     assert dec.update([a, b], now=2)
     assert dec.history["combined"] == pytest.approx(np.log([3.0, 21.0]).tolist())
     assert dec.crossed_at == 2 and dec.violation_step == 2
-    with pytest.raises(RuntimeError, match="different steps"):
-        Decision(0.05, 1, []).update([a, Evidence(steps=[1, 3], log_e=np.zeros(2))], now=3)
+    # a monitor without a value at a step keeps its last one there (factor 1)
+    dec2 = Decision(0.05, 1, [])
+    dec2.update({"a": a, "b": Evidence(steps=[1], log_e=np.log([4.0]))}, now=2)
+    assert dec2.history["combined"] == pytest.approx(np.log([3.0, 22.0]).tolist())
 
 
 def test_monitor_states_round_trip():

@@ -313,8 +313,18 @@ def test_rejects_non_opacus_optimizer_loader_without_rate_and_second_auditor():
     with pytest.raises(TypeError, match="SGD"):
         PrivacyAuditor(s.engine, s.optimizer.original_optimizer, s.loader)
     plain = make_private_setup(poisson=False)
-    with pytest.raises(ValueError, match="sample_rate"):
-        PrivacyAuditor(plain.engine, plain.optimizer, plain.loader)
+    # a loader that is not Opacus's Poisson loader: audited at the rate make_private gives the
+    # accountant (1 / len(loader)), with a warning; its sampling is what the audit checks
+    aud = PrivacyAuditor(plain.engine, plain.optimizer, plain.loader, seed=0, m_canaries=64)
+    assert aud.tap.sample_rate == pytest.approx(1.0 / len(plain.loader))
+    assert any("not Opacus's Poisson loader" in w for w in aud.warnings)
+    aud.detach()
+
+    class NoLength:
+        pass
+
+    with pytest.raises(ValueError, match="neither a sample_rate nor a length"):
+        PrivacyAuditor(plain.engine, plain.optimizer, NoLength())
     assert _untouched(plain.optimizer)
     with pytest.raises(TypeError, match="PrivacyEngine"):
         PrivacyAuditor(object(), s.optimizer, s.loader)

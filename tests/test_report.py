@@ -533,12 +533,12 @@ def _text(page: str) -> str:
 
 
 def test_power_round_trip_and_schema_version(tmp_path: Path) -> None:
-    assert SCHEMA_VERSION == "1.1"
+    assert SCHEMA_VERSION == "1.2"
     report = make_report("nothing")
     report.power = power_dict()
     out = report.save(tmp_path)
     raw = json.loads((out / JSON_NAME).read_text(encoding="utf-8"))
-    assert raw["schema_version"] == "1.1" and raw["power"] == power_dict()
+    assert raw["schema_version"] == "1.2" and raw["power"] == power_dict()
     back = AuditReport.load(out)
     assert back == report and back.power == power_dict()
     assert AuditReport().to_dict()["power"] == {}
@@ -546,7 +546,8 @@ def test_power_round_trip_and_schema_version(tmp_path: Path) -> None:
 
 def test_old_reports_without_power_still_load(tmp_path: Path) -> None:
     d = make_report("violation").to_dict()
-    del d["power"]
+    for key in ("power", "findings", "claim_inconsistent", "audits"):
+        del d[key]
     d["schema_version"] = "1.0"
     (tmp_path / JSON_NAME).write_text(json.dumps(d), encoding="utf-8")
     old = AuditReport.load(tmp_path)
@@ -554,7 +555,7 @@ def test_old_reports_without_power_still_load(tmp_path: Path) -> None:
     assert old.claimed_epsilon == d["claimed_epsilon"] and old.violation
     assert '<p id="power">' not in old.to_html()
     old.save(tmp_path / "again")
-    assert json.loads((tmp_path / "again" / JSON_NAME).read_text())["schema_version"] == "1.1"
+    assert json.loads((tmp_path / "again" / JSON_NAME).read_text())["schema_version"] == "1.2"
     # a 1.0 document cannot hold a field that 1.0 did not have
     d["power"] = power_dict()
     with pytest.raises(ValueError, match=r"\['power'\] do not exist in schema 1.0"):
@@ -625,3 +626,34 @@ def test_html_power_sentence_without_power_or_refutation() -> None:
     assert "<script>x" not in page and "&lt;script&gt;x&lt;/script&gt;" in page
     assert "the one-run audit has no power" in page  # the warning, in the strength section
     assert "had no power to detect a leak" in report.summary_text()
+
+
+# ------------------------------------------------------------------ findings and verdicts (1.2)
+def test_verdict_vocabulary_and_findings(tmp_path: Path) -> None:
+    from dpaudit_torch.report.schema import VERDICTS
+
+    base = make_report("nothing")
+    base.claim_refuted = base.violation = False
+    base.violation_step = None
+    assert base.verdict == "nothing found"
+    base.findings = [{"monitor": "noise", "level": "finding", "message": "bf16 grid",
+                      "where": "noise generation"}]
+    assert base.verdict == "finding (not a proof)"
+    base.claim_inconsistent = True
+    assert base.verdict == "claim inconsistent"
+    base.violation, base.violation_step = True, 7
+    assert base.verdict == "violation proven at step 7"
+    base.claim_refuted = True
+    assert base.verdict == "claim refuted"
+    assert all(any(v.startswith(p) for p in VERDICTS) for v in (base.verdict,))
+    back = AuditReport.load(base.save(tmp_path))
+    assert back.findings == base.findings and back.claim_inconsistent
+    bad = make_report("nothing")
+    bad.findings = [{"monitor": "noise", "level": "maybe", "message": "x", "where": None}]
+    with pytest.raises(ValueError, match="findings"):
+        bad.to_dict()
+    # a 1.1 document cannot hold the findings
+    d = make_report("nothing").to_dict()
+    d["schema_version"] = "1.1"
+    with pytest.raises(ValueError, match="do not exist in schema 1.1"):
+        AuditReport.from_dict(d)

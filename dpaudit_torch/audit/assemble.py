@@ -6,6 +6,7 @@ are applied by :func:`dpaudit_torch.report.build.assemble_report`.
 
 from __future__ import annotations
 
+import dataclasses
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -35,7 +36,17 @@ def build_audit_report(auditor: PrivacyAuditor, claimed: float | None) -> AuditR
                f"coordinate; their observations were dropped (on_nonfinite='skip')")
         if msg not in warnings:
             warnings.append(msg)
+    findings = [dataclasses.asdict(f) for m in auditor.monitors.values() for f in m.findings()]
+    if dec.violation and not any(f["level"] == "violation" for f in findings):
+        findings.insert(0, {"monitor": "decision", "level": "violation",
+                            "message": "the average of the monitors' e-processes crossed 1/alpha "
+                                       "(no single monitor did on its own)", "where": None})
+    accounting = auditor.monitors["accounting"].report_section()
     return assemble_report(
+        findings=findings,
+        claim_inconsistent=bool(accounting.get("inconsistent", False)),
+        audits={n: auditor.monitors[n].report_section()
+                for n in ("noise", "sampling", "accounting")},
         claimed_epsilon=claimed,
         bounds=bounds,
         warnings=warnings,

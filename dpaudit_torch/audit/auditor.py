@@ -35,10 +35,17 @@ from typing import Any
 import numpy as np
 import torch
 
-from ..canaries import CanaryDesign, SecretCoins, derive_seeds, draw_design
+from ..canaries import (
+    CanaryDesign,
+    SecretCoins,
+    derive_seeds,
+    draw_design,
+    draw_noise_coordinates,
+)
 from .config import AuditConfig
 from .decision import Decision
-from .monitors import MonitorContext, build_monitors
+from .monitors import DEFAULT_MONITORS, MonitorContext, build_monitors
+from .monitors.base import plain_state
 
 logger = logging.getLogger(__name__)
 
@@ -176,17 +183,20 @@ class PrivacyAuditor:
             seeds, self.seed_policy = share_seeds(seeds, self.seed_policy, cfg.seed is not None,
                                                   tap.rank, tap.param_device, self.warn)
         self.optimizer = optimizer
-        self.design: CanaryDesign = draw_design(
-            tap.shapes, cfg.k_pairs, cfg.m_canaries,
-            torch.Generator().manual_seed(seeds["design"]))
+        design_gen = torch.Generator().manual_seed(seeds["design"])
+        self.design: CanaryDesign = draw_design(tap.shapes, cfg.k_pairs, cfg.m_canaries,
+                                                design_gen)
+        #: the noise-audit coordinates U (drawn after the design, from the same stream)
+        self.noise_coords = draw_noise_coordinates(self.design,
+                                                   cfg.noise_coordinates_per_tensor, design_gen)
         self._coins = SecretCoins(cfg.m_canaries, torch.Generator().manual_seed(seeds["secret"]))
-        self.monitors = build_monitors(self._context(self._coins))
+        self.monitors = build_monitors(self._context(self._coins), DEFAULT_MONITORS)
         self.monitors["sequential_pairs"].start(tap.noise_multiplier())
         self.decision = Decision(cfg.alpha, cfg.history_stride,
                                  ["epsilon_lower_bound", *cfg.tests])
         tap.build(self.design, self._coins,
                   torch.Generator().manual_seed(seeds["mechanics"]), cfg.canary_norm,
-                  self.device, self._on_internal_failure)
+                  self.device, self._on_internal_failure, self.noise_coords)
         self.step = 0  # audited (observed) logical steps
         self.steps_at_attach = tap.accountant.steps()
         self.should_stop = False
@@ -205,15 +215,26 @@ class PrivacyAuditor:
                     tap.noise_multiplier(),
                     "ghost clipping" if tap.ghost else "per-sample clipping")
 
-    def _context(self, coins: SecretCoins) -> MonitorContext:
+    def _context(self, coins: SecretCoins,
+                 noise_coords: tuple[torch.Tensor, torch.Tensor] | None = None) -> MonitorContext:
         cfg, tap = self.config, self.tap
+        noise_coords = self.noise_coords if noise_coords is None else noise_coords
 
         def epsilon_of_sigma(sigma: float, steps: int) -> float:
             return tap.accountant.epsilon_for(sigma, tap.sample_rate, steps, cfg.delta)
 
-        return MonitorContext(config=cfg, k_pairs=cfg.k_pairs, m_canaries=cfg.m_canaries,
-                              device=self.device, warn=self.warn, coins=coins,
-                              sample_rate=tap.sample_rate, epsilon_of_sigma=epsilon_of_sigma)
+        groups = tap.tensor_groups()
+        noise_tensor = noise_coords[0].numpy()
+        return MonitorContext(
+            config=cfg, k_pairs=cfg.k_pairs, m_canaries=cfg.m_canaries, device=self.device,
+            warn=self.warn, coins=coins, sample_rate=tap.sample_rate,
+            epsilon_of_sigma=epsilon_of_sigma, n_records=tap.n_records,
+            noise_tensor=noise_tensor,
+            noise_group=np.asarray(groups, dtype=np.int64)[noise_tensor],
+            tensor_names=tap.tensor_names(),
+            group_names=[f"group {g}" for g in range(max(groups) + 1)],
+            accountant_history=lambda: tap.accountant.history_since(self.steps_at_attach),
+            epsilon_of_history=lambda h: tap.accountant.epsilon_of_history(h, cfg.delta))
 
     # ------------------------------------------------------------------ public state
     def warn(self, msg: str) -> None:
@@ -317,10 +338,12 @@ class PrivacyAuditor:
                 f"{rec.step}: the audit refuses this observation; the update was not applied")
         if rec.finite is False:
             self.skipped_nonfinite += 1
-        else:
-            if isinstance(rec.finite, torch.Tensor):
-                self._nonfinite_flags.append(rec.finite)
-            for m in self.monitors.values():
+        elif isinstance(rec.finite, torch.Tensor):
+            self._nonfinite_flags.append(rec.finite)
+        for m in self.monitors.values():
+            # a dropped step still was a release: monitors that count releases see it (and
+            # must not use its values); the others see finite steps only
+            if rec.finite is not False or getattr(m, "observes_nonfinite", False):
                 m.observe(rec)
         self.step = step
         if step % cfg.check_every == 0:
@@ -371,9 +394,8 @@ class PrivacyAuditor:
                         f"non-finite gradient at canary coordinates during steps "
                         f"{steps[0]}..{steps[-1]}: those observations are discarded and this "
                         f"step's update was not applied")
-        evidence = [m.advance() for m in self.monitors.values()]
-        self.decision.update([e for e in evidence if e is not None],
-                             now=self.steps_at_attach + self.step)
+        evidence = {n: m.advance() for n, m in self.monitors.items()}
+        self.decision.update(evidence, now=self.steps_at_attach + self.step)
         if self.tap.world_size > 1:
             from ..opacus_tap.ddp import broadcast_decision
 
@@ -470,11 +492,13 @@ class PrivacyAuditor:
             "seed_policy": self.seed_policy,
             "design": self.design.to_state(),
             "coins": {"in": mask, "revealed": revealed},
+            "noise_coords": {"param": self.noise_coords[0].clone(),
+                             "flat": self.noise_coords[1].clone()},
             # role coins and inclusions are drawn in blocks of steps: the generator state at the
             # current block's start and the position in it resume them exactly
             "mechanics_rng": rng_state, "mechanics_pos": pos,
             "injector": inj.counters(),
-            "monitors": {n: m.state_dict() for n, m in self.monitors.items()},
+            "monitors": {n: plain_state(m.state_dict()) for n, m in self.monitors.items()},
             "decision": self.decision.state_dict(),
             "counters": {"step": self.step, "steps_at_attach": self.steps_at_attach,
                          "should_stop": self.should_stop, "raised": self._raised,
@@ -529,7 +553,8 @@ class PrivacyAuditor:
         mechanics.set_state(sd["mechanics_rng"])
         saved_warnings = list(self.warnings)
         try:  # building testers may warn; the state's own warnings replace them below
-            monitors = build_monitors(self._context(coins))
+            noise_coords = (sd["noise_coords"]["param"], sd["noise_coords"]["flat"])
+            monitors = build_monitors(self._context(coins, noise_coords), DEFAULT_MONITORS)
             if set(monitors) != set(sd["monitors"]):
                 raise ValueError(f"PrivacyAuditor state_dict: monitors {sorted(sd['monitors'])}"
                                  f", this auditor {sorted(monitors)}")
@@ -546,8 +571,9 @@ class PrivacyAuditor:
         self.tap.detach()
         self.design, self._coins, self.monitors, self.decision = design, coins, monitors, decision
         self.seed_policy = str(sd["seed_policy"])
+        self.noise_coords = noise_coords
         self.tap.build(design, coins, mechanics, cfg.canary_norm, self.device,
-                       self._on_internal_failure)
+                       self._on_internal_failure, noise_coords)
         inj, reader = self.tap.injector, self.tap.reader
         assert inj is not None and reader is not None
         inj.resume_draws(int(sd["mechanics_pos"]))

@@ -91,6 +91,7 @@ class AuditConfig:
     device: str | None = None
     test_options: dict[str, dict[str, Any]] = field(default_factory=dict)
     one_run_score: str = "llr"
+    noise_coordinates_per_tensor: int = 2048
 
     def __post_init__(self) -> None:
         put = object.__setattr__  # frozen: normalise the values once, here
@@ -135,6 +136,8 @@ class AuditConfig:
         if self.device is not None:
             put(self, "device", str(self.device))
         put(self, "test_options", _freeze_options(self.test_options))
+        put(self, "noise_coordinates_per_tensor", check_positive_int(
+            self.noise_coordinates_per_tensor, "noise_coordinates_per_tensor", minimum=0))
         from ..stats.one_run_scores import SCORES
 
         if self.one_run_score not in SCORES:
@@ -181,6 +184,7 @@ class AuditConfig:
             "on_nonfinite": self.on_nonfinite, "history_stride": self.history_stride,
             "test_options": repr(sorted((k, sorted(v.items()))
                                         for k, v in self.test_options.items())),
+            "noise_coordinates_per_tensor": self.noise_coordinates_per_tensor,
         }
 
     def to_dict(self) -> dict[str, Any]:
@@ -195,5 +199,6 @@ class AuditConfig:
             "device": self.device, "test_options": {k: dict(v)
                                                     for k, v in self.test_options.items()},
             "one_run_score": self.one_run_score,
+            "noise_coordinates_per_tensor": self.noise_coordinates_per_tensor,
         }
 

@@ -52,19 +52,31 @@ class Decision:
         self.violation = False
         self.history: dict[str, list] = {"step": [], "combined": [],
                                          **{k: [] for k in extra_keys}}
+        self._last: dict[str, float] = {}  # each monitor's latest log e-value
 
-    def update(self, evidence: list[Evidence], now: int) -> bool:
-        """Take one check's evidence (all monitors saw the same steps); ``now`` is the current
-        training step. Returns True when the violation was decided at this check."""
-        evidence = [e for e in evidence if e is not None and e.steps]
-        if evidence:
-            steps = evidence[0].steps
-            for e in evidence[1:]:
-                if e.steps != steps:
-                    raise RuntimeError("monitors reported evidence for different steps")
-            stack = np.stack([e.log_e for e in evidence])
-            comb = stack[0] if len(evidence) == 1 else _log_mean_exp(stack)
-            extras = {k: v for e in evidence for k, v in e.extra.items()}
+    def update(self, evidence: dict[str, Evidence | None] | list[Evidence], now: int) -> bool:
+        """Take one check's evidence (by monitor name; a list is named by position); ``now`` is
+        the current training step. Returns True when the violation was decided at this check.
+
+        The monitors normally report the same steps; a monitor that has no value at a step (it
+        dropped a non-finite step, say) keeps its last value there: its e-process is constant
+        where it did not bet, which keeps the average an e-process."""
+        if isinstance(evidence, list):
+            evidence = {str(i): e for i, e in enumerate(evidence)}
+        named = {n: e for n, e in evidence.items() if e is not None and e.steps}
+        if named:
+            steps = sorted(set().union(*(e.steps for e in named.values())))
+            cols, extras = [], {}
+            for name, e in named.items():
+                idx = np.searchsorted(np.asarray(e.steps), steps, side="right") - 1
+                col = np.where(idx >= 0, e.log_e[np.clip(idx, 0, None)],
+                               self._last.get(name, 0.0))
+                self._last[name] = float(col[-1])
+                cols.append(col)
+                for k, v in e.extra.items():
+                    extras[k] = v[np.clip(idx, 0, None)]
+            stack = np.stack(cols)
+            comb = stack[0] if len(cols) == 1 else _log_mean_exp(stack)
             for s, st in enumerate(steps):
                 self.log_wealth = float(comb[s])
                 for key, col in extras.items():
@@ -102,7 +114,7 @@ class Decision:
     def state_dict(self) -> dict[str, Any]:
         return {"log_wealth": self.log_wealth, "latest": dict(self.latest),
                 "crossed_at": self.crossed_at, "violation_step": self.violation_step,
-                "violation": self.violation,
+                "violation": self.violation, "last": dict(self._last),
                 "history": {k: list(v) for k, v in self.history.items()}}
 
     def load_state_dict(self, sd: dict[str, Any]) -> None:
@@ -116,3 +128,4 @@ class Decision:
                                else int(sd["violation_step"]))
         self.violation = bool(sd["violation"])
         self.history = {k: list(v) for k, v in sd["history"].items()}
+        self._last = {str(k): float(v) for k, v in sd.get("last", {}).items()}

@@ -49,6 +49,19 @@ class StepRecord:
     sigma_claimed: float
     finite: bool | torch.Tensor = True
     real_sums: torch.Tensor | None = None
+    #: real examples clipped in this logical step (None where the adapter cannot see them)
+    n_real: int | None = None
+    #: micro-batches that made up this logical step
+    micro_steps: int = 1
+    #: [u] the released noise at the noise-audit coordinates, standardized: divided by the
+    #: standard deviation a correct implementation uses (N(0, 1) iid then); None if not read
+    noise: torch.Tensor | None = None
+    #: [u] the same noise in the gradient's raw units, and [u] the raw released values it was
+    #: reconstructed from (for the floating-point check)
+    noise_raw: torch.Tensor | None = None
+    release_raw: torch.Tensor | None = None
+    #: the noise standard deviation of a correct implementation, raw units
+    noise_std: float = 0.0
 
     @property
     def k(self) -> int:

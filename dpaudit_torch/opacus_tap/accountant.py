@@ -50,6 +50,30 @@ class AccountantView:
         acc.history = [(float(sigma), float(sample_rate), int(steps))]
         return float(acc.get_epsilon(delta=delta))
 
+    def history_since(self, steps_before: int) -> list[tuple[float, float, int]] | None:
+        """The accountant's (noise multiplier, sample rate, steps) entries for the steps after
+        the first ``steps_before`` (None if it keeps no such history)."""
+        hist = getattr(self.accountant, "history", None)
+        if hist is None:
+            return None
+        try:
+            entries = [(float(h[0]), float(h[1]), int(h[2])) for h in hist]
+        except (TypeError, ValueError, IndexError):
+            return None
+        out, skip = [], int(steps_before)
+        for s, q, n in entries:
+            drop = min(skip, n)
+            skip -= drop
+            if n - drop:
+                out.append((s, q, n - drop))
+        return out
+
+    def epsilon_of_history(self, history: list[tuple[float, float, int]], delta: float) -> float:
+        """Epsilon of ``history`` by a fresh accountant of the same class."""
+        acc = type(self.accountant)()
+        acc.history = [(float(s), float(q), int(n)) for s, q, n in history]
+        return float(acc.get_epsilon(delta=delta))
+
     def epsilon(self, delta: float) -> float | None:
         """The claimed epsilon at ``delta`` (None before the first step, or if the read
         failed: the failure is reported through ``warn``)."""

@@ -144,6 +144,9 @@ class Injector:
         self._views: dict[tuple[int, torch.dtype], list[torch.Tensor]] = {}
         self._ghost_values: dict[tuple[float, torch.dtype, torch.device], torch.Tensor] = {}
         self._param_ids = [id(p) for p in params]
+        # real examples and micro-batches since the last logical step (ghost: rows unknown)
+        self._rows_pending: int | None = None if self.ghost else 0
+        self._micro_pending = 0
         #: reads the real examples' clipped sum at the canary coordinates (set by the adapter:
         #: GradientReader.snapshot), right after the optimizer clipped and summed them
         self.read_real_sum: Callable[[StepPlan], torch.Tensor] | None = None
@@ -246,7 +249,8 @@ class Injector:
             coins_cpu=coins_cpu,
             clip=clip,
             unit_scale=unit_scale,
-            sigma=effective_noise_multiplier(opt, self.adaclip),
+            sigma=(sigma := effective_noise_multiplier(opt, self.adaclip)),
+            noise_std=sigma * float(opt.max_grad_norm),
             sigma_claimed=float(opt.noise_multiplier),
             n_rows=self._k + n_one,
             n_one_run=n_one,
@@ -338,16 +342,31 @@ class Injector:
     def _ends_logical_step(self) -> bool:
         return not self.optimizer._check_skip_next_step(pop_next=False)
 
+    def _count_micro(self, gs0: Any) -> None:
+        """Count the real examples (rows) and micro-batches this clipping call covers."""
+        self._micro_pending += len(gs0) if isinstance(gs0, list) else 1
+        if self._rows_pending is not None:
+            if isinstance(gs0, list):
+                self._rows_pending += sum(int(g.shape[0]) for g in gs0)
+            elif isinstance(gs0, torch.Tensor):
+                self._rows_pending += int(gs0.shape[0])
+
+    def _take_counts(self, rec: StepPlan) -> None:
+        rec.n_real, rec.micro_steps = self._rows_pending, max(1, self._micro_pending)
+        self._rows_pending = None if self.ghost else 0
+        self._micro_pending = 0
+
     def _wrapper(self) -> Any:
         self.check_params()
         original = self.original_method()
-        if not self._ends_logical_step():
-            return original()
         params = self.params
         gs0 = getattr(params[0], "grad_sample", None) if params else None
         if gs0 is None or _already_processed(params):
             # let Opacus raise its own error (missing per-sample gradients, or zero_grad not
             # called): nothing is injected and nothing is recorded
+            return original()
+        self._count_micro(gs0)
+        if not self._ends_logical_step():
             return original()
         try:
             rec = self._plan()
@@ -355,6 +374,7 @@ class Injector:
             self._fail(e)
             raise
         result = original()  # the real examples, exactly as without the auditor
+        self._take_counts(rec)
         try:
             rec.real_sum = self.read_real_sum(rec) if self.read_real_sum else None
         except Exception as e:
@@ -469,6 +489,7 @@ class Injector:
         self.check_params()
         original = self.original_method()
         result = original()
+        self._micro_pending += 1
         if not self._ends_logical_step():
             return result
         try:
@@ -480,6 +501,7 @@ class Injector:
 
     def _ghost_inject(self) -> None:
         rec = self._plan()
+        self._take_counts(rec)
         rec.real_sum = self.read_real_sum(rec) if self.read_real_sum else None
         if self.injects:
             params, flats = rec.entry_param, rec.entry_flat

@@ -41,6 +41,31 @@ _NUMPY_FLOATS = (torch.float32, torch.float64, torch.float16)
 _NO_PAIRS = np.zeros(0, dtype=np.int64)
 
 
+class _CoordinateSet:
+    """A fixed set of (tensor, flat index) coordinates and how to gather them: per tensor the flat
+    indices on the device (tensor-major), the permutation back to the given order, and the host
+    arrays of the compiled pass."""
+
+    def __init__(self, coord_param: torch.Tensor, coord_flat: torch.Tensor, n_params: int,
+                 device: torch.device) -> None:
+        order = torch.argsort(coord_param, stable=True)
+        self.flat: list[torch.Tensor] = []
+        self.which: list[int] = []
+        for i in range(n_params):
+            sel = order[coord_param[order] == i]
+            if sel.numel():
+                self.which.append(i)
+                self.flat.append(coord_flat[sel].to(device))
+        inv = torch.empty_like(order)
+        inv[order] = torch.arange(order.numel())
+        self.perm = inv.to(device)
+        self.pos_param = coord_param[order].to(device)
+        self.param_np = coord_param.numpy().astype(np.int64)
+        self.flat_np = coord_flat.numpy().astype(np.int64)
+        self.n = int(coord_param.numel())
+        self.zeros_np = np.zeros(self.n)
+
+
 class GradientReader:
     """Reads the real data's sum and the released gradient at every canary coordinate.
 
@@ -52,11 +77,14 @@ class GradientReader:
             record's ``finite`` is then a bool); otherwise it is a device flag, and non-finite
             values are replaced by 0 in the record so that no statistic sees them.
         compiled: allow the compiled CPU pass (tests switch it off to compare both paths).
+        noise_coords: (tensor, flat) of the noise-audit coordinates U (docs/design.md section
+            11), or None: the released noise is read there as well.
     """
 
     def __init__(self, params: list[torch.nn.Parameter], design: CanaryDesign,
                  device: torch.device, check_finite_every_step: bool,
-                 compiled: bool = True) -> None:
+                 compiled: bool = True,
+                 noise_coords: tuple[torch.Tensor, torch.Tensor] | None = None) -> None:
         self.params = params
         self.design = design
         self.device = device
@@ -64,25 +92,13 @@ class GradientReader:
         self.compiled = compiled
         self.k = design.k_pairs
         all_param, all_flat = design.coordinates()
-        # gather order: parameter-major; `perm` maps design order -> gathered position
-        order = torch.argsort(all_param, stable=True)
-        self._flat: list[torch.Tensor] = []
-        self._which: list[int] = []
-        for i in range(design.n_params):
-            sel = order[all_param[order] == i]
-            if sel.numel():
-                self._which.append(i)
-                self._flat.append(all_flat[sel].to(device))
-        inv = torch.empty_like(order)
-        inv[order] = torch.arange(order.numel())
-        self._perm = inv.to(device)
-        self._pos_param = all_param[order].to(device)
+        self._coords = _CoordinateSet(all_param, all_flat, design.n_params, device)
+        self._noise = (None if noise_coords is None or not noise_coords[0].numel()
+                       else _CoordinateSet(noise_coords[0], noise_coords[1], design.n_params,
+                                           device))
         # the compiled CPU path reads every coordinate in design order directly
         self._host = device.type == "cpu" and all(p.device.type == "cpu" for p in params)
-        self._coord_param_np = all_param.numpy().astype(np.int64)
-        self._coord_flat_np = all_flat.numpy().astype(np.int64)
-        self._n_coords = int(all_param.numel())
-        self._zeros_np = np.zeros(self._n_coords)
+        self._n_coords = self._coords.n
         self._factors: dict[str, tuple[tuple[float, ...], torch.Tensor]] = {}
         self.reads = 0  # steps read
         self.compiled_reads = 0  # of which by the compiled CPU pass
@@ -90,13 +106,15 @@ class GradientReader:
         self.last_values: torch.Tensor | None = None
 
     # ------------------------------------------------------------------ helpers
-    def _per_entry(self, values: list[float], cache: str) -> torch.Tensor:
+    def _per_entry(self, values: list[float], cache: str, cs: _CoordinateSet | None = None
+                   ) -> torch.Tensor:
         """A per-parameter factor spread over the gathered entries (rebuilt only when the factors
         change, e.g. every step under adaptive clipping)."""
+        cs = self._coords if cs is None else cs
         key = tuple(values)
         hit = self._factors.get(cache)
         if hit is None or hit[0] != key:
-            hit = (key, torch.tensor(key, dtype=torch.float64).to(self.device)[self._pos_param])
+            hit = (key, torch.tensor(key, dtype=torch.float64).to(self.device)[cs.pos_param])
             self._factors[cache] = hit
         return hit[1]
 
@@ -115,36 +133,59 @@ class GradientReader:
 
     @torch.no_grad()
     def _gather(self, get: Callable[[int], torch.Tensor | None], scale: torch.Tensor,
-                what: str) -> torch.Tensor:
+                what: str, cs: _CoordinateSet | None = None) -> torch.Tensor:
+        cs = self._coords if cs is None else cs
         parts = []
-        for i, flat in zip(self._which, self._flat):
+        for i, flat in zip(cs.which, cs.flat):
             g = get(i)
             if g is None:
                 raise ValueError(f"parameter tensor {i} has no {what} at the optimizer step; "
                                  f"the audit cannot observe it")
             parts.append(torch.take(g, flat if flat.device == g.device else flat.to(g.device)))
         raw = torch.cat(parts) if len(parts) > 1 else parts[0]
-        return (raw.to(self.device, torch.float64) * scale)[self._perm]
+        return (raw.to(self.device, torch.float64) * scale)[cs.perm]
+
+    def _read_set(self, tensors: list[torch.Tensor | None], factors: list[float], cache: str,
+                  what: str, cs: _CoordinateSet, offset: np.ndarray | None = None
+                  ) -> torch.Tensor:
+        """``tensors[i][flat] * factors[i] (- offset)`` at every coordinate of ``cs`` (float64,
+        ``cs`` order); a missing tensor reads as zeros."""
+        host = self._host_arrays(tensors)
+        if host is not None:
+            out = np.empty(cs.n)
+            observe_step(host, cs.param_np, cs.flat_np, np.asarray(factors, dtype=np.float64),
+                         cs.zeros_np if offset is None else offset, _NO_PAIRS, 0, out,
+                         np.empty(0))
+            return torch.from_numpy(out)
+        vals = self._gather(lambda i: tensors[i] if isinstance(tensors[i], torch.Tensor)
+                            else torch.zeros_like(self.params[i]),
+                            self._per_entry(factors, cache, cs), what, cs)
+        return vals if offset is None else vals - torch.from_numpy(offset).to(vals.device)
 
     # ------------------------------------------------------------------ the two reads
     @torch.no_grad()
     def snapshot(self, plan: StepPlan) -> torch.Tensor:
         """S_t / C: the real examples' clipped sum ``p.summed_grad`` at every canary coordinate
         (design order, float64), read before any canary or noise is added (a parameter without
-        ``summed_grad`` contributes 0)."""
-        inv_clip = [1.0 / c if c else math.inf for c in plan.clip]
+        ``summed_grad`` contributes 0). Also keeps the raw sum at the noise-audit coordinates
+        in ``plan.noise_real_sum``."""
         sums = [getattr(p, "summed_grad", None) for p in self.params]
-        host = self._host_arrays(sums)
-        if host is not None:
-            out = np.empty(self._n_coords)
-            observe_step(host, self._coord_param_np, self._coord_flat_np,
-                         np.asarray(inv_clip, dtype=np.float64), self._zeros_np, _NO_PAIRS, 0,
-                         out, np.empty(0))
-            return torch.from_numpy(out)
-        return self._gather(
-            lambda i: sums[i] if isinstance(sums[i], torch.Tensor)
-            else torch.zeros_like(self.params[i]), self._per_entry(inv_clip, "inv_clip"),
-            "summed_grad")
+        if self._noise is not None:
+            plan.noise_real_sum = self._read_set(sums, [1.0] * len(sums), "one", "summed_grad",
+                                                 self._noise)
+        inv_clip = [1.0 / c if c else math.inf for c in plan.clip]
+        return self._read_set(sums, inv_clip, "inv_clip", "summed_grad", self._coords)
+
+    @torch.no_grad()
+    def _read_noise(self, plan: StepPlan) -> tuple[torch.Tensor, torch.Tensor] | None:
+        """(released, noise) in raw units at the noise-audit coordinates: the released value
+        times the scaling Opacus divided by, and that minus the real examples' sum."""
+        if self._noise is None or plan.noise_real_sum is None:
+            return None
+        denom = [u * c for u, c in zip(plan.unit_scale, plan.clip)]
+        rel = self._read_set([p.grad for p in self.params], denom, "denom", "gradient",
+                             self._noise)
+        return rel, rel - plan.noise_real_sum.to(rel.device)
 
     def read(self, plan: StepPlan, step: int) -> StepRecord:
         """The record of one logical step (``plan`` from the injector, its ``real_sum`` already
@@ -159,6 +200,11 @@ class GradientReader:
             rec = self._read_compiled(host, plan, step, real)
         else:
             rec = self._read_torch(plan, step, real)
+        rec.n_real, rec.micro_steps, rec.noise_std = plan.n_real, plan.micro_steps, plan.noise_std
+        noise = self._read_noise(plan)
+        if noise is not None and plan.noise_std > 0:
+            rec.release_raw, rec.noise_raw = noise
+            rec.noise = noise[1] / plan.noise_std
         if rec.finite is not False:
             self.reads += 1
         self.last_values = rec.values
@@ -198,7 +244,7 @@ class GradientReader:
         self.compiled_reads += 1
         vals_np = np.empty(self._n_coords)
         xy_np = np.empty(2 * k)
-        ok = observe_step(grads, self._coord_param_np, self._coord_flat_np,
+        ok = observe_step(grads, self._coords.param_np, self._coords.flat_np,
                           np.asarray(plan.unit_scale, dtype=np.float64),
                           real.numpy(), plan.pair_order, k, vals_np, xy_np)
         xy = torch.from_numpy(xy_np)

@@ -98,3 +98,15 @@ class StepPlan:
     #: [2k + m] the real examples' clipped sum / C at every canary coordinate, read before the
     #: canaries and the noise (summed over DDP ranks by the adapter before the observation)
     real_sum: torch.Tensor | None = None
+    #: real examples clipped in this logical step, over all its micro-batches (per-sample
+    #: modes: rows of ``p.grad_sample``; None under ghost clipping, whose optimizer never sees
+    #: them)
+    n_real: int | None = None
+    #: micro-batches (clipping calls) that made up this logical step
+    micro_steps: int = 1
+    #: standard deviation of the Gaussian noise the optimizer should add, in the gradient's raw
+    #: units: effective noise multiplier x the bound the noise is scaled with (``max_grad_norm``;
+    #: per-layer clipping: the norm of the per-layer bounds)
+    noise_std: float = 0.0
+    #: [u] the real examples' raw sum at the noise-audit coordinates (snapshot)
+    noise_real_sum: torch.Tensor | None = None

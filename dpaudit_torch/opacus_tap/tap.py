@@ -67,11 +67,22 @@ class OpacusTap:
             raise TypeError(f"privacy_engine must be an opacus PrivacyEngine (with an accountant),"
                             f" got {type(privacy_engine).__name__}")
         sample_rate = getattr(data_loader, "sample_rate", None)
+        self.poisson_loader = sample_rate is not None
         if sample_rate is None:
-            raise ValueError(
-                f"data_loader ({type(data_loader).__name__}) has no sample_rate: pass the "
-                f"DPDataLoader returned by make_private (poisson_sampling=True); the audit needs "
-                f"the Poisson rate really used")
+            # not Opacus's Poisson loader (poisson_sampling=False, a user's own sampler): the
+            # rate make_private gives the accountant is 1 / len(loader); the sampling monitor
+            # tests whether the batches really are Poisson samples at that rate
+            try:
+                sample_rate = 1.0 / len(data_loader)
+            except (TypeError, ZeroDivisionError):
+                raise ValueError(
+                    f"data_loader ({type(data_loader).__name__}) has neither a sample_rate nor "
+                    f"a length: the audit needs the rate at which records are sampled (pass the "
+                    f"loader make_private returned)") from None
+            warn(f"the data loader ({type(data_loader).__name__}) is not Opacus's Poisson "
+                 f"loader: its rate is taken as 1 / len(loader) = {sample_rate:.4g}, as "
+                 f"make_private does for the accountant; the sampling audit checks whether its "
+                 f"batches are Poisson samples")
         try:
             sample_rate = float(sample_rate)
         except (TypeError, ValueError):
@@ -107,6 +118,28 @@ class OpacusTap:
         return [tuple(p.shape) for p in self.params]
 
     @property
+    def n_records(self) -> int | None:
+        """N, the size of the dataset the loader samples from (None where it has no length)."""
+        try:
+            return int(len(self.data_loader.dataset))
+        except (AttributeError, TypeError):
+            return None
+
+    def tensor_names(self) -> list[str]:
+        """A name per parameter tensor: its index, parameter group and shape."""
+        groups = self.tensor_groups()
+        return [f"tensor {i} (group {g}, shape {'x'.join(map(str, s)) or 'scalar'})"
+                for i, (g, s) in enumerate(zip(groups, self.shapes))]
+
+    def tensor_groups(self) -> list[int]:
+        """The optimizer parameter group of each parameter tensor."""
+        where = {}
+        for g, group in enumerate(self.optimizer.param_groups):
+            for p in group["params"]:
+                where[id(p)] = g
+        return [where.get(id(p), 0) for p in self.params]
+
+    @property
     def n_coordinates(self) -> int:
         return sum(p.numel() for p in self.params)
 
@@ -126,7 +159,8 @@ class OpacusTap:
     # ------------------------------------------------------------------ wiring
     def build(self, design: CanaryDesign, coins: SecretCoins, mechanics: torch.Generator,
               canary_norm: float, device: torch.device,
-              on_failure: Callable[[BaseException], None]) -> None:
+              on_failure: Callable[[BaseException], None],
+              noise_coords: tuple[torch.Tensor, torch.Tensor] | None = None) -> None:
         """(Re)build the injector and the reader for a canary design (not attached yet)."""
         inj = Injector(self.optimizer, self.params, design, coins, mechanics, self.sample_rate,
                        canary_norm, device)
@@ -137,7 +171,7 @@ class OpacusTap:
             self.params, design, device,
             check_finite_every_step=(old.check_finite_every_step if old is not None
                                      else device.type == "cpu"),
-            compiled=old.compiled if old is not None else True)
+            compiled=old.compiled if old is not None else True, noise_coords=noise_coords)
         inj.read_real_sum = self.reader.snapshot
 
     @property
@@ -186,7 +220,23 @@ class OpacusTap:
         if self.world_size > 1 and plan.real_sum is not None:
             from .ddp import all_reduce_sum
 
-            plan.real_sum = all_reduce_sum(plan.real_sum, self.param_device)
+            # one collective: the real sums at the canary and noise coordinates, and the
+            # number of real examples of every rank
+            parts = [plan.real_sum.reshape(-1)]
+            if plan.noise_real_sum is not None:
+                parts.append(plan.noise_real_sum.to(plan.real_sum.device).reshape(-1))
+            if plan.n_real is not None:
+                parts.append(torch.tensor([float(plan.n_real)], dtype=plan.real_sum.dtype,
+                                          device=plan.real_sum.device))
+            total = all_reduce_sum(torch.cat(parts), self.param_device)
+            n0 = plan.real_sum.numel()
+            plan.real_sum = total[:n0]
+            if plan.noise_real_sum is not None:
+                n1 = plan.noise_real_sum.numel()
+                plan.noise_real_sum = total[n0:n0 + n1]
+                n0 += n1
+            if plan.n_real is not None:
+                plan.n_real = int(round(float(total[n0])))
         return self.reader.read(plan, step)
 
     # ------------------------------------------------------------------ report

@@ -36,7 +36,8 @@ def _order(bounds: Mapping[str, BoundResult]) -> list[str]:
 
 def assemble_report(*, claimed_epsilon: float | None, bounds: Mapping[str, BoundResult],
                     warnings: list[str], threat_notes: list[str], every_step_observed: bool,
-                    clipping_exercised: bool, **fields: Any) -> AuditReport:
+                    clipping_exercised: bool, findings: list[dict[str, Any]] | None = None,
+                    **fields: Any) -> AuditReport:
     """The report of one audit.
 
     Args:
@@ -45,6 +46,8 @@ def assemble_report(*, claimed_epsilon: float | None, bounds: Mapping[str, Bound
         warnings: the audit's warnings so far (a copy is extended and stored).
         threat_notes: notes on what the canaries exercise (added after the standard ones).
         every_step_observed, clipping_exercised: the threat model's flags.
+        findings: the monitors' findings (dicts with monitor, level, message, where); a
+            "refuted" finding is added for every bound that refutes the claim.
         **fields: every other :class:`AuditReport` field, as is.
     """
     order = _order(bounds)
@@ -60,7 +63,15 @@ def assemble_report(*, claimed_epsilon: float | None, bounds: Mapping[str, Bound
                     f"the {spec.label} bound {eps[m]:.4g} exceeds the claimed epsilon "
                     f"{claimed_epsilon:.4g}; it assumes a Gaussian trade-off curve, so it is "
                     f"not used to refute the claim")
+    found = list(findings or [])
+    for m in refuting:
+        spec = BOUND_METHODS[m]
+        found.insert(0, {"monitor": spec.monitor or m, "level": "refuted",
+                         "message": f"the {spec.label} lower bound {eps[m]:.4g} on the whole "
+                                    f"run's epsilon exceeds the claimed epsilon "
+                                    f"{claimed_epsilon:.4g}", "where": "the whole training run"})
     return AuditReport(
+        findings=found,
         claimed_epsilon=claimed_epsilon,
         epsilon_lower_bounds=eps,
         lower_bound_details={m: bounds[m][1] for m in order},

@@ -54,6 +54,11 @@ __all__ = [
     "library_versions",
     "VERDICT_REFUTED",
     "VERDICT_NOTHING",
+    "VERDICT_VIOLATION",
+    "VERDICT_INCONSISTENT",
+    "VERDICT_FINDING",
+    "VERDICTS",
+    "FINDING_LEVELS",
     "plain",
     "encode_nonfinite",
     "decode_nonfinite",
@@ -63,10 +68,10 @@ __all__ = [
 ]
 
 #: version of the ``audit.json`` schema written by this module (see docs/report.md)
-SCHEMA_VERSION = "1.1"
+SCHEMA_VERSION = "1.2"
 #: fields added after 1.0, with the minor version that introduced them (a document of an older
 #: minor version must not carry them; reading it fills in their defaults)
-_FIELDS_SINCE = {"power": 1}
+_FIELDS_SINCE = {"power": 1, "findings": 2, "claim_inconsistent": 2, "audits": 2}
 #: file names written by :meth:`AuditReport.save`
 JSON_NAME = "audit.json"
 HTML_NAME = "report.html"
@@ -75,6 +80,17 @@ HTML_NAME = "report.html"
 VERDICT_REFUTED = "claim refuted"
 #: :attr:`AuditReport.verdict` when no test rejected
 VERDICT_NOTHING = "nothing found"
+#: :attr:`AuditReport.verdict` prefix when the sequential decision proved a violation
+VERDICT_VIOLATION = "violation proven"
+#: :attr:`AuditReport.verdict` when the accountant's inputs contradict the training that ran
+VERDICT_INCONSISTENT = "claim inconsistent"
+#: :attr:`AuditReport.verdict` when only findings that are not proofs were made
+VERDICT_FINDING = "finding (not a proof)"
+#: every verdict phrase, strongest first (``verdict`` starts with one of them)
+VERDICTS = (VERDICT_REFUTED, VERDICT_VIOLATION, VERDICT_INCONSISTENT, VERDICT_FINDING,
+            VERDICT_NOTHING)
+#: levels of a finding (``findings[i]["level"]``)
+FINDING_LEVELS = ("violation", "refuted", "inconsistent", "finding", "note")
 
 #: how the report names the scope of a bound (the registry's scopes)
 
@@ -198,7 +214,7 @@ def _check_fields(d: dict[str, Any]) -> None:
     _need(isinstance(det, dict), "lower_bound_details", "a dict {method: dict}", det)
     for k, v in det.items():
         _need(isinstance(v, dict), f"lower_bound_details.{k}", "a dict", v)
-    for name in ("claim_refuted", "violation", "stopped_early"):
+    for name in ("claim_refuted", "violation", "stopped_early", "claim_inconsistent"):
         _need(isinstance(g(name), bool), name, "a bool", g(name))
     vs = g("violation_step")
     _need(vs is None or (isinstance(vs, int) and not isinstance(vs, bool) and vs >= 0),
@@ -218,13 +234,21 @@ def _check_fields(d: dict[str, Any]) -> None:
         _need(isinstance(v, list) and all(is_num(x) for x in v), f"one_run_scores.{k}",
               "a list of numbers", v if not isinstance(v, list) else "a list with non-numbers")
     for name in ("sequential", "canaries", "training", "threat_model", "interference", "config",
-                 "versions"):
+                 "versions", "audits"):
         _need(isinstance(g(name), dict), name, "a dict", g(name))
     _need(isinstance(g("seed_policy"), str), "seed_policy", "a string", g("seed_policy"))
     w = g("warnings")
     _need(isinstance(w, list) and all(isinstance(x, str) for x in w), "warnings",
           "a list of strings", w)
     _check_power(g("power"))
+    fs = g("findings")
+    _need(isinstance(fs, list), "findings", "a list of dicts", fs)
+    for i, f in enumerate(fs):
+        _need(isinstance(f, dict) and isinstance(f.get("monitor"), str)
+              and f.get("level") in FINDING_LEVELS and isinstance(f.get("message"), str)
+              and (f.get("where") is None or isinstance(f.get("where"), str)),
+              f"findings[{i}]", f"a dict with monitor, level (one of {FINDING_LEVELS}), "
+              f"message and where", f)
 
 
 def _check_power(p: Any) -> None:
@@ -313,6 +337,9 @@ class AuditReport:
     versions: dict = field(default_factory=library_versions)
     warnings: list[str] = field(default_factory=list)
     power: dict = field(default_factory=dict)
+    findings: list[dict] = field(default_factory=list)
+    claim_inconsistent: bool = False
+    audits: dict = field(default_factory=dict)
 
     # -- plain data ------------------------------------------------------------------------------
 
@@ -431,17 +458,22 @@ class AuditReport:
 
     @property
     def verdict(self) -> str:
-        """``"claim refuted"``, ``"violation proven at step N"`` or ``"nothing found"``.
-
-        A refuted claim (a valid lower bound on the whole run's epsilon above the claimed epsilon)
-        takes precedence; a sequential violation is about one training step's privacy.
-        """
+        """One phrase of :data:`VERDICTS`, the strongest that applies: ``"claim refuted"`` (a
+        valid lower bound on the whole run's epsilon above the claim), ``"violation proven at
+        step N"`` (the sequential decision, about one training step, any monitor), ``"claim
+        inconsistent"`` (the accountant's inputs contradict what ran), ``"finding (not a
+        proof)"`` (e.g. noise on a low-precision grid), else ``"nothing found"``. Every finding
+        is in :attr:`findings`."""
         if self.claim_refuted:
             return VERDICT_REFUTED
         if self.violation:
             if self.violation_step is None:
-                return "violation proven"
-            return f"violation proven at step {self.violation_step}"
+                return VERDICT_VIOLATION
+            return f"{VERDICT_VIOLATION} at step {self.violation_step}"
+        if self.claim_inconsistent:
+            return VERDICT_INCONSISTENT
+        if any(f.get("level") == "finding" for f in self.findings):
+            return VERDICT_FINDING
         return VERDICT_NOTHING
 
     def summary_text(self) -> str:

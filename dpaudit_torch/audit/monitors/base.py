@@ -25,12 +25,13 @@ from dataclasses import dataclass, field
 from typing import Any, Protocol, runtime_checkable
 
 import numpy as np
+import torch
 
 from ..config import AuditConfig
 from ..record import StepRecord
 
 __all__ = ["Monitor", "MonitorContext", "Evidence", "Finding", "MONITORS", "register_monitor",
-           "build_monitors"]
+           "build_monitors", "plain_state"]
 
 
 @dataclass(frozen=True)
@@ -74,6 +75,19 @@ class MonitorContext:
     #: epsilon(sigma, steps) of the accountant class the claim comes from, at the run's sample
     #: rate and delta (for the power statement); None where unknown
     epsilon_of_sigma: Callable[[float, int], float] | None = None
+    #: N, the number of records the loader samples from (None where unknown)
+    n_records: int | None = None
+    #: per noise-audit coordinate: its tensor index, and its parameter group index
+    noise_tensor: Any = None
+    noise_group: Any = None
+    #: a name per parameter tensor and per parameter group, for findings
+    tensor_names: list[str] = field(default_factory=list)
+    group_names: list[str] = field(default_factory=list)
+    #: what the accountant was told (its history since attach, as (sigma, q, steps) entries),
+    #: read at finalize; None where the accountant keeps no history
+    accountant_history: Callable[[], list[tuple[float, float, int]] | None] | None = None
+    #: epsilon of a history of (sigma, q, steps) entries by the claim's accountant class
+    epsilon_of_history: Callable[[list[tuple[float, float, int]]], float] | None = None
 
 
 @runtime_checkable
@@ -97,6 +111,20 @@ class Monitor(Protocol):
     def state_dict(self) -> dict[str, Any]: ...
 
     def load_state_dict(self, sd: dict[str, Any]) -> None: ...
+
+
+def plain_state(obj: Any) -> Any:
+    """Numpy scalars -> Python numbers, numpy arrays -> tensors (lossless), recursively, so that
+    a state loads with ``torch.load(weights_only=True)``."""
+    if isinstance(obj, dict):
+        return {k: plain_state(v) for k, v in obj.items()}
+    if isinstance(obj, (list, tuple)):
+        return type(obj)(plain_state(v) for v in obj)
+    if isinstance(obj, np.generic):
+        return obj.item()
+    if isinstance(obj, np.ndarray):
+        return torch.from_numpy(obj.copy())
+    return obj
 
 
 #: name -> factory(context) of every monitor the engine knows, in the order they run

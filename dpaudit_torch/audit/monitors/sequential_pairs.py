@@ -28,7 +28,7 @@ import torch
 from ...registry import tester_class
 from ..config import DEFAULT_NULL_GRID
 from ..record import StepRecord
-from .base import Evidence, Finding, MonitorContext, register_monitor
+from .base import Evidence, Finding, MonitorContext, plain_state, register_monitor
 
 logger = logging.getLogger(__name__)
 
@@ -77,20 +77,6 @@ class Segment:
             return (f"Gaussian mechanism, noise multiplier {self.sigma:.6g} (sensitivity C), at "
                     f"{len(self.epsilons)} points of its privacy profile")
         return "none (no noise claimed)"
-
-
-def _plain(obj: Any) -> Any:
-    """Numpy scalars -> Python numbers, numpy arrays -> tensors (lossless), recursively, so that
-    a state loads with ``torch.load(weights_only=True)``."""
-    if isinstance(obj, dict):
-        return {k: _plain(v) for k, v in obj.items()}
-    if isinstance(obj, (list, tuple)):
-        return type(obj)(_plain(v) for v in obj)
-    if isinstance(obj, np.generic):
-        return obj.item()
-    if isinstance(obj, np.ndarray):
-        return torch.from_numpy(obj.copy())
-    return obj
 
 
 def _zero(dev: torch.device) -> torch.Tensor:
@@ -312,7 +298,13 @@ class SequentialPairsMonitor:
         return None
 
     def findings(self) -> list[Finding]:
-        return []
+        if self.log_wealth < math.log(1.0 / self.config.alpha):
+            return []
+        return [Finding(self.name, "violation",
+                        f"the canary pairs: a training step leaks more than the per-step null "
+                        f"({self.segment.null_text()}) allows: bad noise, clipping or scaling "
+                        f"(anytime-valid tests at level {self.config.alpha:g})",
+                        "the canary pairs' coordinates")]
 
     # ------------------------------------------------------------------ report
     def report_section(self) -> dict[str, Any]:
@@ -376,7 +368,7 @@ class SequentialPairsMonitor:
 
         return {
             "segments": [{"sigma": s.sigma, "start_step": s.start_step,
-                          "testers": {n: _plain(t.state_dict())
+                          "testers": {n: plain_state(t.state_dict())
                                       for n, t in s.testers.items()}}
                          for s in self.segments],
             "offset": self._offset, "test_offset": dict(self._test_offset),

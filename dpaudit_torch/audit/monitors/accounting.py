@@ -1,0 +1,206 @@
+"""Accounting monitor: was the accountant told what the optimizer did?
+(docs/design.md section 10).
+
+An accounting bug (gradient accumulation counted per micro-step, a wrong sample rate given to
+the accountant, a noise multiplier that is not the one used) leaves every step a correct
+Gaussian step: only the whole run shows it. This monitor records, per released step, the real
+examples clipped and the micro-batches, and at finalize compares them with the accountant's
+history: steps, sample rate (exact Clopper-Pearson interval from the batch sizes, Poisson
+sampling assumed) and noise multiplier (chi-square interval from the noise audit). It then
+recomputes epsilon with the claim's own accountant class from what was observed, at the
+conservative ends of the intervals (rate: lower end; noise multiplier: upper end; Bonferroni, total
+level alpha). When that exceeds the claim, the claim is **inconsistent with the training that
+ran**: a statement about the accountant's inputs, separate from "refuted" (a lower bound on the
+true epsilon).
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+from typing import Any
+
+import torch
+
+from ..record import StepRecord
+from .base import Evidence, Finding, MonitorContext, register_monitor
+
+logger = logging.getLogger(__name__)
+
+__all__ = ["AccountingMonitor"]
+
+
+@register_monitor("accounting")
+class AccountingMonitor:
+    """Releases, examples and noise observed vs the accountant's history; recomputed epsilon."""
+
+    name = "accounting"
+    bets = False
+    #: releases are counted even when a step's observation was dropped as non-finite
+    observes_nonfinite = True
+
+    def __init__(self, ctx: MonitorContext) -> None:
+        self.config = ctx.config
+        self.rate = float(ctx.sample_rate)
+        self.n_records = ctx.n_records
+        self._history = ctx.accountant_history
+        self._epsilon_of_history = ctx.epsilon_of_history
+        self.releases = 0
+        self.examples = 0
+        self.examples_known = True
+        self.micro_steps = 0
+        self.sigmas: set[float] = set()
+        self._xi_sumsq: torch.Tensor | float = 0.0
+        self._xi_count = 0
+        self._xi_flags: list[tuple[torch.Tensor, int]] = []
+        self.result: dict[str, Any] = {}
+
+    def observe(self, record: StepRecord) -> None:
+        self.releases += 1
+        self.micro_steps += int(record.micro_steps)
+        if record.n_real is None:
+            self.examples_known = False
+        else:
+            self.examples += int(record.n_real)
+        self.sigmas.add(float(record.sigma))
+        if record.noise is not None and record.finite is not False:
+            # device sums: no synchronisation per step; a step flagged non-finite on the device
+            # adds nothing (its count is corrected at finalize from the flags)
+            sq = (record.noise * record.noise).sum()
+            if isinstance(record.finite, torch.Tensor):
+                sq = torch.where(record.finite & torch.isfinite(sq), sq, torch.zeros_like(sq))
+                self._xi_flags.append((record.finite, int(record.noise.numel())))
+            else:
+                self._xi_count += int(record.noise.numel())
+            self._xi_sumsq = self._xi_sumsq + sq
+
+    def advance(self) -> Evidence | None:
+        return None
+
+    def log_evidence(self) -> float | None:
+        return None
+
+    # ------------------------------------------------------------------ finalize
+    def _sigma_ratio_interval(self, alpha: float) -> tuple[float, float] | None:
+        """Interval for (measured noise std) / (claimed), from sum xi^2 ~ chi2(n) x ratio^2."""
+        from scipy import stats as sps
+
+        for flag, k in self._xi_flags:  # deferred finiteness: count the finite steps only
+            self._xi_count += k * int(bool(flag))
+        self._xi_flags = []
+        n = self._xi_count
+        if n < 2:
+            return None
+        ss = float(self._xi_sumsq)
+        lo = math.sqrt(ss / sps.chi2.ppf(1.0 - alpha / 2.0, n))
+        hi = math.sqrt(ss / sps.chi2.ppf(alpha / 2.0, n))
+        return lo, hi
+
+    def finalize(self, claimed_epsilon: float | None) -> None:
+        from ...stats.sampling import rate_interval
+
+        alpha = self.config.alpha
+        out: dict[str, Any] = {"releases": self.releases, "micro_steps": self.micro_steps,
+                               "examples": self.examples if self.examples_known else None,
+                               "n_records": self.n_records, "loader_rate": self.rate,
+                               "checks_not_run": []}
+        not_run: list[str] = out["checks_not_run"]
+        history = self._history() if self._history is not None else None
+        if history is None:
+            not_run.append("steps and rate against the accountant: the accountant keeps no "
+                           "history of (noise multiplier, sample rate, steps)")
+        else:
+            out["accountant_steps"] = int(sum(h[2] for h in history))
+            out["accountant_history"] = [[float(s), float(q), int(n)] for s, q, n in history]
+        # the intervals, Bonferroni over the two (total level alpha)
+        q_ci = None
+        if not self.examples_known:
+            not_run.append("sample rate: ghost clipping keeps no per-sample rows in the "
+                           "optimizer, so the real batch sizes are not observed")
+        elif self.n_records is None:
+            not_run.append("sample rate: the data loader's dataset has no length (N unknown)")
+        elif self.releases:
+            q_ci = rate_interval(self.examples, self.n_records, self.releases, alpha / 2.0)
+            out["rate_interval"] = list(q_ci)
+            out["rate_estimate"] = self.examples / (self.n_records * self.releases)
+        s_ci = self._sigma_ratio_interval(alpha / 2.0)
+        sigma_claimed = max(self.sigmas) if self.sigmas else None
+        if s_ci is None:
+            not_run.append("noise multiplier: no noise was read (noise audit off or no steps)")
+        elif sigma_claimed is not None:
+            out["noise_multiplier_interval"] = [s_ci[0] * sigma_claimed,
+                                                s_ci[1] * sigma_claimed]
+        self.result = out
+        if history is None or self._epsilon_of_history is None or not self.releases:
+            return
+        q_acc = max((h[1] for h in history), default=self.rate)
+        sigma_acc = min((h[0] for h in history), default=sigma_claimed or 0.0)
+        q_use = q_acc if q_ci is None else q_ci[0]
+        sig_use = sigma_acc if s_ci is None or sigma_claimed is None else s_ci[1] * sigma_claimed
+        if not (q_use > 0 and sig_use > 0):
+            return
+        try:
+            eps = float(self._epsilon_of_history([(sig_use, min(q_use, 1.0), self.releases)]))
+        except Exception as e:  # noqa: BLE001 - report, never crash the end of training
+            not_run.append(f"recomputed epsilon: the accountant failed ({e!r})")
+            return
+        out["recomputed_epsilon"] = eps
+        out["recomputed_from"] = {"noise_multiplier": sig_use, "sample_rate": q_use,
+                                  "steps": self.releases}
+        out["claimed_epsilon"] = claimed_epsilon
+        out["inconsistent"] = bool(claimed_epsilon is not None and math.isfinite(eps)
+                                   and eps > claimed_epsilon)
+        out["explanation"] = self._explain(out, q_acc, sigma_acc)
+
+    def _explain(self, out: dict[str, Any], q_acc: float, sigma_acc: float) -> str:
+        parts = []
+        acc_steps = out.get("accountant_steps")
+        if acc_steps is not None and acc_steps != self.releases:
+            parts.append(f"the accountant counted {acc_steps} steps; noise was released "
+                         f"{self.releases} times")
+        est = out.get("rate_estimate")
+        if est is not None and q_acc > 0:
+            ratio = est / q_acc
+            if abs(ratio - 1.0) > 0.1:
+                parts.append(f"each release was over about {ratio:.3g}x the examples the "
+                             f"accountant's sample rate {q_acc:.4g} implies (observed rate "
+                             f"{est:.4g})")
+        ni = out.get("noise_multiplier_interval")
+        if ni is not None and ni[1] < sigma_acc:
+            parts.append(f"the noise multiplier measured lies in [{ni[0]:.4g}, {ni[1]:.4g}], "
+                         f"below the accountant's {sigma_acc:.4g}")
+        if not parts:
+            parts.append("the inputs agree with the accountant's within the intervals")
+        return "; ".join(parts)
+
+    def findings(self) -> list[Finding]:
+        r = self.result
+        out = []
+        if r.get("inconsistent"):
+            out.append(Finding(
+                self.name, "inconsistent",
+                f"the claimed epsilon {r['claimed_epsilon']:.4g} is inconsistent with the "
+                f"training that ran: {r['explanation']}; recomputed from what was observed (at "
+                f"the conservative ends of the {100 * (1 - self.config.alpha):.0f}% intervals), "
+                f"epsilon >= {r['recomputed_epsilon']:.4g}", "accountant"))
+        for why in r.get("checks_not_run", []):
+            out.append(Finding(self.name, "note", f"check not run: {why}", "accountant"))
+        return out
+
+    def report_section(self) -> dict[str, Any]:
+        return dict(self.result)
+
+    def state_dict(self) -> dict[str, Any]:
+        return {"releases": self.releases, "examples": self.examples,
+                "examples_known": self.examples_known, "micro_steps": self.micro_steps,
+                "sigmas": sorted(self.sigmas), "xi_sumsq": float(self._xi_sumsq),
+                "xi_count": self._xi_count}
+
+    def load_state_dict(self, sd: dict[str, Any]) -> None:
+        self.releases = int(sd["releases"])
+        self.examples = int(sd["examples"])
+        self.examples_known = bool(sd["examples_known"])
+        self.micro_steps = int(sd["micro_steps"])
+        self.sigmas = {float(s) for s in sd["sigmas"]}
+        self._xi_sumsq = float(sd["xi_sumsq"])
+        self._xi_count = int(sd["xi_count"])

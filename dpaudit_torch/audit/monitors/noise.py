@@ -1,0 +1,206 @@
+"""Noise monitor: the released noise on a fixed random subset U of every tensor
+(docs/design.md section 11).
+
+At the coordinates of U (a few thousand per tensor, never a canary coordinate) the adapter reads
+the released noise xi = released x scaling - (real examples' sum), divided by the standard
+deviation a correct implementation uses (noise multiplier x the bound the noise is scaled with),
+so that xi ~ N(0, 1), independent across coordinates and steps. Three anytime-valid tests
+(:mod:`dpaudit_torch.stats.noise`), averaged into this monitor's e-process:
+
+* too little noise per tensor, and per parameter group (likelihood ratios of smaller variances);
+* noise dependent across steps (re-used or re-seeded noise: signs of xi_t xi_{t-k});
+
+and one check that is a finding, not a statistical rejection: noise drawn on a low-precision grid
+(bfloat16 / float16; Mironov, CCS 2012). Findings name the tensor and the parameter group.
+Too much noise is a utility warning, not a violation.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+from typing import Any
+
+import numpy as np
+import torch
+
+from ..record import StepRecord
+from .base import Evidence, Finding, MonitorContext, register_monitor
+
+logger = logging.getLogger(__name__)
+
+__all__ = ["NoiseMonitor"]
+
+#: steps whose raw noise is kept for the floating-point check
+PRECISION_STEPS = 8
+
+
+def _log_mean_exp(values: list[float]) -> float:
+    top = max(values)
+    return top + math.log(sum(math.exp(v - top) for v in values) / len(values))
+
+
+@register_monitor("noise")
+class NoiseMonitor:
+    """Variance per tensor and per group, independence across steps, precision."""
+
+    name = "noise"
+
+    def __init__(self, ctx: MonitorContext) -> None:
+        from ...stats.noise import NoiseIndependenceTest, NoiseVarianceTest
+
+        self.config = ctx.config
+        alpha = self.config.alpha
+        self.tensor_of = (np.zeros(0, dtype=np.int64) if ctx.noise_tensor is None
+                          else np.asarray(ctx.noise_tensor, dtype=np.int64))
+        self.group_of = (np.zeros(0, dtype=np.int64) if ctx.noise_group is None
+                         else np.asarray(ctx.noise_group, dtype=np.int64))
+        self.tensor_names = list(ctx.tensor_names)
+        self.group_names = list(ctx.group_names)
+        self.reason_off: str | None = None
+        n_t = max(len(self.tensor_names), int(self.tensor_of.max()) + 1 if self.tensor_of.size
+                  else 1)
+        n_g = max(len(self.group_names), int(self.group_of.max()) + 1 if self.group_of.size
+                  else 1)
+        self.by_tensor = NoiseVarianceTest(n_t, alpha)
+        self.by_group = NoiseVarianceTest(n_g, alpha)
+        self.independence = NoiseIndependenceTest(alpha=alpha)
+        if not self.tensor_of.size:
+            self.reason_off = "no noise-audit coordinates (noise_coordinates_per_tensor = 0)"
+        self._buffer: list[tuple[int, torch.Tensor]] = []
+        self._flags: list[bool | torch.Tensor] = []
+        self._precision: list[tuple[np.ndarray, np.ndarray]] = []
+        self._precision_result: dict[str, Any] | None = None
+        self.log_wealth = 0.0
+
+    @property
+    def bets(self) -> bool:
+        return self.reason_off is None
+
+    def observe(self, record: StepRecord) -> None:
+        if self.reason_off is not None:
+            return
+        if record.noise is None:
+            self.reason_off = ("the noise was not read (no noise claimed, or the adapter cannot "
+                               "read the real examples' sum)")
+            self._buffer = []
+            return
+        self._buffer.append((record.step, record.noise))
+        self._flags.append(record.finite)
+        if len(self._precision) < PRECISION_STEPS and record.noise_raw is not None \
+                and record.release_raw is not None:
+            self._precision.append((record.noise_raw.detach().cpu().numpy(),
+                                    record.release_raw.detach().cpu().numpy()))
+
+    def advance(self) -> Evidence | None:
+        if self.reason_off is not None or not self._buffer:
+            return None
+        keep = [f is True or bool(f) for f in self._flags]  # drop steps flagged non-finite
+        steps = [s for (s, _), k in zip(self._buffer, keep) if k]
+        xs = (torch.stack([x for (_, x), k in zip(self._buffer, keep) if k]).cpu().numpy()
+              if steps else None)  # one synchronisation per check
+        self._buffer, self._flags = [], []
+        if xs is None:
+            return None
+        log_e = np.empty(len(steps))
+        for i, xi in enumerate(xs):
+            ok = np.isfinite(xi)
+            if not ok.all():  # a skipped (non-finite) step carries no evidence
+                log_e[i] = self.log_wealth
+                continue
+            self.by_tensor.update(xi, self.tensor_of, 1.0)
+            self.by_group.update(xi, self.group_of, 1.0)
+            self.independence.update(xi)
+            self.log_wealth = _log_mean_exp([self.by_tensor.log_wealth,
+                                             self.by_group.log_wealth,
+                                             self.independence.log_wealth])
+            log_e[i] = self.log_wealth
+        return Evidence(steps=steps, log_e=log_e, extra={})
+
+    def log_evidence(self) -> float | None:
+        return None if self.reason_off is not None else self.log_wealth
+
+    def finalize(self, claimed_epsilon: float | None) -> None:
+        if self._precision and self._precision_result is None:
+            from ...stats.noise import low_precision_grid
+
+            raw = np.concatenate([a for a, _ in self._precision])
+            ref = np.concatenate([b for _, b in self._precision])
+            ok = np.isfinite(raw) & np.isfinite(ref)  # a step dropped as non-finite
+            if ok.any():
+                self._precision_result = low_precision_grid(raw[ok], ref[ok])
+
+    def sigma_interval(self, alpha: float) -> tuple[float, float] | None:
+        """Interval for the measured noise std / the claimed one (pooled over tensors)."""
+        if self.reason_off is not None or self.by_tensor.n_steps == 0:
+            return None
+        return self.by_tensor.sigma_interval(alpha)
+
+    def _name(self, names: list[str], i: int, kind: str) -> str:
+        return names[i] if 0 <= i < len(names) else f"{kind} {i}"
+
+    def findings(self) -> list[Finding]:
+        out: list[Finding] = []
+        thr = math.log(1.0 / self.config.alpha)
+        if self.reason_off is None:
+            if self.by_tensor.log_wealth >= thr or self.by_group.log_wealth >= thr:
+                t = self.by_tensor.worst_group()
+                g = self.by_group.worst_group()
+                est = float(self.by_tensor.variance_ratio_estimate()[t, 0])
+                out.append(Finding(
+                    self.name, "violation",
+                    f"too little noise: on {self._name(self.tensor_names, t, 'tensor')} the "
+                    f"noise variance is about {est:.3g} x the claimed one (anytime-valid test "
+                    f"at level {self.config.alpha:g})",
+                    f"tensor {self._name(self.tensor_names, t, 'tensor')}, parameter group "
+                    f"{self._name(self.group_names, g, 'group')}"))
+            if self.independence.log_wealth >= thr:
+                lag = self.independence.worst_lag()
+                out.append(Finding(
+                    self.name, "violation",
+                    f"the noise is not fresh at every step: it is correlated with the noise "
+                    f"{lag} step(s) earlier (re-used or re-seeded noise)", "every tensor"))
+        p = self._precision_result
+        if p is not None and p.get("finding"):
+            out.append(Finding(
+                self.name, "finding",
+                f"the noise values lie on the {p['finding']} grid ({p.get(p['finding'], 0):.3g} "
+                f"of {p.get('n')} values): noise drawn in low precision leaks through its least "
+                f"significant bits (Mironov, CCS 2012); this is not a statistical proof",
+                "noise generation"))
+        return out
+
+    def report_section(self) -> dict[str, Any]:
+        out: dict[str, Any] = {"run": self.reason_off is None,
+                               "reason_not_run": self.reason_off,
+                               "coordinates": int(self.tensor_of.size),
+                               "log_wealth": self.log_wealth}
+        if self.reason_off is None and self.by_tensor.n_steps:
+            out["by_tensor"] = self.by_tensor.summary()
+            out["by_group"] = self.by_group.summary()
+            out["independence"] = self.independence.summary()
+            ci = self.sigma_interval(self.config.alpha)
+            out["noise_std_ratio_interval"] = None if ci is None else list(ci)
+        out["precision"] = self._precision_result
+        return out
+
+    def state_dict(self) -> dict[str, Any]:
+        return {"by_tensor": self.by_tensor.state_dict(), "by_group": self.by_group.state_dict(),
+                "independence": self.independence.state_dict(),
+                "buffer_steps": [s for s, _ in self._buffer],
+                "buffer": (torch.stack([x for _, x in self._buffer]).cpu() if self._buffer
+                           else torch.zeros(0)),
+                "precision": [(torch.from_numpy(a), torch.from_numpy(b))
+                              for a, b in self._precision],
+                "log_wealth": self.log_wealth, "reason_off": self.reason_off}
+
+    def load_state_dict(self, sd: dict[str, Any]) -> None:
+        self.by_tensor.load_state_dict(sd["by_tensor"])
+        self.by_group.load_state_dict(sd["by_group"])
+        self.independence.load_state_dict(sd["independence"])
+        steps = [int(s) for s in sd["buffer_steps"]]
+        self._buffer = [(s, sd["buffer"][i]) for i, s in enumerate(steps)]
+        self._flags = [True] * len(self._buffer)
+        self._precision = [(a.numpy(), b.numpy()) for a, b in sd["precision"]]
+        self.log_wealth = float(sd["log_wealth"])
+        self.reason_off = sd["reason_off"]

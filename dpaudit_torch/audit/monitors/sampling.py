@@ -1,0 +1,134 @@
+"""Sampling monitor: are the real batches Poisson samples at the loader's rate?
+(docs/design.md section 10).
+
+The accountant assumes that every record is included in a step independently with probability
+q (Poisson sampling). A loader that draws fixed-size batches (shuffling, ``drop_last``, a user's
+own sampler) breaks that assumption while every step still looks like a correct Gaussian step.
+Under Poisson sampling the number of real examples of a logical step is n_t ~ Binomial(N, q);
+:class:`~dpaudit_torch.stats.sampling.PoissonBatchTest` bets against that law step by step
+(anytime-valid), so fixed-size batches are decided within tens of steps; its e-process is
+averaged with the other monitors' in the decision.
+
+It needs N (the loader's dataset length) and the real batch sizes (per-sample clipping modes;
+ghost clipping keeps no per-sample rows in the optimizer): without them it says which and why,
+and does not bet.
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import Any
+
+import numpy as np
+
+from ..record import StepRecord
+from .base import Evidence, Finding, MonitorContext, register_monitor
+
+logger = logging.getLogger(__name__)
+
+__all__ = ["SamplingMonitor"]
+
+
+@register_monitor("sampling")
+class SamplingMonitor:
+    """Tests n_t ~ Binomial(N, q) at every step; a confidence interval for q at the end."""
+
+    name = "sampling"
+
+    def __init__(self, ctx: MonitorContext) -> None:
+        from ...stats.sampling import PoissonBatchTest
+
+        self.config = ctx.config
+        self.rate = float(ctx.sample_rate)
+        self.n_records = ctx.n_records
+        self.reason_off: str | None = None
+        self.test: Any = None
+        if self.n_records is None:
+            self.reason_off = ("the data loader's dataset has no length, so the number of "
+                               "records N that Poisson sampling draws from is unknown")
+        else:
+            self.test = PoissonBatchTest(self.n_records, self.rate, self.config.alpha)
+        self._buffer: list[tuple[int, int]] = []
+        self._flags: list[bool | Any] = []
+        self._first = True
+
+    @property
+    def bets(self) -> bool:
+        """Whether this monitor contributes evidence to the decision."""
+        return self.test is not None
+
+    def observe(self, record: StepRecord) -> None:
+        if self._first:
+            self._first = False
+            if record.n_real is None and self.test is not None:
+                self.test = None
+                self.reason_off = ("ghost clipping keeps no per-sample rows in the optimizer, "
+                                   "so the real batch sizes are not observed")
+        if self.test is not None:
+            self._buffer.append((record.step, int(record.n_real or 0)))
+            self._flags.append(record.finite)
+
+    def advance(self) -> Evidence | None:
+        if self.test is None or not self._buffer:
+            return None
+        keep = [f is True or bool(f) for f in self._flags]  # drop steps flagged non-finite
+        steps = [s for (s, _), k in zip(self._buffer, keep) if k]
+        sizes = np.asarray([n for (_, n), k in zip(self._buffer, keep) if k], dtype=np.int64)
+        self._buffer, self._flags = [], []
+        if not steps:
+            return None
+        log_e = np.empty(sizes.size)
+        for i, n in enumerate(sizes):  # the test's wealth after each step
+            self.test.update(int(n))
+            log_e[i] = self.test.log_wealth
+        return Evidence(steps=steps, log_e=log_e, extra={})
+
+    def log_evidence(self) -> float | None:
+        return None if self.test is None else float(self.test.log_wealth)
+
+    def finalize(self, claimed_epsilon: float | None) -> None:
+        return None
+
+    def findings(self) -> list[Finding]:
+        if self.test is None or not self.test.rejected:
+            return []
+        at = self.test.rejected_at
+        return [Finding(self.name, "violation",
+                        f"the real batch sizes are not Poisson samples at the loader's rate "
+                        f"q = {self.rate:.4g} over N = {self.n_records} records (anytime-valid "
+                        f"test rejected after {at} steps): the accountant's sampling assumption "
+                        f"does not hold (fixed-size or otherwise non-Poisson batches)",
+                        "data loader")]
+
+    def rate_interval(self, alpha: float) -> tuple[float, float] | None:
+        """Exact interval for the per-step rate from every batch size seen (None when off)."""
+        if self.test is None or self.test.n_steps == 0:
+            return None
+        return self.test.rate_interval(alpha)
+
+    def report_section(self) -> dict[str, Any]:
+        out: dict[str, Any] = {"rate": self.rate, "n_records": self.n_records,
+                               "run": self.test is not None, "reason_not_run": self.reason_off}
+        if self.test is not None:
+            out.update(self.test.summary())
+            ci = self.rate_interval(self.config.alpha)
+            out["rate_interval"] = None if ci is None else list(ci)
+        return out
+
+    def state_dict(self) -> dict[str, Any]:
+        return {"buffer": [list(b) for b in self._buffer], "first": self._first,
+                "reason_off": self.reason_off,
+                "test": None if self.test is None else self.test.state_dict()}
+
+    def load_state_dict(self, sd: dict[str, Any]) -> None:
+        if (sd["test"] is None) != (self.test is None) and sd["test"] is not None:
+            raise ValueError("sampling monitor state has a test this auditor cannot build "
+                             "(dataset size unknown)")
+        if sd["test"] is None:
+            self.test = None
+        else:
+            self.test.load_state_dict(sd["test"])
+        self._buffer = [(int(s), int(n)) for s, n in sd["buffer"]]
+        self._flags = [True] * len(self._buffer)
+        self._first = bool(sd["first"])
+        self.reason_off = sd["reason_off"]

@@ -1,0 +1,499 @@
+"""Is the released noise what DP-SGD claims? Tests on noise samples (docs/design.md section 11).
+
+DP-SGD's guarantee rests on fresh Gaussian noise N(0, sigma^2 C^2) on every coordinate of every
+step (Abadi et al., "Deep learning with differential privacy", CCS 2016). The auditor can
+reconstruct that noise at a fixed random subset of coordinates (the released gradient minus the
+clipped sum it read before the noise, docs/design.md section 8). The *noise samples* passed to
+this module are those values divided by C, the clipping bound: under H0 they are N(0, sigma^2)
+with sigma the noise multiplier, independent across coordinates and steps. They must be pure
+noise: no canary contribution and no real-data sum left in them.
+
+* :class:`NoiseVarianceTest` -- anytime-valid test of H0: xi ~ N(0, sigma^2) against a smaller
+  variance, per group of coordinates (a tensor, a parameter group), from likelihood ratios of
+  N(0, r sigma^2) averaged over a grid of r < 1. Too much noise is not a violation; the test
+  also gives chi-square confidence intervals for Var / sigma^2 and the measured sigma.
+* :class:`NoiseIndependenceTest` -- anytime-valid test that the noise is fresh at every step:
+  the signs of xi_t * xi_{t-k} are fair coins under H0; re-used noise makes them all +1.
+* :func:`low_precision_grid` -- is the noise on the bfloat16 or float16 grid? Low-precision
+  noise is not Gaussian noise: its least significant bits can reveal the value it was added to
+  (Mironov, "On significance of the least significant bits for differential privacy", CCS 2012).
+  A finding with an explanation, not a statistical rejection.
+
+Both tests multiply per-step e-values and average the products over start times (every step
+starts a new product with weight 1 / (s (s + 1)); :func:`~dpaudit_torch.stats.sampling.
+fresh_start_log_mass`), so that noise that goes wrong late in training is found as fast as noise
+that is wrong from the start, up to a 2 log s penalty (docs/design.md sections 10 and 11).
+Everything is vectorised over coordinates; the state is O(groups x grid) and, for the
+independence test, the signs of the last max(lag) steps.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+from collections.abc import Sequence
+from typing import Any
+
+import numpy as np
+from scipy import stats as sps
+
+from .._validation import as_real, check_alpha, check_positive_int
+from .betting import log_mean_exp
+from .sampling import _Decision, _host, _log_w
+
+logger = logging.getLogger(__name__)
+
+__all__ = ["NoiseVarianceTest", "NoiseIndependenceTest", "low_precision_grid"]
+
+DEFAULT_RATIOS: tuple[float, ...] = (0.5, 0.6, 0.7, 0.8, 0.9, 0.95, 0.98)
+DEFAULT_LAGS: tuple[int, ...] = (1, 2, 3, 4, 5, 8, 10, 16)
+DEFAULT_STAKES: tuple[float, ...] = (0.01, 0.03, 0.1, 0.3, 0.6, 0.9)
+
+
+def _check_grid(values: Sequence[float], name: str, lo: float, hi: float) -> np.ndarray:
+    arr = np.asarray([as_real(f"{name}[{i}]", v) for i, v in enumerate(values)], np.float64)
+    if arr.size == 0 or not np.all((arr > lo) & (arr < hi)):
+        raise ValueError(f"{name} must be a non-empty sequence of numbers in ({lo}, {hi}), "
+                         f"got {values!r}")
+    return arr
+
+
+def _as_samples(xi: object, name: str = "xi") -> np.ndarray:
+    """A one-dimensional float64 array of finite values (a cheap check first: one sum)."""
+    arr = np.asarray(xi)
+    if arr.dtype == np.bool_ or arr.dtype.kind not in "iuf":
+        raise TypeError(f"{name} must hold real numbers, got dtype {arr.dtype}")
+    if arr.ndim > 1:
+        raise ValueError(f"{name} must be one-dimensional, got shape {arr.shape}")
+    arr = arr.astype(np.float64, copy=False).reshape(-1)
+    with np.errstate(over="ignore", invalid="ignore"):
+        cheap = math.isfinite(float(arr.sum()))
+    if not cheap and not np.all(np.isfinite(arr)):
+        raise ValueError(f"{name} contains non-finite values (e.g. "
+                         f"{arr[~np.isfinite(arr)][:3].tolist()})")
+    return arr
+
+
+class NoiseVarianceTest(_Decision):
+    """Anytime-valid test, per group, of xi ~ N(0, sigma^2) iid against a smaller variance.
+
+    Per step and group g with n_g sampled coordinates, V_g = sum xi^2 / sigma^2 and, for each r in
+    the grid, the likelihood ratio of N(0, r sigma^2) against N(0, sigma^2),
+
+        LR_r = r^(-n_g / 2) exp(-(1/r - 1) V_g / 2),
+
+    has conditional mean 1 under H0 (fresh noise). The per-step e-value of a grid point r is LR_r;
+    products over steps from every start time are mixed with weights 1 / (s (s + 1)) and the grid
+    is averaged uniformly (docs/design.md section 11). ``log_wealth`` is the log of the average
+    over the ``n_groups`` groups (one decision at level alpha, no Bonferroni split). Everything is
+    in log space: n = 10^5 coordinates at r = 0.5 or exact zeros (V = 0) are fine.
+
+    Args:
+        n_groups: number of groups; group ids are 0 .. n_groups - 1, fixed in advance (a group
+            that never appears keeps wealth 1 and still counts in the average).
+        alpha: level of the test, in (0, 1).
+        ratios: the grid of variance ratios r in (0, 1).
+    """
+
+    kind: str = "noise_variance"
+    _STATE = ("_log_s", "_count", "_sumsq", "_sigma")
+
+    def __init__(self, n_groups: int = 1, alpha: float = 0.05,
+                 ratios: Sequence[float] = DEFAULT_RATIOS) -> None:
+        self.n_groups = check_positive_int(n_groups, "n_groups")
+        self.alpha = check_alpha(alpha)
+        self.ratios = _check_grid(ratios, "ratios", 0.0, 1.0)
+        self._half_log_r = -0.5 * np.log(self.ratios)  # -log(r) / 2
+        self._half_inv = 0.5 * (1.0 / self.ratios - 1.0)  # (1/r - 1) / 2
+        self.reset()
+
+    def reset(self) -> None:
+        """Forget every step (the configuration is kept)."""
+        self._reset_decision()
+        self._log_s = np.full((self.n_groups, self.ratios.size), -np.inf)
+        self._count = np.zeros(self.n_groups, dtype=np.int64)
+        self._sumsq = np.zeros(self.n_groups)  # sum of xi^2 / sigma^2 over the steps
+        self._sigma: float | None = None
+        self._groups_cache: np.ndarray | None = None
+        self._counts_cache = np.zeros(self.n_groups)
+        self._single_group: int | None = None
+
+    def update(self, xi: np.ndarray, groups: np.ndarray | int, sigma: float) -> NoiseVarianceTest:
+        """One step: noise samples ``xi`` [n] (units of C), their group ids [n], the claimed
+        noise multiplier ``sigma`` (xi ~ N(0, sigma^2) under H0). An int ``groups`` puts every
+        sample in that group."""
+        x = _as_samples(xi)
+        s = as_real("sigma", sigma)
+        if not (s > 0.0) or not math.isfinite(s):
+            raise ValueError(f"sigma must be a finite number > 0, got {sigma!r}")
+        if x.size == 0:
+            self._as_groups(groups, 0)
+            return self
+        G = self.n_groups
+        if isinstance(groups, (int, np.integer)) and not isinstance(groups, bool):
+            gid = int(groups)
+            if not 0 <= gid < G:
+                raise ValueError(f"group ids must lie in [0, {G}), got [{gid}]")
+            n = np.zeros(G)
+            v = np.zeros(G)
+            n[gid] = x.size
+            with np.errstate(over="ignore"):
+                v[gid] = float((x * x).sum()) / (s * s)
+        else:
+            n = self._group_counts(groups, x.size)
+            with np.errstate(over="ignore"):
+                if self._single_group is not None:  # bincount into one bin is slow
+                    v = np.zeros(G)
+                    v[self._single_group] = float((x * x).sum()) / (s * s)
+                else:
+                    v = np.bincount(self._groups_cache, weights=x * x, minlength=G) / (s * s)
+        log_e = n[:, None] * self._half_log_r - v[:, None] * self._half_inv  # [G, R]
+        self._t += 1
+        self._log_s = log_e + np.logaddexp(self._log_s, _log_w(self._t))
+        self._count += n.astype(np.int64)
+        self._sumsq += v
+        self._sigma = s
+        self._record(self.log_wealth)
+        return self
+
+    @property
+    def group_log_wealth(self) -> np.ndarray:
+        """log-wealth of each group's e-process, float64 array [n_groups]."""
+        if self._t == 0:
+            return np.zeros(self.n_groups)
+        started = log_mean_exp(self._log_s, axis=1)
+        return np.logaddexp(started, -math.log(self._t + 1.0))
+
+    @property
+    def log_wealth(self) -> float:
+        """log of the average of the groups' wealths (the decision's e-process)."""
+        return float(log_mean_exp(self.group_log_wealth))
+
+    def worst_group(self) -> int:
+        """The group with the largest log-wealth (the strongest evidence of too little noise)."""
+        return int(np.argmax(self.group_log_wealth))
+
+    @property
+    def counts(self) -> np.ndarray:
+        """Samples seen per group, int64 array [n_groups]."""
+        return self._count.copy()
+
+    def variance_ratio_estimate(self, alpha: float | None = None) -> np.ndarray:
+        """Per group: [estimate, lo, hi] of Var(xi) / sigma^2 over all steps seen, [G, 3].
+
+        The estimate is sum(xi^2 / sigma^2) / n; the two-sided level-alpha interval (default:
+        the test's alpha) divides the sum by the chi-square quantiles with n degrees of freedom
+        (exact for Gaussian noise with a constant ratio). NaN for groups not seen yet. A ratio
+        above 1 is too much noise (a waste of utility, not a privacy violation).
+        """
+        a = self.alpha if alpha is None else check_alpha(alpha)
+        return _ratio_interval(self._sumsq, self._count, a)
+
+    def sigma_interval(self, alpha: float | None = None) -> tuple[float, float] | None:
+        """Interval for the actual noise multiplier, all groups pooled (None before any step).
+
+        sqrt of the pooled chi-square interval of Var / sigma^2, times the last claimed sigma
+        (with a constant sigma: the exact interval for the noise standard deviation, units of C).
+        """
+        if self._sigma is None or self._count.sum() == 0:
+            return None
+        a = self.alpha if alpha is None else check_alpha(alpha)
+        row = _ratio_interval(np.array([self._sumsq.sum()]), np.array([self._count.sum()]), a)[0]
+        return float(self._sigma * math.sqrt(row[1])), float(self._sigma * math.sqrt(row[2]))
+
+    def summary(self) -> dict[str, Any]:
+        """Plain-type summary for reports."""
+        est = self.variance_ratio_estimate()
+        si = self.sigma_interval()
+        return {
+            "test": self.kind,
+            "alpha": self.alpha,
+            "n_groups": self.n_groups,
+            "ratios": self.ratios.tolist(),
+            "n_steps": self._t,
+            "log_wealth": self.log_wealth,
+            "max_log_wealth": self._max_lw,
+            "group_log_wealth": self.group_log_wealth.tolist(),
+            "worst_group": self.worst_group(),
+            "rejected": self.rejected,
+            "rejected_at": self._rejected_at,
+            "counts": self._count.tolist(),
+            "variance_ratio": [None if math.isnan(r[0]) else r.tolist() for r in est],
+            "sigma_claimed": self._sigma,
+            "sigma_interval": list(si) if si is not None else None,
+        }
+
+    def _config(self) -> dict[str, Any]:
+        return {"kind": self.kind, "n_groups": self.n_groups, "alpha": self.alpha,
+                "ratios": self.ratios.tolist()}
+
+    def _as_groups(self, groups: object, n: int) -> np.ndarray:
+        if isinstance(groups, (int, np.integer)) and not isinstance(groups, bool):
+            g = np.full(n, int(groups), dtype=np.int64)
+        else:
+            arr = np.asarray(groups)
+            if arr.dtype.kind not in "iu" or arr.dtype == np.bool_:
+                raise TypeError(f"groups must hold integer ids, got dtype {arr.dtype}")
+            g = arr.reshape(-1).astype(np.int64, copy=False)
+            if g.size != n:
+                raise ValueError(f"groups has {g.size} entries but xi has {n}")
+        if g.size and (g.min() < 0 or g.max() >= self.n_groups):
+            bad = g[(g < 0) | (g >= self.n_groups)][:3].tolist()
+            raise ValueError(f"group ids must lie in [0, {self.n_groups}), got {bad}")
+        return g
+
+    def _group_counts(self, groups: object, n: int) -> np.ndarray:
+        """Samples per group (float64 [G]); validated group ids are cached in
+        ``_groups_cache``, and reused while the caller passes equal ids (the usual case)."""
+        cache = self._groups_cache
+        if cache is not None and isinstance(groups, np.ndarray) and groups.shape == cache.shape \
+                and groups.dtype.kind in "iu" and np.array_equal(groups, cache):
+            return self._counts_cache
+        g = self._as_groups(groups, n)
+        self._groups_cache = g.copy()
+        self._counts_cache = np.bincount(g, minlength=self.n_groups).astype(np.float64)
+        seen = np.flatnonzero(self._counts_cache)
+        self._single_group = int(seen[0]) if seen.size == 1 else None
+        return self._counts_cache
+
+
+def _ratio_interval(sumsq: np.ndarray, count: np.ndarray, alpha: float) -> np.ndarray:
+    out = np.full((sumsq.size, 3), np.nan)
+    seen = count > 0
+    if seen.any():
+        v, n = sumsq[seen], count[seen].astype(np.float64)
+        out[seen, 0] = v / n
+        out[seen, 1] = v / sps.chi2.ppf(1.0 - alpha / 2.0, n)
+        out[seen, 2] = v / sps.chi2.ppf(alpha / 2.0, n)
+    return out
+
+
+class NoiseIndependenceTest(_Decision):
+    """Anytime-valid test that the noise is fresh at every step (no re-use across steps).
+
+    For each lag k and sampled coordinate u, s_u = sign(xi_{t,u} xi_{t-k,u}). Under H0 (fresh
+    noise, continuous and symmetric, independent of the past) the s_u of one step are independent
+    fair +-1 coins given the past, so for every stake lambda in [0, 1)
+
+        e_t(k, lambda) = prod_u (1 + lambda s_u) = (1 + lambda)^P (1 - lambda)^M
+
+    (P, M the numbers of +1 and -1) has conditional mean 1. Re-used noise (s_u = +1 for every u)
+    makes it grow by n log(1 + lambda) per step. Per lag, the products over steps from every start
+    time are mixed with weights 1 / (s (s + 1)) and a fixed grid of stakes is averaged; the
+    decision averages the lags (docs/design.md section 11). An exact zero in xi gives s_u = 0
+    (factor 1, no evidence either way): zeros never help to reject, and under continuous noise
+    they have probability zero.
+
+    Only the signs of the last max(lag) steps are kept (ring buffers of sign bits and zero
+    masks, 2 max(lag) n bytes; the work per step is an XOR and a count per lag). The same n
+    coordinates must be passed at every step, in the same order.
+
+    Args:
+        lags: the lags k >= 1 to test.
+        alpha: level of the test, in (0, 1).
+        stakes: the grid of stakes lambda in (0, 1).
+    """
+
+    kind: str = "noise_independence"
+    _STATE = ("_n", "_neg", "_zero", "_has_zero", "_log_s", "_plus", "_minus")
+
+    def __init__(self, lags: Sequence[int] = DEFAULT_LAGS, alpha: float = 0.05,
+                 stakes: Sequence[float] = DEFAULT_STAKES) -> None:
+        ks = [check_positive_int(k, f"lags[{i}]") for i, k in enumerate(lags)]
+        if not ks or len(set(ks)) != len(ks):
+            raise ValueError(f"lags must be a non-empty sequence of distinct integers >= 1, "
+                             f"got {lags!r}")
+        self.lags = tuple(ks)
+        self.alpha = check_alpha(alpha)
+        self.stakes = _check_grid(stakes, "stakes", 0.0, 1.0)
+        self._lag_arr = np.asarray(self.lags, dtype=np.int64)
+        self._depth = max(self.lags)
+        self._log_up = np.log1p(self.stakes)
+        self._log_down = np.log1p(-self.stakes)
+        self.reset()
+
+    def reset(self) -> None:
+        """Forget every step (the configuration is kept)."""
+        self._reset_decision()
+        self._n: int | None = None
+        # the last `depth` steps: sign bits (True = negative) and, only for rows holding an
+        # exact zero, a mask of the zeros; bool arrays [depth, n]
+        self._neg: np.ndarray | None = None
+        self._zero: np.ndarray | None = None
+        self._has_zero = np.zeros(self._depth, dtype=bool)
+        self._log_s = np.full((len(self.lags), self.stakes.size), -np.inf)
+        self._plus = np.zeros(len(self.lags), dtype=np.int64)
+        self._minus = np.zeros(len(self.lags), dtype=np.int64)
+
+    def update(self, xi: np.ndarray) -> NoiseIndependenceTest:
+        """One step: the noise samples ``xi`` [n] at the same coordinates as every step."""
+        x = _as_samples(xi)
+        if self._n is None:
+            if x.size == 0:
+                raise ValueError("xi must hold at least one sample")
+            self._n = int(x.size)
+            self._neg = np.zeros((self._depth, self._n), dtype=bool)
+            self._zero = np.zeros((self._depth, self._n), dtype=bool)
+        elif x.size != self._n:
+            raise ValueError(f"xi has {x.size} samples, but earlier steps had {self._n} "
+                             f"(pass the same coordinates at every step)")
+        assert self._neg is not None and self._zero is not None
+        neg = x < 0
+        zero = x == 0
+        cur_zero = bool(zero.any())
+        self._t += 1
+        t = self._t
+        L = len(self.lags)
+        P = np.zeros(L)
+        M = np.zeros(L)
+        for i, k in enumerate(self.lags):
+            if k >= t:  # lag k needs step t - k >= 1
+                continue
+            row = (t - k) % self._depth
+            differ = neg ^ self._neg[row]  # s_u = -1 (or a zero on either side)
+            if cur_zero or self._has_zero[row]:
+                live = ~(zero | self._zero[row])
+                M[i] = np.count_nonzero(differ & live)
+                P[i] = np.count_nonzero(live) - M[i]
+            else:
+                M[i] = np.count_nonzero(differ)
+                P[i] = self._n - M[i]
+        slot = t % self._depth
+        self._neg[slot] = neg
+        self._zero[slot] = zero
+        self._has_zero[slot] = cur_zero
+        log_e = P[:, None] * self._log_up + M[:, None] * self._log_down  # [L, stakes]
+        self._log_s = log_e + np.logaddexp(self._log_s, _log_w(t))
+        self._plus += P.astype(np.int64)
+        self._minus += M.astype(np.int64)
+        self._record(self.log_wealth)
+        return self
+
+    @property
+    def lag_log_wealth(self) -> np.ndarray:
+        """log-wealth of each lag's e-process, float64 array [len(lags)]."""
+        if self._t == 0:
+            return np.zeros(len(self.lags))
+        started = log_mean_exp(self._log_s, axis=1)
+        return np.logaddexp(started, -math.log(self._t + 1.0))
+
+    @property
+    def log_wealth(self) -> float:
+        """log of the average of the lags' wealths (the decision's e-process)."""
+        return float(log_mean_exp(self.lag_log_wealth))
+
+    def worst_lag(self) -> int:
+        """The lag with the largest log-wealth."""
+        return int(self.lags[int(np.argmax(self.lag_log_wealth))])
+
+    @property
+    def mean_sign(self) -> np.ndarray:
+        """Per lag, the mean of the signs s_u seen so far (0 expected; 1 for re-used noise)."""
+        n = self._plus + self._minus
+        with np.errstate(invalid="ignore", divide="ignore"):
+            return np.where(n > 0, (self._plus - self._minus) / np.maximum(n, 1), np.nan)
+
+    def summary(self) -> dict[str, Any]:
+        """Plain-type summary for reports."""
+        return {
+            "test": self.kind,
+            "alpha": self.alpha,
+            "lags": list(self.lags),
+            "stakes": self.stakes.tolist(),
+            "n_steps": self._t,
+            "n_samples": self._n,
+            "log_wealth": self.log_wealth,
+            "max_log_wealth": self._max_lw,
+            "lag_log_wealth": self.lag_log_wealth.tolist(),
+            "worst_lag": self.worst_lag(),
+            "mean_sign": [None if math.isnan(v) else float(v) for v in self.mean_sign],
+            "rejected": self.rejected,
+            "rejected_at": self._rejected_at,
+        }
+
+    def load_state_dict(self, sd: dict[str, Any]) -> None:
+        super().load_state_dict(sd)
+        if self._n is not None:  # the buffers are None until the first step
+            shape = (self._depth, self._n)
+            self._neg = np.array(_host(sd["neg"]), dtype=bool).reshape(shape)
+            self._zero = np.array(_host(sd["zero"]), dtype=bool).reshape(shape)
+
+    def _config(self) -> dict[str, Any]:
+        return {"kind": self.kind, "lags": list(self.lags), "alpha": self.alpha,
+                "stakes": self.stakes.tolist()}
+
+
+# ---------------------------------------------------------------------- low-precision noise
+#: (fraction bits, smallest normal exponent, largest finite value) of each format
+_FORMATS: dict[str, tuple[int, int, float]] = {
+    "bfloat16": (7, -126, 3.3895313892515355e38),
+    "float16": (10, -14, 65504.0),
+}
+
+
+def _grid_distance(ax: np.ndarray, frac_bits: int, min_exp: int,
+                   max_val: float) -> tuple[np.ndarray, np.ndarray]:
+    """Distance of |x| to the nearest value of a binary format, and the format's spacing there."""
+    _, p = np.frexp(ax)  # ax = m 2^p, m in [0.5, 1)
+    e = np.maximum(p.astype(np.int64) - 1, min_exp)  # subnormals share the smallest spacing
+    spacing = np.ldexp(1.0, (e - frac_bits).astype(np.int32))
+    dist = np.abs(ax - np.rint(ax / spacing) * spacing)
+    dist = np.where(ax > max_val, np.inf, dist)  # not representable at all
+    return dist, spacing
+
+
+def low_precision_grid(xi_raw: np.ndarray, reference: np.ndarray | float, *,
+                       rel_tol: float = 2.0 ** -21, min_values: int = 200,
+                       min_fraction: float = 0.99) -> dict[str, Any]:
+    """Does the released noise lie on the bfloat16 or float16 grid?
+
+    ``xi_raw`` are noise values in the gradient's own units (before any division by C or the
+    batch size: a scaling moves values off the grid), reconstructed from released float32
+    values ``reference`` (broadcastable to ``xi_raw``). The reconstruction error is at most
+    ``rel_tol`` x max(|reference|, |xi|) (default 2^-21, four float32 roundings). A value counts
+    for a format when it is non-zero and the format's spacing at it exceeds 100 times that error
+    (otherwise landing on the grid by chance is not unlikely); the fraction of counted values
+    within the error of the grid is reported. Gaussian float32 noise gives a fraction of about
+    2 / 100 or less; noise drawn in the format gives 1.
+
+    Returns:
+        ``{"bfloat16": fraction | None, "float16": fraction | None, "n": number of values,
+        "n_eligible_bfloat16": int, "n_eligible_float16": int, "finding": "bfloat16" |
+        "float16" | None, "explanation": str | None}``. A finding needs at least ``min_values``
+        counted values with a fraction >= ``min_fraction``; bfloat16 (the coarser grid, whose
+        values are also float16 values) takes precedence. This is a finding, not a statistical
+        rejection: noise with few significant bits is not the Gaussian noise the accountant
+        analyses and can leak the value it was added to (Mironov, CCS 2012).
+    """
+    x = _as_samples(np.asarray(xi_raw).reshape(-1), "xi_raw")
+    ref = np.abs(np.broadcast_to(np.asarray(reference, dtype=np.float64),
+                                 np.shape(xi_raw)).reshape(-1))
+    if not np.all(np.isfinite(ref)):
+        raise ValueError("reference contains non-finite values")
+    tol_r = as_real("rel_tol", rel_tol)
+    if not (0.0 <= tol_r < 1.0):
+        raise ValueError(f"rel_tol must lie in [0, 1), got {rel_tol!r}")
+    ax = np.abs(x)
+    tol = tol_r * np.maximum(ref, ax)
+    out: dict[str, Any] = {"n": int(x.size)}
+    for name, (bits, min_exp, max_val) in _FORMATS.items():
+        dist, spacing = _grid_distance(ax, bits, min_exp, max_val)
+        ok = (ax > 0) & (spacing > 100.0 * tol)
+        k = int(ok.sum())
+        out[name] = float(np.mean(dist[ok] <= tol[ok])) if k else None
+        out[f"n_eligible_{name}"] = k
+    out["finding"] = None
+    out["explanation"] = None
+    for name in ("bfloat16", "float16"):
+        frac = out[name]
+        if out[f"n_eligible_{name}"] >= min_values and frac is not None and frac >= min_fraction:
+            out["finding"] = name
+            out["explanation"] = (
+                f"{100 * frac:.1f}% of {out[f'n_eligible_{name}']} noise values lie on the "
+                f"{name} grid: the noise appears to be drawn or stored in {name}, so it has few "
+                f"significant bits and is not the Gaussian noise the accountant assumes; its "
+                f"low-order bits can reveal the gradient it was added to (Mironov, CCS 2012)"
+            )
+            logger.info("low-precision noise: %s", out["explanation"])
+            break
+    return out

@@ -1,0 +1,389 @@
+"""Tests of the noise checks: variance, independence across steps, low-precision grids
+(docs/design.md section 11).
+
+Noise samples are in units of C: N(0, sigma^2) under H0. Type-I rates are compared with alpha plus
+three binomial standard deviations of the estimate.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+
+import numpy as np
+import pytest
+import torch
+from scipy import integrate
+from scipy import stats as sps
+
+from dpaudit_torch.stats.noise import (
+    NoiseIndependenceTest,
+    NoiseVarianceTest,
+    low_precision_grid,
+)
+
+SIGMA = 1.3
+
+
+def _tol(alpha: float, runs: int) -> float:
+    return alpha + 3.0 * math.sqrt(alpha * (1.0 - alpha) / runs)
+
+
+# ---------------------------------------------------------------------- variance: validity
+@pytest.mark.parametrize("n,r", [(1, 0.5), (5, 0.5), (5, 0.95), (40, 0.7)])
+def test_likelihood_ratio_has_mean_one(n: int, r: float) -> None:
+    # E[r^(-n/2) exp(-(1/r - 1) V / 2)] = 1 for V ~ chi2_n (the chi-square MGF)
+    def f(v: float) -> float:
+        return math.exp(-0.5 * n * math.log(r) - 0.5 * (1 / r - 1) * v) * sps.chi2.pdf(v, n)
+
+    val, _ = integrate.quad(f, 0, np.inf, limit=200)
+    assert val == pytest.approx(1.0, rel=1e-7)
+
+
+def _variance_type1(alpha: float, runs: int, steps: int, n: int, seed: int) -> float:
+    rng = np.random.default_rng(seed)
+    groups = np.arange(n) % 2
+    rej = 0
+    for _ in range(runs):
+        t = NoiseVarianceTest(n_groups=2, alpha=alpha)
+        for xi in rng.normal(0.0, SIGMA, size=(steps, n)):
+            t.update(xi, groups, SIGMA)
+        rej += t.rejected
+    return rej / runs
+
+
+@pytest.mark.parametrize("alpha", [0.05, 0.2])
+def test_variance_type1_fast(alpha: float) -> None:
+    runs = 200
+    assert _variance_type1(alpha, runs, 40, 64, seed=10) <= _tol(alpha, runs)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("n", [4, 64, 2048])
+def test_variance_type1_slow(n: int) -> None:
+    runs, alpha = 1000, 0.2
+    assert _variance_type1(alpha, runs, 100, n, seed=11) <= _tol(alpha, runs)
+
+
+# ---------------------------------------------------------------------- variance: power
+@pytest.mark.parametrize("seed", range(5))
+def test_too_little_noise_rejected_at_first_step(seed: int) -> None:
+    rng = np.random.default_rng(seed)
+    t = NoiseVarianceTest(n_groups=3)
+    t.update(rng.normal(0.0, 0.8 * SIGMA, 2048), rng.integers(0, 3, 2048), SIGMA)
+    assert t.rejected_at == 1
+    assert t.log_wealth > 15  # measured about 29
+
+
+def test_group_without_noise() -> None:
+    rng = np.random.default_rng(1)
+    n = 100_000
+    groups = np.repeat([0, 1, 2], [n // 2, n // 4, n - n // 2 - n // 4])
+    xi = rng.normal(0.0, SIGMA, n)
+    xi[groups == 1] = 0.0  # V = 0: LR = r^(-n/2), huge; must not overflow
+    t = NoiseVarianceTest(n_groups=3).update(xi, groups, SIGMA)
+    lw = t.group_log_wealth
+    assert np.all(np.isfinite(lw)) and lw[1] > 1e3 and lw[0] < 0 and lw[2] < 0
+    assert t.worst_group() == 1 and t.rejected
+    est = t.variance_ratio_estimate()
+    assert est[1].tolist() == [0.0, 0.0, 0.0]
+
+
+def test_late_onset_found_at_once() -> None:
+    rng = np.random.default_rng(2)
+    t = NoiseVarianceTest()
+    for _ in range(300):
+        t.update(rng.normal(0.0, SIGMA, 2048), 0, SIGMA)
+    assert not t.rejected
+    t.update(rng.normal(0.0, 0.8 * SIGMA, 2048), 0, SIGMA)
+    assert t.rejected_at == 301  # the start at step 301 costs only 2 log(301)
+
+
+def test_small_persistent_shortfall_accumulates() -> None:
+    # 5% too little noise (r = 0.9025), 256 samples a step: measured 2-8 steps
+    rng = np.random.default_rng(3)
+    t = NoiseVarianceTest()
+    for _ in range(200):
+        t.update(rng.normal(0.0, 0.95 * SIGMA, 256), 0, SIGMA)
+        if t.rejected:
+            break
+    assert t.rejected_at is not None and t.rejected_at <= 40
+
+
+def test_too_much_noise_is_not_a_violation_but_is_measured() -> None:
+    rng = np.random.default_rng(4)
+    t = NoiseVarianceTest(n_groups=2)
+    for _ in range(50):
+        t.update(rng.normal(0.0, 1.5 * SIGMA, 400), np.arange(400) % 2, SIGMA)
+    assert not t.rejected and t.log_wealth < 0
+    est = t.variance_ratio_estimate()
+    assert np.all((est[:, 1] < 2.25) & (2.25 < est[:, 2]))
+    lo, hi = t.sigma_interval()  # type: ignore[misc]
+    assert lo < 1.5 * SIGMA < hi and hi - lo < 0.05
+    assert t.summary()["sigma_interval"] == [lo, hi]
+
+
+@pytest.mark.parametrize("runs", [pytest.param(300), pytest.param(2000, marks=pytest.mark.slow)])
+def test_variance_interval_coverage(runs: int) -> None:
+    rng = np.random.default_rng(5)
+    alpha, miss = 0.1, 0
+    for _ in range(runs):
+        t = NoiseVarianceTest()
+        for _ in range(3):
+            t.update(rng.normal(0.0, SIGMA, 30), 0, SIGMA)
+        _, lo, hi = t.variance_ratio_estimate(alpha)[0]
+        miss += not (lo <= 1.0 <= hi)
+    assert miss / runs <= _tol(alpha, runs)
+
+
+def test_variance_unseen_groups_and_changing_sigma() -> None:
+    t = NoiseVarianceTest(n_groups=4)
+    assert t.sigma_interval() is None and t.log_wealth == 0.0
+    rng = np.random.default_rng(6)
+    t.update(rng.normal(0, 1.0, 500), 0, 1.0)
+    t.update(rng.normal(0, 2.0, 500), 0, 2.0)  # a new sigma: V is normalised per step
+    est = t.variance_ratio_estimate()
+    assert np.isnan(est[1:]).all() and 0.85 < est[0, 0] < 1.15
+    assert t.counts.tolist() == [1000, 0, 0, 0]
+    json.dumps(t.summary())
+
+
+def test_variance_state_dict_round_trip() -> None:
+    rng = np.random.default_rng(7)
+    xs = rng.normal(0, SIGMA, (12, 300))
+    g = np.arange(300) % 3
+    a = NoiseVarianceTest(n_groups=3)
+    for x in xs[:6]:
+        a.update(x, g, SIGMA)
+    b = NoiseVarianceTest(n_groups=3)
+    b.load_state_dict(json.loads(json.dumps(a.state_dict())))
+    for x in xs[6:]:
+        a.update(x, g, SIGMA)
+        b.update(x, g, SIGMA)
+    assert a.summary() == b.summary()
+    with pytest.raises(ValueError, match="different configuration"):
+        NoiseVarianceTest(n_groups=2).load_state_dict(a.state_dict())
+
+
+def test_variance_group_ids_may_change_in_place() -> None:
+    # the validated ids are cached while equal; a caller mutating its array must still be seen
+    rng = np.random.default_rng(12)
+    xs = rng.normal(0, SIGMA, (4, 50))
+    g = np.zeros(50, dtype=np.int64)
+    a, b = NoiseVarianceTest(n_groups=3), NoiseVarianceTest(n_groups=3)
+    expected = np.zeros(3, dtype=np.int64)
+    for i, x in enumerate(xs):
+        g[: 10 * i] = i % 3
+        a.update(x, g, SIGMA)
+        b.update(x, g.copy(), SIGMA)
+        expected += np.bincount(g, minlength=3)
+    assert a.summary() == b.summary()
+    assert a.counts.tolist() == expected.tolist()
+    with pytest.raises(ValueError, match="group ids"):
+        g[0] = 7
+        a.update(xs[0], g, SIGMA)
+
+
+def test_variance_bad_inputs() -> None:
+    t = NoiseVarianceTest(n_groups=2)
+    x = np.ones(4)
+    with pytest.raises(ValueError, match="sigma"):
+        t.update(x, 0, 0.0)
+    with pytest.raises(ValueError, match="sigma"):
+        t.update(x, 0, float("inf"))
+    with pytest.raises(ValueError, match=r"group ids must lie in \[0, 2\), got \[2\]"):
+        t.update(x, np.array([0, 1, 2, 0]), 1.0)
+    with pytest.raises(ValueError, match="3 entries"):
+        t.update(x, np.array([0, 1, 0]), 1.0)
+    with pytest.raises(TypeError, match="integer"):
+        t.update(x, np.array([0.0, 1, 0, 1]), 1.0)
+    with pytest.raises(ValueError, match="non-finite"):
+        t.update(np.array([1.0, np.nan]), 0, 1.0)
+    with pytest.raises(ValueError, match="one-dimensional"):
+        t.update(np.ones((2, 2)), 0, 1.0)
+    with pytest.raises(ValueError, match="ratios"):
+        NoiseVarianceTest(ratios=(0.5, 1.0))
+    with pytest.raises(ValueError, match="n_groups"):
+        NoiseVarianceTest(n_groups=0)
+    assert t.n_steps == 0
+
+
+# ---------------------------------------------------------------------- independence
+def _independence_type1(alpha: float, runs: int, steps: int, n: int, seed: int) -> float:
+    rng = np.random.default_rng(seed)
+    rej = 0
+    for _ in range(runs):
+        t = NoiseIndependenceTest(alpha=alpha)
+        for xi in rng.normal(0.0, SIGMA, size=(steps, n)):
+            t.update(xi)
+        rej += t.rejected
+    return rej / runs
+
+
+@pytest.mark.parametrize("alpha", [0.05, 0.2])
+def test_independence_type1_fast(alpha: float) -> None:
+    runs = 200
+    assert _independence_type1(alpha, runs, 40, 64, seed=20) <= _tol(alpha, runs)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("n", [1, 64, 2048])
+def test_independence_type1_slow(n: int) -> None:
+    runs, alpha = 1000, 0.2
+    assert _independence_type1(alpha, runs, 100, n, seed=21) <= _tol(alpha, runs)
+
+
+def test_noise_reused_every_second_step() -> None:
+    rng = np.random.default_rng(8)
+    t = NoiseIndependenceTest()
+    x = rng.normal(0, SIGMA, 2048)
+    for s in range(1, 26):
+        if s % 2 == 1:
+            x = rng.normal(0, SIGMA, 2048)
+        t.update(x)  # even steps repeat the previous step's noise
+    assert t.rejected_at is not None and t.rejected_at <= 25  # measured: 2
+    assert t.worst_lag() == 1 and t.mean_sign[0] > 0.4
+
+
+def test_generator_reseeded_every_10_steps() -> None:
+    hist: list[np.ndarray] = []
+    t = NoiseIndependenceTest()
+    for s in range(25):
+        x = np.random.default_rng(100 + s % 10).normal(0, SIGMA, 2048)
+        hist.append(x)
+        t.update(x)
+    assert t.rejected_at is not None and t.rejected_at <= 11  # the first repeat, step 11
+    assert t.worst_lag() == 10
+
+
+def test_weak_dependence_and_late_reuse() -> None:
+    rng = np.random.default_rng(9)
+    t = NoiseIndependenceTest()
+    x = rng.normal(0, 1, 2048)
+    for _ in range(100):  # AR(1) with rho = 0.1: mean sign 0.064 at lag 1
+        x = 0.1 * x + math.sqrt(0.99) * rng.normal(0, 1, 2048)
+        t.update(x)
+    assert t.rejected and t.worst_lag() == 1
+    late = NoiseIndependenceTest()
+    for _ in range(300):
+        late.update(rng.normal(0, 1, 2048))
+    assert not late.rejected
+    y = rng.normal(0, 1, 2048)
+    late.update(y)
+    late.update(y)
+    assert late.rejected_at == 302
+
+
+def test_zeros_give_no_evidence() -> None:
+    t = NoiseIndependenceTest()
+    for _ in range(30):
+        t.update(np.zeros(100))
+    assert not t.rejected and t.log_wealth == pytest.approx(0.0, abs=1e-9)
+    assert np.isnan(t.mean_sign).all()
+    # partly zero: only the non-zero products count
+    u = NoiseIndependenceTest(lags=(1,))
+    x = np.r_[np.zeros(50), np.ones(50)]
+    u.update(x)
+    u.update(x)
+    assert u.mean_sign[0] == 1.0 and u._plus[0] == 50 and u._minus[0] == 0
+
+
+def test_independence_counts_match_brute_force() -> None:
+    rng = np.random.default_rng(10)
+    xs = rng.normal(0, 1, (20, 37))
+    xs[3, :5] = 0.0
+    lags = (1, 2, 5)
+    t = NoiseIndependenceTest(lags=lags)
+    for x in xs:
+        t.update(x)
+    for i, k in enumerate(lags):
+        s = np.sign(xs[k:] * xs[:-k])
+        assert t._plus[i] == int((s > 0).sum()) and t._minus[i] == int((s < 0).sum())
+
+
+def test_independence_state_dict_round_trip() -> None:
+    rng = np.random.default_rng(11)
+    xs = rng.normal(0, SIGMA, (30, 100))
+    a = NoiseIndependenceTest()
+    for x in xs[:20]:
+        a.update(x)
+    sd = a.state_dict()
+    assert sd["neg"].dtype == np.bool_
+    # what a checkpoint gives back after numpy arrays became tensors (torch.load weights_only)
+    as_tensors = {k: torch.from_numpy(v) if isinstance(v, np.ndarray) else v
+                  for k, v in sd.items()}
+    b = NoiseIndependenceTest()
+    b.load_state_dict(as_tensors)
+    for x in xs[20:]:
+        a.update(x)
+        b.update(x)
+    assert a.summary() == b.summary()
+    json.dumps(a.summary())
+    with pytest.raises(ValueError, match="different configuration"):
+        NoiseIndependenceTest(lags=(1, 2)).load_state_dict(sd)
+
+
+def test_independence_bad_inputs() -> None:
+    t = NoiseIndependenceTest()
+    with pytest.raises(ValueError, match="at least one"):
+        t.update(np.array([]))
+    t.update(np.ones(5))
+    with pytest.raises(ValueError, match="earlier steps had 5"):
+        t.update(np.ones(6))
+    with pytest.raises(ValueError, match="non-finite"):
+        t.update(np.array([1.0, np.inf, 0, 0, 0]))
+    with pytest.raises(ValueError, match="lags"):
+        NoiseIndependenceTest(lags=(1, 1))
+    with pytest.raises(ValueError, match="lags"):
+        NoiseIndependenceTest(lags=(0,))
+    with pytest.raises(ValueError, match="stakes"):
+        NoiseIndependenceTest(stakes=(0.5, 1.0))
+    assert t.n_steps == 1
+
+
+# ---------------------------------------------------------------------- low precision
+def _released(noise: np.ndarray, grad: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """float32 release grad + noise and the noise reconstructed from it (float64)."""
+    rel = (grad.astype(np.float32) + noise.astype(np.float32)).astype(np.float64)
+    return rel - grad.astype(np.float32).astype(np.float64), rel
+
+
+@pytest.mark.parametrize("fmt", [torch.bfloat16, torch.float16])
+@pytest.mark.parametrize("shift", [0.0, 1.0, 10.0])
+def test_low_precision_noise_found(fmt: torch.dtype, shift: float) -> None:
+    g = torch.Generator().manual_seed(0)
+    noise = (torch.randn(3000, generator=g, dtype=torch.float64) * 2.0).to(fmt)
+    grad = np.random.default_rng(0).normal(shift, 0.01, 3000)
+    xi, rel = _released(noise.to(torch.float32).numpy(), grad)
+    out = low_precision_grid(xi, rel)
+    name = "bfloat16" if fmt == torch.bfloat16 else "float16"
+    assert out["finding"] == name and out[name] == 1.0 and out["n"] == 3000
+    assert "Mironov" in out["explanation"]
+    if name == "float16":
+        assert out["bfloat16"] < 0.2  # 3 extra significand bits: about 1/8 by chance
+
+
+@pytest.mark.parametrize("shift", [0.0, 1.0, 1000.0])
+def test_float32_noise_not_found(shift: float) -> None:
+    rng = np.random.default_rng(1)
+    noise = rng.normal(0, 2.0, 3000).astype(np.float32)
+    xi, rel = _released(noise, rng.normal(shift, 0.01, 3000))
+    out = low_precision_grid(xi, rel)
+    assert out["finding"] is None
+    for name in ("bfloat16", "float16"):
+        assert out[name] is None or out[name] < 0.05
+    # a large reference: the float32 difference is a multiple of ulp(S), which may be as coarse
+    # as the bfloat16 spacing of xi; those values must not count
+    big = low_precision_grid(noise.astype(np.float64) * 1e-3, 1e3)
+    assert big["finding"] is None and big["n_eligible_bfloat16"] == 0
+
+
+def test_low_precision_needs_enough_values() -> None:
+    noise = torch.randn(100, generator=torch.Generator().manual_seed(2)).to(torch.bfloat16)
+    out = low_precision_grid(noise.double().numpy(), 0.0)
+    assert out["bfloat16"] == 1.0 and out["finding"] is None
+    assert low_precision_grid(np.zeros(500), 0.0)["bfloat16"] is None  # zeros say nothing
+    with pytest.raises(ValueError, match="non-finite"):
+        low_precision_grid(np.array([np.nan]), 0.0)
+    with pytest.raises(ValueError, match="reference"):
+        low_precision_grid(np.ones(2), np.array([1.0, np.inf]))
