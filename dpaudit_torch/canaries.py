@@ -23,6 +23,7 @@ only some tensors), and never collide.
 
 from __future__ import annotations
 
+import dataclasses
 import secrets
 from dataclasses import dataclass, field
 from typing import Any
@@ -31,7 +32,7 @@ import numpy as np
 import torch
 
 __all__ = ["CanaryDesign", "allocate", "draw_design", "derive_seeds", "SecretCoins",
-           "draw_noise_coordinates"]
+           "draw_noise_coordinates", "add_spread_pairs"]
 
 
 def derive_seeds(seed: int | None) -> tuple[dict[str, int], str]:
@@ -97,6 +98,11 @@ class CanaryDesign:
         pair_param, pair_a, pair_b: [k] parameter index and the two flat indices of each pair.
         one_param, one_flat: [m] parameter index and flat index of each one-run canary, sorted by
             parameter index (so the canaries of one tensor are contiguous).
+        spread_pair: [s] which pairs are *spread*: their canary has equal mass 1/sqrt(L) on L
+            coordinates in L different tensors (docs/design.md section 11), the pair's own
+            coordinate (in ``pair_param``) and L - 1 extra ones per side.
+        spread_param, spread_a, spread_b: [s, L - 1] tensor and flat index of the extra
+            coordinates of each spread pair's side a and side b.
     """
 
     shapes: list[tuple[int, ...]]
@@ -107,6 +113,26 @@ class CanaryDesign:
     one_flat: torch.Tensor
     kind: str = "dirac"
     extra: dict[str, Any] = field(default_factory=dict)
+    spread_pair: torch.Tensor = field(default_factory=lambda: torch.zeros(0, dtype=torch.long))
+    spread_param: torch.Tensor = field(
+        default_factory=lambda: torch.zeros((0, 0), dtype=torch.long))
+    spread_a: torch.Tensor = field(default_factory=lambda: torch.zeros((0, 0), dtype=torch.long))
+    spread_b: torch.Tensor = field(default_factory=lambda: torch.zeros((0, 0), dtype=torch.long))
+
+    @property
+    def n_spread(self) -> int:
+        """Spread pairs (s)."""
+        return int(self.spread_pair.numel())
+
+    @property
+    def spread_width(self) -> int:
+        """L, the tensors a spread canary covers (1 without spread pairs)."""
+        return int(self.spread_param.shape[1]) + 1 if self.n_spread else 1
+
+    @property
+    def n_extra(self) -> int:
+        """Extra coordinates of the spread pairs, both sides: 2 s (L - 1)."""
+        return int(2 * self.spread_param.numel())
 
     @property
     def k_pairs(self) -> int:
@@ -121,10 +147,27 @@ class CanaryDesign:
         return len(self.shapes)
 
     def coordinates(self) -> tuple[torch.Tensor, torch.Tensor]:
-        """All canary coordinates in the order [pair a (k), pair b (k), one-run (m)]."""
-        params = torch.cat([self.pair_param, self.pair_param, self.one_param])
-        flats = torch.cat([self.pair_a, self.pair_b, self.one_flat])
+        """All canary coordinates in the order [pair a (k), pair b (k), one-run (m), spread
+        extras of side a (s (L - 1)), spread extras of side b (s (L - 1))]."""
+        params = torch.cat([self.pair_param, self.pair_param, self.one_param,
+                            self.spread_param.reshape(-1), self.spread_param.reshape(-1)])
+        flats = torch.cat([self.pair_a, self.pair_b, self.one_flat, self.spread_a.reshape(-1),
+                           self.spread_b.reshape(-1)])
         return params, flats
+
+    def spread_sides(self) -> tuple[np.ndarray, np.ndarray]:
+        """[s, L] design-order positions of every coordinate of each spread pair's side a and
+        side b (the pair's own coordinate first)."""
+        k, m, s = self.k_pairs, self.m_canaries, self.n_spread
+        if not s:
+            return np.zeros((0, 1), dtype=np.int64), np.zeros((0, 1), dtype=np.int64)
+        L1 = self.spread_width - 1
+        base = 2 * k + m
+        j = self.spread_pair.numpy().astype(np.int64)
+        extra = np.arange(s * L1, dtype=np.int64).reshape(s, L1)
+        side_a = np.concatenate([j[:, None], base + extra], axis=1)
+        side_b = np.concatenate([(k + j)[:, None], base + s * L1 + extra], axis=1)
+        return side_a, side_b
 
     def summary(self) -> dict[str, Any]:
         """Per-tensor counts (plain types) for the report."""
@@ -138,13 +181,16 @@ class CanaryDesign:
                 "one_run": int((self.one_param == i).sum()),
             })
         return {"design": self.kind, "k_pairs": self.k_pairs, "m_one_run": self.m_canaries,
+                "spread_pairs": self.n_spread, "spread_tensors": self.spread_width,
                 "per_parameter": per}
 
     def to_state(self) -> dict[str, Any]:
         return {"shapes": [list(s) for s in self.shapes], "kind": self.kind,
                 "pair_param": self.pair_param.clone(), "pair_a": self.pair_a.clone(),
                 "pair_b": self.pair_b.clone(), "one_param": self.one_param.clone(),
-                "one_flat": self.one_flat.clone()}
+                "one_flat": self.one_flat.clone(), "spread_pair": self.spread_pair.clone(),
+                "spread_param": self.spread_param.clone(), "spread_a": self.spread_a.clone(),
+                "spread_b": self.spread_b.clone()}
 
     @classmethod
     def from_state(cls, sd: dict[str, Any]) -> CanaryDesign:
@@ -152,7 +198,10 @@ class CanaryDesign:
         return cls(shapes=[tuple(int(v) for v in s) for s in sd["shapes"]],
                    pair_param=sd["pair_param"].long().cpu(), pair_a=sd["pair_a"].long().cpu(),
                    pair_b=sd["pair_b"].long().cpu(), one_param=sd["one_param"].long().cpu(),
-                   one_flat=sd["one_flat"].long().cpu(), kind=str(sd.get("kind", "dirac")))
+                   one_flat=sd["one_flat"].long().cpu(), kind=str(sd.get("kind", "dirac")),
+                   spread_pair=sd["spread_pair"].long().cpu(),
+                   spread_param=sd["spread_param"].long().cpu(),
+                   spread_a=sd["spread_a"].long().cpu(), spread_b=sd["spread_b"].long().cpu())
 
 
 def draw_design(shapes: list[tuple[int, ...]], k_pairs: int, m_canaries: int,
@@ -238,6 +287,57 @@ def draw_noise_coordinates(design: CanaryDesign, per_tensor: int, generator: tor
     if not params:
         return torch.zeros(0, dtype=torch.long), torch.zeros(0, dtype=torch.long)
     return torch.cat(params), torch.cat(flats)
+
+
+def add_spread_pairs(design: CanaryDesign, n_spread: int, width: int,
+                     generator: torch.Generator) -> CanaryDesign:
+    """Make ``n_spread`` of the design's pairs spread canaries over ``width`` tensors: the pairs
+    whose own tensor is among the largest are chosen, and each side gets one fresh coordinate
+    (never a canary coordinate) in each of the ``width - 1`` largest other tensors. Returns the
+    design unchanged when fewer than two tensors exist or ``n_spread`` is 0."""
+    numels = [int(np.prod(sh)) if len(sh) else 1 for sh in design.shapes]
+    L = min(int(width), len(numels))
+    s = min(int(n_spread), design.k_pairs)
+    if L < 2 or s < 1:
+        return design
+    taken: dict[int, set[int]] = {}
+    cp, cf = design.coordinates()
+    for i, f in zip(cp.tolist(), cf.tolist()):
+        taken.setdefault(i, set()).add(f)
+    order = sorted(range(len(numels)), key=lambda i: -numels[i])
+    pairs = sorted(range(design.k_pairs),
+                   key=lambda j: -numels[int(design.pair_param[j])])[:s]
+    # tensors with room for two fresh coordinates per spread pair (a small tensor full of
+    # canaries is skipped); every spread pair covers the same number L of tensors
+    need = 2 * s
+    room = [i for i in order if numels[i] - len(taken.get(i, set())) >= need]
+    L = min(L, 1 + min(len([i for i in room if i != int(design.pair_param[j])])
+                       for j in pairs))
+    if L < 2:
+        return design
+    sp, sa, sb = [], [], []
+    for j in pairs:
+        own = int(design.pair_param[j])
+        others = [i for i in room if i != own][:L - 1]
+        row_p, row_a, row_b = [], [], []
+        for i in others:
+            busy = taken.setdefault(i, set())
+            picks: list[int] = []
+            while len(picks) < 2:
+                c = int(torch.randint(0, numels[i], (1,), generator=generator))
+                if c not in busy:
+                    busy.add(c)
+                    picks.append(c)
+            row_p.append(i)
+            row_a.append(picks[0])
+            row_b.append(picks[1])
+        sp.append(row_p)
+        sa.append(row_a)
+        sb.append(row_b)
+    return dataclasses.replace(
+        design, spread_pair=torch.tensor(pairs, dtype=torch.long),
+        spread_param=torch.tensor(sp, dtype=torch.long),
+        spread_a=torch.tensor(sa, dtype=torch.long), spread_b=torch.tensor(sb, dtype=torch.long))
 
 
 class SecretCoins:

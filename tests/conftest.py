@@ -117,3 +117,22 @@ def private_setup():
 def devices() -> list[str]:
     """Devices the device-parametrised tests run on: the CPU, and CUDA when present."""
     return ["cpu"] + (["cuda"] if torch.cuda.is_available() else [])
+
+
+def expected_presence(rec: Any, design: Any) -> torch.Tensor:
+    """What a correctly clipped canary contributes at every canary coordinate (design order, in
+    units of C) for the step planned in ``rec``: 1 at a Dirac canary's coordinate, 1 / sqrt(L)
+    on each of a spread canary's L coordinates (its side chosen by the pair's coin), 0
+    elsewhere."""
+    k, m = design.k_pairs, design.m_canaries
+    e = torch.zeros(2 * k + m + design.n_extra, dtype=torch.float64)
+    c = rec.coins_cpu
+    e[:k] = c.double()
+    e[k:2 * k] = (~c).double()
+    e[2 * k + rec.included] = 1.0
+    side_a, side_b = design.spread_sides()
+    w = design.spread_width ** -0.5
+    for q, j in enumerate(design.spread_pair.tolist()):
+        side = side_a[q] if bool(c[j]) else side_b[q]
+        e[torch.as_tensor(side)] = w
+    return e

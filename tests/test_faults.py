@@ -10,8 +10,8 @@ import warnings
 
 import pytest
 import torch
-from conftest import make_private_setup
-from test_hook import _capture, _expected_presence, _untouched
+from conftest import expected_presence, make_private_setup
+from test_hook import _capture, _untouched
 from torch import nn
 
 from dpaudit_torch.audit import PrivacyAuditor
@@ -199,8 +199,11 @@ def test_canary_rows_buffer_is_zero_between_steps(monkeypatch):
         a.step(x, y)
         assert inj.rows_buffer is not None and not bool(inj.rows_buffer.any())
     assert len(seen) == 4
+    d = aud.design
+    extra = d.n_spread * (d.spread_width - 1)  # a spread row has L entries
+    width += d.n_extra
     for n_rows, n_cols, nonzero, biggest in seen:
-        assert n_cols == width and nonzero == n_rows  # one entry per row
+        assert n_cols == width and nonzero == n_rows + extra  # one entry per Dirac row
         assert biggest == pytest.approx(aud.config.canary_norm * 1.0)
     assert inj.rows_buffer.numel() < 2 * max(r for r, *_ in seen) * width  # no row of size d
 
@@ -253,7 +256,7 @@ def test_several_parameter_groups():
     assert all(p["pairs"] + p["one_run"] > 0 for p in rep.canaries["per_parameter"])
     assert len(rep.canaries["per_parameter"]) == 4
     # the twins have the same parameters at step 1 only (the canaries move the audited one)
-    exp = _expected_presence(recs[0], aud.config.k_pairs, aud.config.m_canaries)
+    exp = expected_presence(recs[0], aud.design)
     assert torch.allclose(cap_a[0] - cap_b[0], exp, rtol=1e-6, atol=1e-6)
 
 
@@ -318,7 +321,7 @@ def test_autocast_training(dtype):
         amp_step(b, x, y)
     aud.finalize()
     for rec, va, vb in zip(recs, cap_a, cap_b):
-        exp = _expected_presence(rec, aud.config.k_pairs, aud.config.m_canaries)
+        exp = expected_presence(rec, aud.design)
         assert torch.allclose(va - vb, exp, rtol=0, atol=2.0 ** -6)
 
 

@@ -11,7 +11,7 @@ import math
 
 import pytest
 import torch
-from conftest import make_private_setup
+from conftest import expected_presence, make_private_setup
 
 from dpaudit_torch.audit import PrivacyAuditor, PrivacyViolationError
 from dpaudit_torch.opacus_tap import OWNER_ATTR
@@ -40,15 +40,6 @@ def _capture(setup, design):
     return out
 
 
-def _expected_presence(rec, k: int, m: int) -> torch.Tensor:
-    e = torch.zeros(2 * k + m, dtype=torch.float64)
-    c = rec.coins_cpu
-    e[:k] = c.double()
-    e[k:2 * k] = (~c).double()
-    e[2 * k + rec.included] = 1.0
-    return e
-
-
 # ------------------------------------------------------------------ exactness of the canary
 CASES = [
     ("hooks", "flat", 1.0, {}),
@@ -74,7 +65,6 @@ def test_sigma0_canary_contributes_exactly_C(mode, clipping, C, extra):
     recs = []
     aud.tap.injector.on_inject = recs.append
     cap_a, cap_b = _capture(a, aud.design), _capture(b, aud.design)
-    k, m = aud.config.k_pairs, aud.config.m_canaries
     pidx, _ = aud.design.coordinates()
     for x, y in a.batches(3, batch=24):
         a.step(x, y)
@@ -82,7 +72,7 @@ def test_sigma0_canary_contributes_exactly_C(mode, clipping, C, extra):
         rec = recs[-1]
         clip = torch.tensor(rec.clip, dtype=torch.float64)[pidx]
         diff = (cap_a[-1] - cap_b[-1]) / clip  # the canary's contribution in units of C_i
-        expected = _expected_presence(rec, k, m)
+        expected = expected_presence(rec, aud.design)
         assert rec.included.numel() > 0  # the one-run path is exercised too
         assert torch.allclose(diff, expected, rtol=0.0, atol=1e-6), (diff - expected).abs().max()
         # the auditor's observation has the real data's sum removed: at sigma = 0 it is
@@ -180,7 +170,7 @@ def test_batch_memory_manager_injects_once_per_logical_step():
     assert physical > 2 * logical >= 2
     assert aud.tap.injector.steps_injected == aud.step == len(recs) == logical == len(cap_a)
     for rec, va, vb in zip(recs, cap_a, cap_b):
-        assert torch.allclose(va - vb, _expected_presence(rec, 4, 64), atol=1e-6)
+        assert torch.allclose(va - vb, expected_presence(rec, aud.design), atol=1e-6)
 
 
 def test_empty_poisson_batch():
@@ -192,7 +182,7 @@ def test_empty_poisson_batch():
     assert aud.step == 1
     # no real data: the projection is exactly the canaries
     assert torch.allclose(aud.tap.reader.last_values.cpu(),
-                          _expected_presence(recs[-1], 4, 64), atol=1e-6)
+                          expected_presence(recs[-1], aud.design), atol=1e-6)
 
 
 # ------------------------------------------------------------------ detach

@@ -8,18 +8,9 @@ import math
 
 import pytest
 import torch
-from conftest import make_private_setup
+from conftest import expected_presence, make_private_setup
 
 from dpaudit_torch.audit import PrivacyAuditor
-
-
-def _presence(rec, k: int, m: int) -> torch.Tensor:
-    e = torch.zeros(2 * k + m, dtype=torch.float64)
-    c = rec.coins_cpu
-    e[:k] = c.double()
-    e[k:2 * k] = (~c).double()
-    e[2 * k + rec.included] = 1.0
-    return e
 
 
 @pytest.mark.parametrize("mode", ["hooks", "ghost"])
@@ -41,7 +32,7 @@ def test_batch_memory_manager_sum_over_micro_batches_is_removed(mode):
                 seen.append(aud.tap.reader.last_values.clone())
     assert len(recs) == len(seen) == aud.step >= 2
     for rec, vals in zip(recs, seen):
-        assert torch.allclose(vals, _presence(rec, 4, 48), rtol=0.0, atol=1e-5)
+        assert torch.allclose(vals, expected_presence(rec, aud.design), rtol=0.0, atol=1e-5)
     rep = aud.finalize()
     assert rep.interference["removed"] and rep.interference["std"] > 1e-3
 
@@ -112,3 +103,49 @@ def test_one_run_score_setting_is_validated_and_used():
     scores = aud.monitors["one_run"].stacked_scores()[0]
     assert sorted(rep.one_run_scores["in"] + rep.one_run_scores["out"]) == pytest.approx(
         sorted(scores.tolist()))
+
+
+@pytest.mark.parametrize("mode", ["hooks", "ghost"])
+def test_spread_canaries_see_per_tensor_clipping(mode):
+    """A spread canary (mass 1/sqrt(L) on L tensors) observes exactly 1 under a correct flat
+    clipper (per-sample and ghost modes) and sqrt(L) when every tensor is clipped to C
+    separately, which a Dirac canary cannot see."""
+    def run(per_tensor: bool) -> tuple[torch.Tensor, torch.Tensor, PrivacyAuditor]:
+        s = make_private_setup(mode=mode, sigma=0.0, lr=0.0)
+        if per_tensor:
+            base = type(s.optimizer)
+
+            class PerTensor(base):  # type: ignore[misc, valid-type]
+                def clip_and_accumulate(self) -> None:
+                    for p in self.params:
+                        gs = p.grad_sample
+                        f = (self.max_grad_norm / (gs.reshape(len(gs), -1).norm(2, dim=-1)
+                                                   + 1e-6)).clamp(max=1.0)
+                        g = torch.einsum("i,i...", f, gs)
+                        p.summed_grad = g if p.summed_grad is None else p.summed_grad + g
+                        p.grad_sample._processed = True
+
+            s.optimizer.__class__ = PerTensor
+        aud = PrivacyAuditor(s.engine, s.optimizer, s.loader, seed=1, k_pairs=8,
+                             m_canaries=32, check_every=10)
+        s.train(3)
+        pm = aud.monitors["sequential_pairs"]
+        return torch.stack(pm.buffer_x), torch.stack(pm.buffer_y), aud
+
+    x, y, aud = run(False)
+    d = aud.design
+    assert d.n_spread == 2 and d.spread_width == 3
+    assert torch.allclose(x, torch.ones_like(x), atol=1e-5) and float(y.abs().max()) < 1e-5
+    assert aud.finalize().canaries["spread_pairs"] == 2
+    if mode == "hooks":  # ghost clipping does not run the optimizer's clipping on canaries
+        xb, _, _ = run(True)
+        sp = d.spread_pair
+        assert torch.allclose(xb[:, sp], torch.full_like(xb[:, sp], 3 ** 0.5), atol=1e-5)
+        dirac = [j for j in range(8) if j not in sp.tolist()]
+        assert torch.allclose(xb[:, dirac], torch.ones_like(xb[:, dirac]), atol=1e-5)
+
+
+def test_no_spread_canaries_under_per_layer_clipping():
+    s = make_private_setup(clipping="per_layer", max_grad_norm=[1.0, 0.5, 2.0, 1.0])
+    aud = PrivacyAuditor(s.engine, s.optimizer, s.loader, seed=1, k_pairs=8, m_canaries=32)
+    assert aud.design.n_spread == 0

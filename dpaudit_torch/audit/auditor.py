@@ -38,6 +38,7 @@ import torch
 from ..canaries import (
     CanaryDesign,
     SecretCoins,
+    add_spread_pairs,
     derive_seeds,
     draw_design,
     draw_noise_coordinates,
@@ -186,6 +187,9 @@ class PrivacyAuditor:
         design_gen = torch.Generator().manual_seed(seeds["design"])
         self.design: CanaryDesign = draw_design(tap.shapes, cfg.k_pairs, cfg.m_canaries,
                                                 design_gen)
+        if not tap.clipping()[1]:  # spread canaries (flat clipping: per-layer bounds differ)
+            self.design = add_spread_pairs(self.design, cfg.spread_pairs, cfg.spread_tensors,
+                                           design_gen)
         #: the noise-audit coordinates U (drawn after the design, from the same stream)
         self.noise_coords = draw_noise_coordinates(self.design,
                                                    cfg.noise_coordinates_per_tensor, design_gen)

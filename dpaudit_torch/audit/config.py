@@ -92,6 +92,8 @@ class AuditConfig:
     test_options: dict[str, dict[str, Any]] = field(default_factory=dict)
     one_run_score: str = "llr"
     noise_coordinates_per_tensor: int = 2048
+    spread_pairs: int = 2
+    spread_tensors: int = 4
 
     def __post_init__(self) -> None:
         put = object.__setattr__  # frozen: normalise the values once, here
@@ -138,6 +140,13 @@ class AuditConfig:
         put(self, "test_options", _freeze_options(self.test_options))
         put(self, "noise_coordinates_per_tensor", check_positive_int(
             self.noise_coordinates_per_tensor, "noise_coordinates_per_tensor", minimum=0))
+        put(self, "spread_pairs", check_positive_int(self.spread_pairs, "spread_pairs",
+                                                     minimum=0))
+        put(self, "spread_tensors", check_positive_int(self.spread_tensors, "spread_tensors",
+                                                       minimum=2))
+        if self.spread_pairs > self.k_pairs:
+            raise ValueError(f"spread_pairs ({self.spread_pairs}) cannot exceed k_pairs "
+                             f"({self.k_pairs})")
         from ..stats.one_run_scores import SCORES
 
         if self.one_run_score not in SCORES:
@@ -185,6 +194,7 @@ class AuditConfig:
             "test_options": repr(sorted((k, sorted(v.items()))
                                         for k, v in self.test_options.items())),
             "noise_coordinates_per_tensor": self.noise_coordinates_per_tensor,
+            "spread_pairs": self.spread_pairs, "spread_tensors": self.spread_tensors,
         }
 
     def to_dict(self) -> dict[str, Any]:
@@ -200,5 +210,6 @@ class AuditConfig:
                                                     for k, v in self.test_options.items()},
             "one_run_score": self.one_run_score,
             "noise_coordinates_per_tensor": self.noise_coordinates_per_tensor,
+            "spread_pairs": self.spread_pairs, "spread_tensors": self.spread_tensors,
         }
 

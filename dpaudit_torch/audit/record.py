@@ -62,6 +62,8 @@ class StepRecord:
     release_raw: torch.Tensor | None = None
     #: the noise standard deviation of a correct implementation, raw units
     noise_std: float = 0.0
+    #: trailing entries of ``values`` that are the spread pairs' extra coordinates
+    n_extra: int = 0
 
     @property
     def k(self) -> int:
@@ -71,4 +73,4 @@ class StepRecord:
     @property
     def one_run(self) -> torch.Tensor:
         """``[m]`` the one-run canaries' values (a view of :attr:`values`)."""
-        return self.values[2 * self.k:]
+        return self.values[2 * self.k:self.values.shape[0] - self.n_extra]

@@ -114,6 +114,11 @@ class Injector:
         coff = np.concatenate([[0], np.cumsum(csize)[:-1]]).astype(np.int64)
         self._csize = csize
         self._coff = coff
+        self._coord_param, self._coord_flat, self._coord_pos = cp, cf, pos
+        # spread pairs (docs/design.md section 11): the extra entries of their rows
+        self._spread_pair = design.spread_pair.numpy().astype(np.int64)
+        self._spread_sides = design.spread_sides()
+        self._spread_w = 1.0 / math.sqrt(design.spread_width)
         self._d_total = int(csize.sum())  # = 2k + m: one compact row
         #: per tensor, the flat indices of its canary coordinates, compact order (device)
         self._real_flat = [torch.from_numpy(cf[cp == i].copy()).to(device)
@@ -129,7 +134,7 @@ class Injector:
             numel = np.asarray([int(p.numel()) for p in params], dtype=np.int64)
             layout = (np.concatenate([[0], np.cumsum(numel)[:-1]]), numel)
         else:
-            where = (pos[:k], pos[k:2 * k], pos[2 * k:])
+            where = (pos[:k], pos[k:2 * k], pos[2 * k:2 * k + design.m_canaries])
             layout = (coff, csize)
         self._consts = np.concatenate([
             design.pair_param.numpy(), where[0], where[1], design.one_param.numpy(), where[2],
@@ -243,6 +248,10 @@ class Injector:
         unit_scale = [denom / c if c > 0 else math.nan for c in clip]
         coins_cpu = torch.from_numpy(coins)
         n_one = int(included.shape[0])
+        weight = None
+        if self._spread_pair.size:  # the spread rows' extra entries, and every entry's weight
+            e_param, e_flat, e_index, weight = self._spread_entries(
+                coins, e_param, e_flat, e_index, self._k + n_one)
         return StepPlan(
             coins=(coins_cpu if self.device.type == "cpu"
                    else coins_cpu.to(self.device, non_blocking=True)),
@@ -260,7 +269,28 @@ class Injector:
             entry_flat=e_flat,
             entry_index=e_index,
             pair_order=pair_order,
+            entry_weight=weight,
         )
+
+    def _spread_entries(self, coins: np.ndarray, e_param: np.ndarray, e_flat: np.ndarray,
+                        e_index: np.ndarray, n_rows: int
+                        ) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+        """Append the extra entries of the spread pairs' rows (pair j's canary is row j) on the
+        side its coin chose, and give every entry its weight: 1 / sqrt(L) on each entry of a
+        spread row (so that the canary's norm is that of a Dirac canary), 1 elsewhere."""
+        side_a, side_b = self._spread_sides
+        rows = self._spread_pair
+        chosen = np.where(coins[rows][:, None], side_a, side_b)[:, 1:]  # design positions
+        row_of = np.repeat(rows, chosen.shape[1])
+        d = chosen.reshape(-1)
+        p = self._coord_param[d]
+        flat = self._coord_flat[d] if self.ghost else self._coord_pos[d]
+        index = n_rows * self._coff[p] + row_of * self._csize[p] + self._coord_pos[d]
+        weight = np.ones(e_param.shape[0] + d.shape[0])
+        weight[rows] = self._spread_w
+        weight[e_param.shape[0]:] = self._spread_w
+        return (np.concatenate([e_param, p]), np.concatenate([e_flat, flat]),
+                np.concatenate([e_index, index]), weight)
 
     def next_uniforms(self) -> np.ndarray:
         """The next step's k + m uniforms. They are drawn from the ``mechanics`` generator for
@@ -398,11 +428,14 @@ class Injector:
                 if written.device != buf.device:
                     written = written.to(buf.device, non_blocking=True)
                 clip = rec.clip
-                if all(c == clip[0] for c in clip):
+                if rec.entry_weight is None and all(c == clip[0] for c in clip):
                     buf.index_fill_(0, written, self.canary_norm * clip[0])
                 else:
-                    vals = torch.from_numpy(self.canary_norm * np.asarray(clip)[which])
-                    buf.index_copy_(0, written, vals.to(device=buf.device, dtype=buf.dtype))
+                    v = self.canary_norm * np.asarray(clip)[which]
+                    if rec.entry_weight is not None:
+                        v = v * rec.entry_weight
+                    buf.index_copy_(0, written, torch.from_numpy(v).to(device=buf.device,
+                                                                        dtype=buf.dtype))
                 self._shadow_clip(views)
                 self._count(rec)
             except Exception as e:
@@ -509,6 +542,8 @@ class Injector:
             order = np.argsort(params, kind="stable")
             counts = np.bincount(params, minlength=len(self.params))
             flat_sorted = torch.from_numpy(flats[order]).to(self.device, non_blocking=True)
+            w_sorted = (None if rec.entry_weight is None
+                        else torch.from_numpy(rec.entry_weight[order]))
             start = 0
             for i, cnt in enumerate(counts.tolist()):
                 if not cnt:
@@ -519,11 +554,13 @@ class Injector:
                     sg = torch.zeros_like(p)
                     p.summed_grad = sg
                 f = flat_sorted[start:start + cnt]
-                start += cnt
                 if f.device != sg.device:
                     f = f.to(sg.device)
-                val = self._ghost_value(rec.clip[i], sg)
-                sg.view(-1).index_add_(0, f, val.expand(cnt))
+                val = self._ghost_value(rec.clip[i], sg).expand(cnt)
+                if w_sorted is not None:  # a spread canary: 1 / sqrt(L) of it per coordinate
+                    val = val * w_sorted[start:start + cnt].to(device=sg.device, dtype=sg.dtype)
+                start += cnt
+                sg.view(-1).index_add_(0, f, val)
             self._count(rec)
         self._pending = rec
 

@@ -99,6 +99,11 @@ class GradientReader:
         # the compiled CPU path reads every coordinate in design order directly
         self._host = device.type == "cpu" and all(p.device.type == "cpu" for p in params)
         self._n_coords = self._coords.n
+        # spread pairs: x and y are sums over their sides' coordinates / sqrt(L)
+        self._spread_pair = design.spread_pair.numpy().astype(np.int64)
+        self._side_a, self._side_b = design.spread_sides()
+        self._spread_w = 1.0 / math.sqrt(design.spread_width)
+        self._n_extra = design.n_extra
         self._factors: dict[str, tuple[tuple[float, ...], torch.Tensor]] = {}
         self.reads = 0  # steps read
         self.compiled_reads = 0  # of which by the compiled CPU pass
@@ -201,6 +206,7 @@ class GradientReader:
         else:
             rec = self._read_torch(plan, step, real)
         rec.n_real, rec.micro_steps, rec.noise_std = plan.n_real, plan.micro_steps, plan.noise_std
+        rec.n_extra = self._n_extra
         noise = self._read_noise(plan)
         if noise is not None and plan.noise_std > 0:
             rec.release_raw, rec.noise_raw = noise
@@ -233,6 +239,15 @@ class GradientReader:
             a, b = vals[:k], vals[k:2 * k]
             x = torch.where(c, a, b)
             y = torch.where(c, b, a)
+        if self._spread_pair.size:
+            dev = vals.device
+            sp = torch.from_numpy(self._spread_pair).to(dev)
+            sa = vals[torch.from_numpy(self._side_a).to(dev)].sum(1) * self._spread_w
+            sb = vals[torch.from_numpy(self._side_b).to(dev)].sum(1) * self._spread_w
+            cs = c.to(dev)[sp]
+            x, y = x.clone(), y.clone()
+            x[sp] = torch.where(cs, sa, sb)
+            y[sp] = torch.where(cs, sb, sa)
         return StepRecord(step=step, values=vals, x=x, y=y, coins=c, sigma=plan.sigma,
                           sigma_claimed=plan.sigma_claimed, finite=finite, real_sums=real)
 
@@ -247,6 +262,13 @@ class GradientReader:
         ok = observe_step(grads, self._coords.param_np, self._coords.flat_np,
                           np.asarray(plan.unit_scale, dtype=np.float64),
                           real.numpy(), plan.pair_order, k, vals_np, xy_np)
+        if self._spread_pair.size:
+            sp = self._spread_pair
+            sa = vals_np[self._side_a].sum(1) * self._spread_w
+            sb = vals_np[self._side_b].sum(1) * self._spread_w
+            cs = plan.coins_cpu.numpy()[sp]
+            xy_np[sp] = np.where(cs, sa, sb)
+            xy_np[k + sp] = np.where(cs, sb, sa)
         xy = torch.from_numpy(xy_np)
         return StepRecord(step=step, values=torch.from_numpy(vals_np), x=xy[:k], y=xy[k:],
                           coins=plan.coins, sigma=plan.sigma, sigma_claimed=plan.sigma_claimed,

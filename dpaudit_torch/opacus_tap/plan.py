@@ -95,6 +95,8 @@ class StepPlan:
     entry_flat: np.ndarray | None = None
     entry_index: np.ndarray | None = None  # [n_rows] position in the step's rows buffer
     pair_order: np.ndarray | None = None  # [2k] positions of (x_j), then (y_j), in [a, b]
+    #: [entries] the weight of each entry (1 / sqrt(L) on spread rows), None when all are 1
+    entry_weight: np.ndarray | None = None
     #: [2k + m] the real examples' clipped sum / C at every canary coordinate, read before the
     #: canaries and the noise (summed over DDP ranks by the adapter before the observation)
     real_sum: torch.Tensor | None = None
