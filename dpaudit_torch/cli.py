@@ -1,7 +1,9 @@
 """The ``dpaudit`` command line: ``demo``, ``table1``, ``report``.
 
-Exit codes: 0 nothing found, 3 violation proven or claim refuted, 2 usage error (one line on
-stderr, never a traceback), 1 unexpected internal error.
+Exit codes follow the report's verdict: 0 nothing found, 3 violation proven or claim refuted,
+4 claim inconsistent (the accountant's inputs contradict the training that ran), 5 a finding that
+is not a proof (e.g. noise on a low-precision grid); 2 usage error (one line on stderr, never a
+traceback), 1 unexpected internal error.
 """
 
 from __future__ import annotations
@@ -14,7 +16,15 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
-EXIT_OK, EXIT_ERROR, EXIT_USAGE, EXIT_FOUND = 0, 1, 2, 3
+EXIT_OK, EXIT_ERROR, EXIT_USAGE = 0, 1, 2
+
+
+def verdict_exit_code(report: Any) -> int:
+    """The exit code of a report's verdict (:data:`~dpaudit_torch.report.schema.
+    VERDICT_EXIT_CODES`)."""
+    from .report.schema import VERDICT_EXIT_CODES, verdict_phrase
+
+    return VERDICT_EXIT_CODES[verdict_phrase(report.verdict)]
 
 
 class UsageError(Exception):
@@ -59,7 +69,8 @@ def _build_parser() -> _Parser:
         "demo", help="train a small CNN with Opacus on bundled digits, audited; write a report",
         description="DP-SGD (Opacus) on scikit-learn's bundled 8x8 digits with the auditor "
                     "attached. Writes audit.json and report.html to --out. Exit 3 if a "
-                    "violation is proven or the claim refuted, else 0.")
+                    "violation is proven or the claim refuted, 4 if the claim is inconsistent "
+                    "with the training that ran, 5 for a finding that is not a proof, else 0.")
     demo.add_argument("--out", default="audit_out", help="report directory (default audit_out)")
     demo.add_argument("--steps", type=int, default=300, help="training steps (default 300)")
     demo.add_argument("--seed", type=_seed, default=0,
@@ -139,7 +150,7 @@ def _cmd_demo(args: argparse.Namespace) -> int:
     print(report.summary_text())
     print(f"report: {result.report_dir / 'report.html'}")
     print(f"data:   {result.report_dir / 'audit.json'}")
-    return EXIT_FOUND if (report.violation or report.claim_refuted) else EXIT_OK
+    return verdict_exit_code(report)
 
 
 def _cmd_table1(args: argparse.Namespace) -> int:
@@ -167,7 +178,7 @@ def _cmd_report(args: argparse.Namespace) -> int:
     report.save(target)
     print(report.summary_text())
     print(f"report: {target / 'report.html'}")
-    return EXIT_FOUND if (report.violation or report.claim_refuted) else EXIT_OK
+    return verdict_exit_code(report)
 
 
 def main(argv: list[str] | None = None) -> int:

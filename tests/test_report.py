@@ -657,3 +657,29 @@ def test_verdict_vocabulary_and_findings(tmp_path: Path) -> None:
     d["schema_version"] = "1.1"
     with pytest.raises(ValueError, match="do not exist in schema 1.1"):
         AuditReport.from_dict(d)
+
+
+def test_findings_in_html_summary_and_exit_codes() -> None:
+    from dpaudit_torch.cli import verdict_exit_code
+
+    r = make_report("nothing")
+    r.claim_refuted = r.violation = False
+    r.violation_step = None
+    assert verdict_exit_code(r) == 0
+    r.findings = [{"monitor": "accounting", "level": "inconsistent",
+                   "message": "the accountant counted 80 steps; noise was released 20 times",
+                   "where": "accountant"},
+                  {"monitor": "sampling", "level": "note", "message": "check not run: x",
+                   "where": None}]
+    r.claim_inconsistent = True
+    page = r.to_html()
+    assert 'id="findings"' in page and "noise was released 20 times" in page
+    assert "inconsistent with the training that ran" in page
+    assert "noise was released 20 times" in r.summary_text()
+    assert verdict_exit_code(r) == 4
+    r.claim_inconsistent = False
+    r.findings = [{"monitor": "noise", "level": "finding", "message": "bfloat16 grid",
+                   "where": "noise generation"}]
+    assert r.verdict == "finding (not a proof)" and verdict_exit_code(r) == 5
+    r.violation, r.violation_step = True, 3
+    assert verdict_exit_code(r) == 3

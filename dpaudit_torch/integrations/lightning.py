@@ -291,12 +291,19 @@ class PrivacyAuditCallback(_Callback):
             self.report = report
             is_zero = bool(getattr(trainer, "is_global_zero", True))
             target = self._target_dir(trainer)
+            # the report's verdict vocabulary; anything but "nothing found" at WARNING, with
+            # every finding, so that a user sees it without configuring logging
+            level = logging.INFO if report.verdict == "nothing found" else logging.WARNING
             if target is not None and is_zero:
                 self.report_dir = Path(report.save(target))
-                logger.info("privacy audit: %s; report saved to %s", report.verdict,
-                            self.report_dir)
+                logger.log(level, "privacy audit: %s; report saved to %s", report.verdict,
+                           self.report_dir)
             else:
-                logger.info("privacy audit: %s", report.verdict)
+                logger.log(level, "privacy audit: %s", report.verdict)
+            for f in report.findings:
+                if f.get("level") != "note":
+                    logger.log(level, "privacy audit finding (%s, %s): %s", f.get("monitor"),
+                               f.get("level"), f.get("message"))
         except Exception:
             if reason is None:
                 raise

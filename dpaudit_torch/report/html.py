@@ -173,6 +173,19 @@ def verdict_section(v: ReportView) -> str:
             f"claims, and the claimed ε = {claim} (δ = {delta}), computed by an accountant "
             f"that assumes it does, cannot be trusted.{stop}</p>"
         )
+    elif d.get("claim_inconsistent"):
+        css = "verdict-violation"
+        text = (
+            f"<p>The claimed ε = {claim} (δ = {delta}) is <strong>inconsistent with the "
+            "training that ran</strong>: recomputed by the same accountant from what the "
+            "optimizer really did (steps released, examples per step, noise measured), at the "
+            f"conservative ends of the {v.level_pct}% intervals, ε is larger. This is a "
+            "statement about the accountant's inputs, not a lower bound on the true ε.</p>"
+        )
+    elif any(f.get("level") == "finding" for f in d.get("findings", [])):
+        css = "verdict-nothing"
+        text = ("<p>No test rejected, but the audit made a finding that is not a statistical "
+                "proof (below).</p>")
     else:
         css = "verdict-nothing"
         claim_part = (
@@ -188,8 +201,22 @@ def verdict_section(v: ReportView) -> str:
     return (
         f'<section id="verdict" class="verdict {css}">'
         f'<h2>Verdict: <span id="verdict-text" data-field="verdict">{esc(r.verdict)}</span>'
-        f"</h2>{text}{power_text(v)}{meaning}</section>"
+        f"</h2>{text}{findings_text(v)}{power_text(v)}{meaning}</section>"
     )
+
+
+def findings_text(v: ReportView) -> str:
+    """Every finding of the monitors (what failed and where), as a list."""
+    items = [f for f in v.d.get("findings", []) if f.get("level") != "note"]
+    notes = [f for f in v.d.get("findings", []) if f.get("level") == "note"]
+    if not items and not notes:
+        return ""
+    li = "".join(
+        f'<li data-level="{esc(f.get("level"))}"><strong>{esc(f.get("level"))}</strong> '
+        f'({esc(f.get("monitor"))}'
+        + (f', {esc(f.get("where"))}' if f.get("where") else "")
+        + f"): {esc(f.get('message'))}</li>" for f in items + notes)
+    return f'<ul id="findings">{li}</ul>'
 
 
 def power_text(v: ReportView) -> str:

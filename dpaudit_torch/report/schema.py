@@ -58,6 +58,8 @@ __all__ = [
     "VERDICT_INCONSISTENT",
     "VERDICT_FINDING",
     "VERDICTS",
+    "VERDICT_EXIT_CODES",
+    "verdict_phrase",
     "FINDING_LEVELS",
     "plain",
     "encode_nonfinite",
@@ -89,6 +91,19 @@ VERDICT_FINDING = "finding (not a proof)"
 #: every verdict phrase, strongest first (``verdict`` starts with one of them)
 VERDICTS = (VERDICT_REFUTED, VERDICT_VIOLATION, VERDICT_INCONSISTENT, VERDICT_FINDING,
             VERDICT_NOTHING)
+#: the ``dpaudit`` command's exit code for each verdict (0 and 3 as before the vocabulary grew)
+VERDICT_EXIT_CODES = {VERDICT_REFUTED: 3, VERDICT_VIOLATION: 3, VERDICT_INCONSISTENT: 4,
+                      VERDICT_FINDING: 5, VERDICT_NOTHING: 0}
+
+
+def verdict_phrase(verdict: str) -> str:
+    """The phrase of :data:`VERDICTS` that ``verdict`` starts with."""
+    for phrase in VERDICTS:
+        if verdict.startswith(phrase):
+            return phrase
+    raise ValueError(f"not a verdict of this version: {verdict!r}")
+
+
 #: levels of a finding (``findings[i]["level"]``)
 FINDING_LEVELS = ("violation", "refuted", "inconsistent", "finding", "note")
 
@@ -507,7 +522,12 @@ class AuditReport:
                 f"The sequential test proved{at} that a training step is less private than "
                 f"claimed.{stop}"
             )
-        if not self.claim_refuted and not self.violation:
+        for f in self.findings:
+            if f.get("level") in ("violation", "inconsistent", "finding"):
+                where = f" [{f['where']}]" if f.get("where") else ""
+                lines.append(f"Finding ({f.get('monitor')}, {f.get('level')}){where}: "
+                             f"{f.get('message')}")
+        if self.verdict == VERDICT_NOTHING:
             lines.append(
                 "Nothing found is not a proof of privacy: these are lower bounds, and this "
                 "audit could only have detected leaks up to its ceiling."
