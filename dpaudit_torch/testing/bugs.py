@@ -411,6 +411,9 @@ def _check_dp_optimizer(optimizer: Any, fn: str) -> None:
     if not isinstance(optimizer, DPOptimizer):
         raise TypeError(f"{fn} needs an Opacus DPOptimizer instance, got "
                         f"{type(optimizer).__name__}")
+
+
+def _check_not_applied(optimizer: Any) -> None:
     if applied_bug(optimizer) is not None:
         raise ValueError(f"bug {applied_bug(optimizer)!r} is already applied to this optimizer")
 
@@ -438,10 +441,10 @@ def apply_bug(optimizer: Any, name: str) -> Any:
     if isinstance(name, str) and name in SETUP_BUGS:
         raise ValueError(f"{name!r} is a setup bug: apply it with apply_setup_bug(engine, "
                          f"optimizer, data_loader, {name!r})")
-    if not isinstance(name, str) or name not in BUGS:
-        _check_dp_optimizer(optimizer, "apply_bug")
-        raise ValueError(f"unknown bug {name!r}; known bugs: {', '.join(names())}")
     _check_dp_optimizer(optimizer, "apply_bug")
+    if not isinstance(name, str) or name not in BUGS:
+        raise ValueError(f"unknown bug {name!r}; known bugs: {', '.join(names())}")
+    _check_not_applied(optimizer)
     bug = BUGS[name]
     ghost = isinstance(optimizer, DPOptimizerFastGradientClipping)
     if not bug.ghost_ok and ghost:
@@ -471,6 +474,7 @@ def apply_setup_bug(engine: Any, optimizer: Any, data_loader: Any, name: str
     _check_dp_optimizer(optimizer, "apply_setup_bug")
     if not isinstance(name, str) or name not in SETUP_BUGS:
         raise ValueError(f"unknown bug {name!r}; known bugs: {', '.join(names())}")
+    _check_not_applied(optimizer)
     if int(getattr(optimizer, "world_size", 1)) > 1:
         raise ValueError(f"setup bug {name!r} is single-process only")
     optimizer, data_loader = SETUP_BUGS[name].apply(engine, optimizer, data_loader)
