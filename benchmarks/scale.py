@@ -39,8 +39,15 @@ of the **without** process, and the same for the peak increase over the resident
 before the first step (the memory the steps need); both processes import the same modules
 before the baseline is read. Targets: <= 1.05 for the step time and for the peak resident memory.
 
+Every pair runs twice (``--allocators``): with glibc's default allocator settings, and with a
+fixed mmap threshold of 64 KiB (``MALLOC_MMAP_THRESHOLD_=65536``: every larger block is mmapped
+and returned to the system when freed). glibc's default raises its mmap threshold up to 32 MiB
+after large frees, so torch's large per-step tensors are then carved from the heap, and memory
+freed below a small block that outlives the step stays resident; the second setting shows the
+live memory without that retention.
+
     python benchmarks/scale.py [--sizes 1M,10M,100M] [--modes hooks,ghost] [--warm 5]
-                               [--timed 5] [--quick]
+                               [--timed 1M:40,10M:20,100M:5] [--allocators ...] [--quick]
 
 ``--quick`` runs the 1M model with 2 + 3 steps and writes nothing.
 """
@@ -217,20 +224,36 @@ def child(size: str, mode: str, audit: bool, warm: int, timed: int, seed: int) -
     return res
 
 
-def run_child(size: str, mode: str, audit: bool, timed: int, args: argparse.Namespace
-              ) -> dict[str, Any]:
+#: allocator settings a pair of processes can run under: glibc's defaults, or a fixed mmap
+#: threshold of 64 KiB (every larger block is mmapped and returned to the system when freed,
+#: so the resident set follows the live memory instead of what the heap keeps after frees)
+ALLOCATORS: dict[str, dict[str, str]] = {
+    "glibc default": {},
+    "mmap threshold 64 KiB": {"MALLOC_MMAP_THRESHOLD_": "65536"},
+}
+
+
+def run_child(size: str, mode: str, audit: bool, timed: int, args: argparse.Namespace,
+              allocator: str = "glibc default") -> dict[str, Any]:
     cmd = [sys.executable, os.path.abspath(__file__), "--child", "--sizes", size, "--modes", mode,
            "--warm", str(args.warm), "--timed", str(timed), "--seed", str(args.seed)]
     if audit:
         cmd.append("--audit")
     t = time.time()
-    p = subprocess.run(cmd, capture_output=True, text=True, check=False)
+    env = {**os.environ, **ALLOCATORS[allocator]}
+    p = subprocess.run(cmd, capture_output=True, text=True, check=False, env=env)
     if p.returncode != 0:
         tail = (p.stderr or p.stdout)[-2000:]
         return {"error": f"exit code {p.returncode}: {tail}"}
     res = json.loads(p.stdout.strip().splitlines()[-1])
     res["wall_s"] = time.time() - t
     return res
+
+
+def _unaudited(r: dict[str, Any], key: str, f: Any = statistics.median) -> float:
+    """Mean of ``f`` over the two unaudited phases around the audited one (phases 1 and 3):
+    a drift of the machine cancels to first order."""
+    return 0.5 * (f(r[key][0]) + f(r[key][2]))
 
 
 def fits(size: str, mode: str) -> tuple[bool, str]:
@@ -257,6 +280,8 @@ def main() -> None:
     ap.add_argument("--timed", default="1M:40,10M:20,100M:5",
                     help="timed steps per phase: an int, or size:int,... per size")
     ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--allocators", default=",".join(ALLOCATORS),
+                    help="comma-separated: " + ", ".join(ALLOCATORS))
     ap.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
     ap.add_argument("--audit", action="store_true", help=argparse.SUPPRESS)
     ap.add_argument("--quick", action="store_true", help="1M, 2 + 3 steps; writes nothing")
@@ -273,61 +298,59 @@ def main() -> None:
     t0 = time.time()
     rows, notes = [], []
     mb = 2.0**20
-    for size in args.sizes.split(","):
-        for mode in args.modes.split(","):
-            ok, why = fits(size, mode)
-            if not ok:
-                rows.append([size, "-", mode] + ["not run: " + why] + ["-"] * 17)
-                print(f"{size} {mode}: not run ({why})", flush=True)
-                continue
-            timed = args.timed[size] if isinstance(args.timed, dict) else int(args.timed)
-            a = run_child(size, mode, False, timed, args)
-            b = run_child(size, mode, True, timed, args)
-            if "error" in a or "error" in b:
-                err = a.get("error") or b.get("error")
-                last = str(err).strip().splitlines()[-1][-200:]
-                rows.append([size, "-", mode] + ["failed: " + last] + ["-"] * 17)
-                print(f"{size} {mode}: FAILED {err}", flush=True)
-                continue
-            med = statistics.median
-            def off(r: dict[str, Any], key: str, f: Any = med) -> float:
-                """The unaudited phases before and after (drift cancels to first order)."""
-                return 0.5 * (f(r[key][0]) + f(r[key][2]))
-
-            t_off, t_on = off(b, "times"), med(b["times"][1])
-            c_off, c_on = off(b, "cpu"), med(b["cpu"][1])
-            t_ratio, c_ratio = t_on / t_off, c_on / c_off
-            floor = med(a["cpu"][1]) / off(a, "cpu")
-            mean_ratio = statistics.fmean(b["cpu"][1]) / off(b, "cpu", statistics.fmean)
-            peak_ratio = b["hwm_end"] / a["hwm_end"]
-            inc_a = a["hwm_end"] - a["rss_before_steps"]
-            inc_b = b["hwm_end"] - b["rss_before_steps"]
-            inc_ratio = inc_b / inc_a if inc_a > 0 else math.nan
-            met_t, met_m = c_ratio <= TARGET, peak_ratio <= TARGET
-            rows.append([
-                size, f"{a['n_params'] / 1e6:.2f}M", mode, f"{timed}",
-                f"{1e3 * c_off:.0f} / {1e3 * t_off:.0f}", f"{1e3 * c_on:.0f} / {1e3 * t_on:.0f}",
-                f"{c_ratio:.3f}", f"{t_ratio:.3f}", f"{mean_ratio:.3f}", f"{floor:.3f}",
-                "yes" if met_t else "NO", f"{a['hwm_end'] / mb:.0f}",
-                f"{b['hwm_end'] / mb:.0f}", f"{peak_ratio:.3f}", "yes" if met_m else "NO",
-                f"{inc_a / mb:.0f}", f"{inc_b / mb:.0f}", f"{inc_ratio:.3f}",
-                f"{(b['hwm_end'] - a['hwm_end']) / mb:.0f}",
-                f"{(b['rss_after_numba'] - b['rss_after_phase1']) / mb:.0f} / "
-                f"{(b['rss_after_attach'] - b['rss_after_numba']) / mb:.0f} / "
-                f"{(b['rss_end'] - b['rss_after_attach']) / mb:.0f}",
-                b.get("m_canaries", "-")])
-            notes.append(f"{size} {mode}: attach {b['attach_s']:.2f} s; processes "
-                         f"{a['wall_s']:.0f} s + {b['wall_s']:.0f} s; CPU ms per timed step "
-                         f"without auditor {[round(1e3 * x) for x in b['cpu'][0]]}, with "
-                         f"{[round(1e3 * x) for x in b['cpu'][1]]}, without again "
-                         f"{[round(1e3 * x) for x in b['cpu'][2]]}")
-            print(f"{size} {mode}: CPU step {1e3 * c_off:.0f} -> {1e3 * c_on:.0f} ms "
-                  f"({c_ratio:.3f}; wall {t_ratio:.3f}; floor {floor:.3f}); peak RSS "
-                  f"{a['hwm_end'] / mb:.0f} -> {b['hwm_end'] / mb:.0f} MB ({peak_ratio:.3f}); "
-                  f"increase {inc_a / mb:.0f} -> {inc_b / mb:.0f} MB ({inc_ratio:.3f}) "
-                  f"({time.time() - t0:.0f}s)", flush=True)
+    combos = [(s_, m_, al) for al in args.allocators.split(",") for s_ in args.sizes.split(",")
+              for m_ in args.modes.split(",")]
+    for size, mode, alloc in combos:
+        ok, why = fits(size, mode)
+        if not ok:
+            rows.append([size, "-", mode, alloc] + ["not run: " + why] + ["-"] * 17)
+            print(f"{size} {mode}: not run ({why})", flush=True)
+            continue
+        timed = args.timed[size] if isinstance(args.timed, dict) else int(args.timed)
+        a = run_child(size, mode, False, timed, args, alloc)
+        b = run_child(size, mode, True, timed, args, alloc)
+        if "error" in a or "error" in b:
+            err = a.get("error") or b.get("error")
+            last = str(err).strip().splitlines()[-1][-200:]
+            rows.append([size, "-", mode, alloc] + ["failed: " + last] + ["-"] * 17)
+            print(f"{size} {mode}: FAILED {err}", flush=True)
+            continue
+        med = statistics.median
+        off = _unaudited
+        t_off, t_on = off(b, "times"), med(b["times"][1])
+        c_off, c_on = off(b, "cpu"), med(b["cpu"][1])
+        t_ratio, c_ratio = t_on / t_off, c_on / c_off
+        floor = med(a["cpu"][1]) / off(a, "cpu")
+        mean_ratio = statistics.fmean(b["cpu"][1]) / off(b, "cpu", statistics.fmean)
+        peak_ratio = b["hwm_end"] / a["hwm_end"]
+        inc_a = a["hwm_end"] - a["rss_before_steps"]
+        inc_b = b["hwm_end"] - b["rss_before_steps"]
+        inc_ratio = inc_b / inc_a if inc_a > 0 else math.nan
+        met_t, met_m = c_ratio <= TARGET, peak_ratio <= TARGET
+        rows.append([
+            size, f"{a['n_params'] / 1e6:.2f}M", mode, alloc, f"{timed}",
+            f"{1e3 * c_off:.0f} / {1e3 * t_off:.0f}", f"{1e3 * c_on:.0f} / {1e3 * t_on:.0f}",
+            f"{c_ratio:.3f}", f"{t_ratio:.3f}", f"{mean_ratio:.3f}", f"{floor:.3f}",
+            "yes" if met_t else "NO", f"{a['hwm_end'] / mb:.0f}",
+            f"{b['hwm_end'] / mb:.0f}", f"{peak_ratio:.3f}", "yes" if met_m else "NO",
+            f"{inc_a / mb:.0f}", f"{inc_b / mb:.0f}", f"{inc_ratio:.3f}",
+            f"{(b['hwm_end'] - a['hwm_end']) / mb:.0f}",
+            f"{(b['rss_after_numba'] - b['rss_after_phase1']) / mb:.0f} / "
+            f"{(b['rss_after_attach'] - b['rss_after_numba']) / mb:.0f} / "
+            f"{(b['rss_end'] - b['rss_after_attach']) / mb:.0f}",
+            b.get("m_canaries", "-")])
+        notes.append(f"{size} {mode} ({alloc}): attach {b['attach_s']:.2f} s; processes "
+                     f"{a['wall_s']:.0f} s + {b['wall_s']:.0f} s; CPU ms per timed step "
+                     f"without auditor {[round(1e3 * x) for x in b['cpu'][0]]}, with "
+                     f"{[round(1e3 * x) for x in b['cpu'][1]]}, without again "
+                     f"{[round(1e3 * x) for x in b['cpu'][2]]}")
+        print(f"{size} {mode} ({alloc}): CPU step {1e3 * c_off:.0f} -> {1e3 * c_on:.0f} ms "
+              f"({c_ratio:.3f}; wall {t_ratio:.3f}; floor {floor:.3f}); peak RSS "
+              f"{a['hwm_end'] / mb:.0f} -> {b['hwm_end'] / mb:.0f} MB ({peak_ratio:.3f}); "
+              f"increase {inc_a / mb:.0f} -> {inc_b / mb:.0f} MB ({inc_ratio:.3f}) "
+              f"({time.time() - t0:.0f}s)", flush=True)
     table = markdown_table(
-        ["size", "params", "mode", "timed steps per phase",
+        ["size", "params", "mode", "allocator", "timed steps per phase",
          "step ms without: CPU / wall (median)", "step ms with: CPU / wall (median)",
          "step time ratio (CPU, median)", "wall ratio (median)", "ratio of mean CPU",
          "noise floor (CPU, without: phase 2 / phases 1, 3)", "time <= 1.05",
@@ -374,7 +397,13 @@ def main() -> None:
         "Numba (the auditor imports it lazily; the script imports it just before attaching), "
         "attaching the auditor (design, buffers, testers), and the audited steps (the "
         "compiled kernels loaded from Numba's disk cache at their first call, the tests' "
-        "state).\n\n" + table + "\n\n"
+        "state, and what the heap keeps after frees). *Allocator*: each pair runs with glibc's "
+        "default settings and with a fixed mmap threshold of 64 KiB (MALLOC_MMAP_THRESHOLD_="
+        "65536: every larger block is mmapped and returned to the system when freed). By "
+        "default glibc raises its mmap threshold up to 32 MiB after large frees, so torch's "
+        "large per-step tensors are carved from the heap and memory freed below a block that "
+        "outlives the step stays resident; the second setting shows the live memory without "
+        "that retention.\n\n" + table + "\n\n"
         + "\n".join(f"- {n}" for n in notes) + f"\n\nTotal time {total:.0f} s.\n")
     write_section("scale", body)
 

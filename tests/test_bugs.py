@@ -22,16 +22,26 @@ def _one_step(setup, seed: int = 0):
     return out
 
 
+OPTIMIZER_BUGS = ["no-noise", "noise-divided-by-batch", "noise-halved", "no-clipping",
+                  "bias-no-noise", "noise-reused", "noise-reseeded", "noise-bf16", "noise-0.8",
+                  "noise-divided-one-tensor", "per-tensor-clipping"]
+SETUP_BUGS = ["accountant-rate-4x", "accumulation-counted-per-micro-step", "fixed-size-batches"]
+
+
 def test_registry():
-    assert bugs.names() == ["no-noise", "noise-divided-by-batch", "noise-halved", "no-clipping",
-                           "bias-no-noise"]
-    for name, bug in bugs.BUGS.items():
-        assert bug.name == name and len(bug.description) > 10
-    assert "no-noise" in (bugs.__doc__ or "")
+    assert bugs.names("optimizer") == OPTIMIZER_BUGS
+    assert bugs.names("setup") == SETUP_BUGS
+    assert bugs.names() == OPTIMIZER_BUGS + SETUP_BUGS
+    with pytest.raises(ValueError, match="kind"):
+        bugs.names("other")
+    for reg in (bugs.BUGS, bugs.SETUP_BUGS):
+        for name, bug in reg.items():
+            assert bug.name == name and len(bug.description) > 10
+            assert f'"{name}"' in (bugs.__doc__ or "")  # each one is documented
 
 
 @pytest.mark.parametrize("name,factor", [("no-noise", 0.0), ("noise-halved", 0.5),
-                                         ("noise-divided-by-batch", None)])
+                                         ("noise-0.8", 0.8), ("noise-divided-by-batch", None)])
 def test_noise_bugs_scale_the_same_draws(name, factor):
     ok = make_private_setup(lr=0.0, noise_seed=3)
     bad = make_private_setup(lr=0.0, noise_seed=3)
@@ -81,7 +91,7 @@ def test_no_clipping_per_layer_restores_the_bounds():
     assert s.optimizer.max_grad_norms == [0.1, 0.2, 0.3, 0.4]
 
 
-@pytest.mark.parametrize("name", bugs.names())
+@pytest.mark.parametrize("name", bugs.names("optimizer"))
 def test_bugs_are_silent_for_the_accountant(name):
     ok = make_private_setup(seed=5)
     bad = make_private_setup(seed=5)
