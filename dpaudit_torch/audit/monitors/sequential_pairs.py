@@ -108,6 +108,7 @@ class SequentialPairsMonitor:
             setattr(self, name, _zero(dev))
         self.w_count = 0
         self.y_count = 0
+        self._w_pending: list[tuple[torch.Tensor, bool | torch.Tensor]] = []
 
     # ------------------------------------------------------------------ segments
     def start(self, sigma: float, start_step: int = 0) -> None:
@@ -178,14 +179,21 @@ class SequentialPairsMonitor:
         self.buffer_sigma.append(record.sigma)
         self.buffer_ok.append(record.finite)
         if record.real_sums is not None:
-            self._add_interference(record.real_sums[:2 * self.k], record.finite)
+            # reduced once per check (interference_summary / _drain), not per step
+            self._w_pending.append((record.real_sums[:2 * self.k], record.finite))
 
-    def _add_interference(self, w: torch.Tensor, finite: bool | torch.Tensor) -> None:
+    def _flush_interference(self) -> None:
         """W, the real data's clipped sum at both coordinates of every pair (units of C; it was
-        subtracted from the observations), into the running statistics."""
+        subtracted from the observations), of the steps since the last call, into the running
+        statistics (a non-finite value, or a step flagged non-finite, counts as 0)."""
+        if not self._w_pending:
+            return
+        w = torch.stack([v for v, _ in self._w_pending])
         ok = torch.isfinite(w)
-        if not isinstance(finite, bool):
-            ok = ok & finite
+        flags = [f for _, f in self._w_pending]
+        self._w_pending = []
+        if not all(f is True for f in flags):
+            ok = ok & torch.stack([torch.as_tensor(f, device=w.device) for f in flags])[:, None]
         w = torch.where(ok, w, torch.zeros_like(w))
         self.w_sum += w.sum()
         self.w_sumsq += (w * w).sum()
@@ -207,6 +215,7 @@ class SequentialPairsMonitor:
     def _drain(self) -> tuple[torch.Tensor, torch.Tensor, list[int], list[float], int]:
         """Buffered pairs as [n_steps, k] tensors, their steps and sigmas, and the number of
         steps dropped for a non-finite value; clears the buffer."""
+        self._flush_interference()
         if not self.buffer_x:
             empty = torch.zeros((0, self.k), dtype=torch.float64, device=self.device)
             return empty, empty, [], [], 0
@@ -335,6 +344,7 @@ class SequentialPairsMonitor:
         """The real-data gradient W at the pair coordinates, removed from every observation,
         and the spread of the observation at the non-canary coordinate, in units of C (host
         sync)."""
+        self._flush_interference()
         out: dict[str, Any] = {"units": "C (clipping bound)",
                                "coordinates": "both coordinates of each sequential pair",
                                "read_every_steps": 1, "removed": True}
@@ -362,6 +372,8 @@ class SequentialPairsMonitor:
 
     # ------------------------------------------------------------------ checkpoint
     def state_dict(self) -> dict[str, Any]:
+        self._flush_interference()
+
         def stack(b: list[torch.Tensor]) -> torch.Tensor:
             return (torch.stack(b).detach().cpu() if b
                     else torch.zeros((0, self.k), dtype=torch.float64))
