@@ -48,7 +48,7 @@ import statistics
 import sys
 import time
 import warnings
-from dataclasses import dataclass
+from collections import Counter
 from pathlib import Path
 from typing import Any
 
@@ -96,14 +96,6 @@ def bias_task(n: int, d_in: int = 20, mean: float = 3.0, offset: float = 10.0,
     w = torch.randn(d_in, generator=g) / d_in**0.5
     y = offset + (x - mean) @ w + 0.1 * torch.randn(n, generator=g)
     return TensorDataset(x, y.unsqueeze(1))
-
-
-@dataclass(frozen=True)
-class Setting:
-    name: str
-    sigma: float
-    lr: float
-    batch: int
 
 
 def build(kind: str, seed: int, sigma: float, mlp_n: int) -> tuple[Any, ...]:
@@ -180,6 +172,9 @@ def audited_run(kind: str, seed: int, sigma: float, steps: int, mlp_n: int,
         "claimed": rep.claimed_epsilon, "refuted": bool(rep.claim_refuted),
         "violation": bool(rep.violation), "violation_step": rep.violation_step,
         "crossed": rep.sequential.get("crossed_at_step"),
+        "decided_by": sorted({str(f.get("monitor")) for f in getattr(rep, "findings", None) or []
+                              if f.get("level") == "violation"}),
+        "inconsistent": getattr(rep, "claim_inconsistent", None),
         "w_std": rep.interference.get("std"), "w_max": rep.interference.get("max_abs"),
         "expected": rep.power.get("expected_bound"),
         "n_params": sum(p.numel() for p in model.parameters()),
@@ -284,11 +279,12 @@ def refutation(args: argparse.Namespace, t0: float) -> tuple[str, dict[str, Any]
     row = [f"MLP 20-64-64-1, n={args.mlp_n}", sigma, f"{q:.4g}", f"{q / 100:.4g}", steps_a,
            len(runs), f"{statistics.median(r['claimed'] for r in runs):.4g}", f"{true_eps:.4g}",
            fmt_list([r["steinke"] for r in runs]), fmt_list([r["fdp"] for r in runs]),
-           f"{n_ref}/{len(runs)}", f">= {need}/{len(runs)}", "yes" if met else "NO"]
+           f"{n_ref}/{len(runs)}", f">= {need}/{len(runs)}", "yes" if met else "NO",
+           f"{sum(1 for r in runs if r['inconsistent'])}/{len(runs)}"]
     table = markdown_table(
         ["model", "sigma", "real q", "q told to the accountant", "steps", "seeds",
          "claimed eps (PRV)", "true eps (PRV, real q)", "Steinke bounds", "f-DP bounds",
-         "claim refuted", "target", "met"], [row])
+         "claim refuted", "target", "met", "report.claim_inconsistent (no target)"], [row])
     return table, {"n_ref": n_ref, "true_eps": true_eps}
 
 
@@ -332,8 +328,8 @@ def bias_bug(args: argparse.Namespace, t0: float) -> str:
                         bug="bias-no-noise")
         runs.append(r)
         print(f"  bias-no-noise seed {s}: violation {r['violation']} at step "
-              f"{r['violation_step']} (crossed {r['crossed']}) ({time.time() - t0:.0f}s)",
-              flush=True)
+              f"{r['violation_step']} (crossed {r['crossed']}, by {r['decided_by']}) "
+              f"({time.time() - t0:.0f}s)", flush=True)
     steps = [r["violation_step"] if r["violation"] else None for r in runs]
     within = sum(1 for v in steps if v is not None and v <= BIAS_STEP_TARGET)
     decided = [v for v in steps if v is not None]
@@ -346,12 +342,16 @@ def bias_bug(args: argparse.Namespace, t0: float) -> str:
            ", ".join(str(c) for c in crossed) or "-",
            f"{within}/{len(runs)}", f"{len(runs)}/{len(runs)} within {BIAS_STEP_TARGET}",
            f"{runs[0]['pairs_1d']} of {runs[0]['k_pairs']} ({runs[0]['coords_1d']} of "
-           f"{runs[0]['n_params']} coordinates)", "yes" if met else "NO"]
+           f"{runs[0]['n_params']} coordinates)",
+           "; ".join(f"{m} x{n}" for m, n in sorted(Counter(
+               m for r in runs for m in r["decided_by"]).items())) or "-",
+           "yes" if met else "NO"]
     table = markdown_table(
         ["model", "sigma", "bug", "seeds", "max steps", "check_every",
          "violation_step per seed", "median (decided runs)", "max", "crossed_at_step per seed",
          f"decided within {BIAS_STEP_TARGET} steps", "target",
-         "pairs in 1-d tensors (their coordinates)", "met"], [row])
+         "pairs in 1-d tensors (their coordinates)", "monitors with a violation finding",
+         "met"], [row])
     # what governs the latency: the share of the 16 pairs that sit in the broken tensors
     srows = []
     for n_free in args.synthetic_noiseless:
@@ -370,8 +370,9 @@ def bias_bug(args: argparse.Namespace, t0: float) -> str:
          f"crossed within {args.synthetic_steps}", "median crossing step (inf: none)",
          f"crossed within {BIAS_STEP_TARGET}"], srows)
     return table + "\n\n" + (
-        "The same decision (the auditor's default testers at sigma 0.8, averaged, threshold "
-        "1/alpha) on a synthetic stream of 16 pairs per step where some pairs are noiseless "
+        "The sequential pair tests alone (the auditor's default testers at sigma 0.8, averaged, "
+        "threshold 1/alpha; without the other monitors) on a synthetic stream of 16 pairs per "
+        "step where some pairs are noiseless "
         "((1, 0) up to float32 rounding, as the bug leaves the bias pairs) and the others "
         "follow the correct per-step Gaussian mechanism; crossing step = the step at which "
         "the decision would fire with check_every 1:\n\n" + stable)

@@ -13,10 +13,10 @@ samplers. Sizes (vocabulary V, width d, layers L, heads, sequence length S = 32)
 * 1M: V 2304, d 128, L 2, 4 heads;  * 10M: V 10000, d 256, L 6, 8 heads;
 * 100M: V 10000, d 768, L 12, 12 heads.
 
-Training: SGD, C 1, sigma 1, RDP accountant, physical batch 8 (a data set of 800 sequences
-behind Opacus's Poisson loader, so q = 0.01 for the accountant and the auditor; the timed steps
-themselves use fixed batches of exactly 8 sequences, the same in every process, so that Poisson
-batch sizes add no variance to the step times), one torch thread, auditor defaults
+Training: SGD, C 1, sigma 1, RDP accountant, Poisson batches of expected size 8 (800 sequences,
+q = 0.01) from Opacus's loader, drawn once per process from a seeded generator and replayed in
+every phase, so that the phases and the two processes see the same batch sizes in the same
+order; one torch thread, auditor defaults
 (:class:`~dpaudit_torch.audit.PrivacyAuditor` with ``delta`` 1e-5).
 
 Each (size, mode) runs two fresh subprocesses with the same seed:
@@ -25,14 +25,17 @@ Each (size, mode) runs two fresh subprocesses with the same seed:
 * **with**: setup, phase 1 without the auditor, then ``PrivacyAuditor(...)`` is attached and
   phase 2 runs audited, then it is detached and phase 3 runs without it again.
 
-*Step time* (figure of merit): in the **with** process, the median CPU time of the training
-thread over phase 2's timed steps, divided by the mean of the medians of phases 1 and 3 (same
-process, same setup; a drift of the shared machine cancels to first order; phase 2 starts with
-``--warm`` audited steps that include the auditor's first decision, where its compiled kernels
-are loaded). Everything runs on that thread (one torch thread, no loader workers), so its CPU
-time is robust to the other load of a shared machine (as in ``benchmarks/overhead.py``); the
-wall-time ratio is reported beside it. The same ratio in the **without** process (no auditor in
-any phase) is the noise floor.
+*Step time* (figure of merit): in the **with** process, for each timed step i, the CPU time of
+the training thread at step i of phase 2 over the mean of steps i of phases 1 and 3 (the phases
+replay the same batches, so each ratio compares the same batch; a drift of the shared machine
+cancels to first order), median over i (phase 2 starts with ``--warm`` audited steps that
+include the auditor's first decision, where its compiled kernels are loaded). Everything runs
+on that thread (one torch thread, no loader workers), so its CPU time is robust to the other
+load of a shared machine (as in ``benchmarks/overhead.py``); the wall-time ratio is reported
+beside it. The same ratio in the **without** process (no auditor in
+any phase) is the noise floor. Beside it, the auditor's own CPU time per audited step (its step
+pre-hook and its injection wrapper without the Opacus clipping calls it makes, timed as
+``benchmarks/overhead.py`` does) gives 1 + own / unaudited step, free of that noise.
 *Peak memory*: the process's peak resident set (``VmHWM`` of ``/proc/self/status``, which sees
 every allocator, unlike ``tracemalloc``) at the end of phase 2 of the **with** process over that
 of the **without** process, and the same for the peak increase over the resident set right
@@ -72,6 +75,7 @@ from torch.utils.data import DataLoader, TensorDataset
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from _common import command, machine, markdown_table, write_section  # noqa: E402
+from overhead import Switch  # noqa: E402
 
 from dpaudit_torch.audit import PrivacyAuditor  # noqa: E402
 
@@ -154,7 +158,7 @@ def child(size: str, mode: str, audit: bool, warm: int, timed: int, seed: int) -
     model = TinyLM(vocab, d, layers, heads)
     n_params = sum(p.numel() for p in model.parameters())
     opt = torch.optim.SGD(model.parameters(), lr=0.01)
-    dl = DataLoader(data, batch_size=BATCH)
+    dl = DataLoader(data, batch_size=BATCH, generator=torch.Generator().manual_seed(seed + 2))
     engine = PrivacyEngine(accountant="rdp")
     crit = nn.CrossEntropyLoss()
     out = engine.make_private(module=model, optimizer=opt, data_loader=dl, noise_multiplier=1.0,
@@ -164,9 +168,15 @@ def child(size: str, mode: str, audit: bool, warm: int, timed: int, seed: int) -
         model, opt, crit, dl = out
     else:
         model, opt, dl = out
-    n_batches = N_DATA // BATCH
-    batches = [(data.tensors[0][i * BATCH:(i + 1) * BATCH],
-                data.tensors[1][i * BATCH:(i + 1) * BATCH]) for i in range(n_batches)]
+    # Poisson batches from Opacus's loader (seeded), drawn once and replayed in every phase, so
+    # that the phases (and the two processes) see the same batch sizes in the same order
+    batches: list[tuple[torch.Tensor, torch.Tensor]] = []
+    while len(batches) < warm + timed:
+        for x, y in dl:
+            if len(x):  # an empty Poisson batch (probability e^-8) is skipped
+                batches.append((x, y))
+            if len(batches) == warm + timed:
+                break
 
     def step(x: torch.Tensor, y: torch.Tensor) -> tuple[float, float]:
         t, c = time.perf_counter(), time.thread_time()
@@ -186,6 +196,8 @@ def child(size: str, mode: str, audit: bool, warm: int, timed: int, seed: int) -
     status: list[dict[str, int]] = []
     aud = None
     res_aud: dict[str, Any] = {}
+    switch: Switch | None = None
+    own: list[float] = []
     attach_s = 0.0
     for phase in (0, 1, 2):
         if phase == 2 and aud is not None:  # the third phase runs unaudited again
@@ -200,13 +212,19 @@ def child(size: str, mode: str, audit: bool, warm: int, timed: int, seed: int) -
             t = time.perf_counter()
             aud = PrivacyAuditor(engine, opt, dl, delta=1e-5, seed=seed)
             attach_s = time.perf_counter() - t
+            # times the auditor's own code (its step pre-hook, and its injection wrapper
+            # without the Opacus clipping calls it makes), as benchmarks/overhead.py does
+            switch = Switch(aud)
             status.append(proc_status())
         for i in range(warm + timed):
-            x, y = batches[(phase * (warm + timed) + i) % n_batches]
+            x, y = batches[i]
+            own0 = sum(switch.acc.values()) if phase == 1 and switch is not None else 0.0
             dt, dc = step(x, y)
             if i >= warm:
                 times[phase].append(dt)
                 cpu[phase].append(dc)
+                if phase == 1 and switch is not None:
+                    own.append(sum(switch.acc.values()) - own0)
         status.append(proc_status())
     if not audit:
         status[1:1] = [status[0], status[0]]
@@ -216,11 +234,11 @@ def child(size: str, mode: str, audit: bool, warm: int, timed: int, seed: int) -
         "rss_after_phase1": status[0]["VmRSS"], "hwm_after_phase1": status[0]["VmHWM"],
         "rss_after_numba": status[1]["VmRSS"], "rss_after_attach": status[2]["VmRSS"],
         "hwm_end": status[3]["VmHWM"], "rss_end": status[3]["VmRSS"],
-        "hwm_after_phase3": status[4]["VmHWM"], "times": times, "cpu": cpu,
+        "hwm_after_phase3": status[4]["VmHWM"], "times": times, "cpu": cpu, "own": own,
         "attach_s": attach_s,
     }
-    if aud is not None:
-        res.update(res_aud)
+    res.update(res_aud)
+    res["batch_sizes"] = [int(len(x)) for x, _ in batches]
     return res
 
 
@@ -254,6 +272,35 @@ def _unaudited(r: dict[str, Any], key: str, f: Any = statistics.median) -> float
     """Mean of ``f`` over the two unaudited phases around the audited one (phases 1 and 3):
     a drift of the machine cancels to first order."""
     return 0.5 * (f(r[key][0]) + f(r[key][2]))
+
+
+def _paired_ratio(r: dict[str, Any], key: str) -> float:
+    """Median over the timed steps of (phase 2 step i) / mean(phase 1 step i, phase 3 step i):
+    the phases replay the same batches, so each ratio compares steps of the same batch."""
+    a, b, c = r[key]
+    return statistics.median(y / (0.5 * (x + z)) for x, y, z in zip(a, b, c))
+
+
+def _reading(summary: list[dict[str, Any]]) -> str:
+    """A few sentences that read the table (ranges over its rows)."""
+    if not summary:
+        return ""
+
+    def rng(key: str, rows: list[dict[str, Any]], fmt: str = "{:.3g}") -> str:
+        vals = [r[key] for r in rows]
+        return fmt.format(min(vals)) + "-" + fmt.format(max(vals))
+
+    out = [
+        f"Reading: the auditor's own code (step pre-hook and injection wrapper, Opacus's "
+        f"clipping excluded) costs {rng('own_ms', summary)} ms of CPU per step, i.e. 1 + own / "
+        f"step = {rng('own_ratio', summary, '{:.4f}')}; the paired whole-step ratios carry "
+        f"the noise of a shared machine (the noise floor, with no auditor at all, spans "
+        f"{rng('floor', summary)})."]
+    for alloc in dict.fromkeys(r["alloc"] for r in summary):
+        rows = [r for r in summary if r["alloc"] == alloc]
+        out.append(f"Peak resident memory with {alloc}: +{rng('extra_mb', rows, '{:.0f}')} MB "
+                   f"(ratio {rng('peak_ratio', rows)}).")
+    return " ".join(out)
 
 
 def fits(size: str, mode: str) -> tuple[bool, str]:
@@ -297,13 +344,14 @@ def main() -> None:
     torch.set_num_threads(1)
     t0 = time.time()
     rows, notes = [], []
+    summary: list[dict[str, Any]] = []
     mb = 2.0**20
     combos = [(s_, m_, al) for al in args.allocators.split(",") for s_ in args.sizes.split(",")
               for m_ in args.modes.split(",")]
     for size, mode, alloc in combos:
         ok, why = fits(size, mode)
         if not ok:
-            rows.append([size, "-", mode, alloc] + ["not run: " + why] + ["-"] * 17)
+            rows.append([size, "-", mode, alloc] + ["not run: " + why] + ["-"] * 19)
             print(f"{size} {mode}: not run ({why})", flush=True)
             continue
         timed = args.timed[size] if isinstance(args.timed, dict) else int(args.timed)
@@ -312,26 +360,33 @@ def main() -> None:
         if "error" in a or "error" in b:
             err = a.get("error") or b.get("error")
             last = str(err).strip().splitlines()[-1][-200:]
-            rows.append([size, "-", mode, alloc] + ["failed: " + last] + ["-"] * 17)
+            rows.append([size, "-", mode, alloc] + ["failed: " + last] + ["-"] * 19)
             print(f"{size} {mode}: FAILED {err}", flush=True)
             continue
         med = statistics.median
         off = _unaudited
         t_off, t_on = off(b, "times"), med(b["times"][1])
         c_off, c_on = off(b, "cpu"), med(b["cpu"][1])
-        t_ratio, c_ratio = t_on / t_off, c_on / c_off
-        floor = med(a["cpu"][1]) / off(a, "cpu")
+        t_ratio, c_ratio = _paired_ratio(b, "times"), _paired_ratio(b, "cpu")
+        floor = _paired_ratio(a, "cpu")
         mean_ratio = statistics.fmean(b["cpu"][1]) / off(b, "cpu", statistics.fmean)
         peak_ratio = b["hwm_end"] / a["hwm_end"]
         inc_a = a["hwm_end"] - a["rss_before_steps"]
         inc_b = b["hwm_end"] - b["rss_before_steps"]
         inc_ratio = inc_b / inc_a if inc_a > 0 else math.nan
         met_t, met_m = c_ratio <= TARGET, peak_ratio <= TARGET
+        own_ms = 1e3 * med(b["own"])
+        own_ratio = 1.0 + med(b["own"]) / c_off
+        summary.append({"size": size, "mode": mode, "alloc": alloc, "own_ms": own_ms,
+                        "own_ratio": own_ratio, "floor": floor, "c_ratio": c_ratio,
+                        "extra_mb": (b["hwm_end"] - a["hwm_end"]) / mb,
+                        "peak_ratio": peak_ratio})
         rows.append([
             size, f"{a['n_params'] / 1e6:.2f}M", mode, alloc, f"{timed}",
             f"{1e3 * c_off:.0f} / {1e3 * t_off:.0f}", f"{1e3 * c_on:.0f} / {1e3 * t_on:.0f}",
             f"{c_ratio:.3f}", f"{t_ratio:.3f}", f"{mean_ratio:.3f}", f"{floor:.3f}",
-            "yes" if met_t else "NO", f"{a['hwm_end'] / mb:.0f}",
+            "yes" if met_t else "NO", f"{own_ms:.1f}", f"{own_ratio:.4f}",
+            f"{a['hwm_end'] / mb:.0f}",
             f"{b['hwm_end'] / mb:.0f}", f"{peak_ratio:.3f}", "yes" if met_m else "NO",
             f"{inc_a / mb:.0f}", f"{inc_b / mb:.0f}", f"{inc_ratio:.3f}",
             f"{(b['hwm_end'] - a['hwm_end']) / mb:.0f}",
@@ -345,21 +400,26 @@ def main() -> None:
                      f"{[round(1e3 * x) for x in b['cpu'][1]]}, without again "
                      f"{[round(1e3 * x) for x in b['cpu'][2]]}")
         print(f"{size} {mode} ({alloc}): CPU step {1e3 * c_off:.0f} -> {1e3 * c_on:.0f} ms "
-              f"({c_ratio:.3f}; wall {t_ratio:.3f}; floor {floor:.3f}); peak RSS "
+              f"({c_ratio:.3f}; wall {t_ratio:.3f}; floor {floor:.3f}; auditor's own code "
+              f"{own_ms:.1f} ms, {own_ratio:.4f}); peak RSS "
               f"{a['hwm_end'] / mb:.0f} -> {b['hwm_end'] / mb:.0f} MB ({peak_ratio:.3f}); "
               f"increase {inc_a / mb:.0f} -> {inc_b / mb:.0f} MB ({inc_ratio:.3f}) "
               f"({time.time() - t0:.0f}s)", flush=True)
     table = markdown_table(
         ["size", "params", "mode", "allocator", "timed steps per phase",
          "step ms without: CPU / wall (median)", "step ms with: CPU / wall (median)",
-         "step time ratio (CPU, median)", "wall ratio (median)", "ratio of mean CPU",
+         "step time ratio (CPU, median of paired)", "wall ratio (median of paired)",
+         "ratio of mean CPU",
          "noise floor (CPU, without: phase 2 / phases 1, 3)", "time <= 1.05",
+         "auditor's own CPU ms/step (median)", "1 + own / unaudited step",
          "peak RSS MB without", "peak RSS MB with", "peak RSS ratio",
          "memory <= 1.05", "peak increase over setup MB, without", "with",
          "increase ratio", "peak with - peak without, MB",
          "auditor's resident MB: Numba import / attach / audited steps",
          "one-run canaries m"], rows)
+    reading = _reading(summary)
     print(table)
+    print(reading)
     for n in notes:
         print(n)
     total = time.time() - t0
@@ -373,8 +433,9 @@ def main() -> None:
         "blocks of nn.LayerNorm and nn.Linear with causal attention and a GELU MLP, linear "
         "head; nn.TransformerEncoderLayer is not used because Opacus supports neither "
         "per-sample gradients nor ghost norms for nn.MultiheadAttention), sequence length "
-        f"{SEQ}, physical batch {BATCH} (fixed batches, the same in every process; the loader's "
-        f"Poisson rate q = {BATCH / N_DATA:g} is what the accountant and the auditor use), SGD, "
+        f"{SEQ}, Poisson batches of expected size {BATCH} (q = {BATCH / N_DATA:g}) from Opacus's "
+        "loader, drawn once per process from a seeded generator and replayed in every phase "
+        "(the same batch sizes in the same order in every phase and both processes), SGD, "
         "C 1, sigma 1, RDP accountant, one torch thread, auditor defaults. Sizes (V, d, L, "
         "heads): " + "; ".join(f"{k} {v}" for k, v in SIZES.items()) + ". Two fresh processes "
         "per row, same seed: *without* runs 3 phases of "
@@ -384,9 +445,10 @@ def main() -> None:
         "are loaded), detaches it and runs the third phase unaudited. Step time = median CPU "
         "time of the training thread over the timed steps (everything runs on it: one torch "
         "thread, no loader workers; robust to the other load of a shared machine, as in "
-        "benchmarks/overhead.py; the wall-time ratio is shown beside it); the ratio is the "
-        "audited phase over the mean of the two unaudited phases around it in the *with* "
-        "process (same process and setup, drift cancels to first order); *ratio of mean CPU* "
+        "benchmarks/overhead.py; the wall-time ratio is shown beside it); the ratio is, per "
+        "timed step, the audited phase's step over the mean of the same step (same batch) of "
+        "the two unaudited phases around it in the *with* process (same process and setup, "
+        "drift cancels to first order), median over the timed steps; *ratio of mean CPU* "
         "includes the decision steps; the noise floor is the same ratio in the *without* "
         "process (no auditor in any phase). Peak memory = the peak "
         "resident set (VmHWM, /proc/self/status: every allocator, including torch's) at the "
@@ -403,7 +465,7 @@ def main() -> None:
         "default glibc raises its mmap threshold up to 32 MiB after large frees, so torch's "
         "large per-step tensors are carved from the heap and memory freed below a block that "
         "outlives the step stays resident; the second setting shows the live memory without "
-        "that retention.\n\n" + table + "\n\n"
+        "that retention.\n\n" + table + "\n\n" + reading + "\n\n"
         + "\n".join(f"- {n}" for n in notes) + f"\n\nTotal time {total:.0f} s.\n")
     write_section("scale", body)
 

@@ -142,9 +142,9 @@ def run_demo(
             max_grad_norm=config.max_grad_norm,
             grad_sample_mode=config.grad_sample_mode,
         )
-    if config.bug is not None:
-        bugs.apply_bug(optimizer, config.bug)
-        logger.info("applied bug %r to the optimizer", config.bug)
+    if config.bug is not None:  # an optimizer bug, or a setup bug (new optimizer / loader)
+        optimizer, loader = bugs.apply_to_training(engine, optimizer, loader, config.bug)
+        logger.info("applied bug %r", config.bug)
 
     auditor = PrivacyAuditor(engine, optimizer, loader, config=audit_config)
     criterion = nn.CrossEntropyLoss()

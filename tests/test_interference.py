@@ -134,9 +134,9 @@ def test_spread_canaries_see_per_tensor_clipping(mode):
 
     x, y, aud = run(False)
     d = aud.design
-    assert d.n_spread == 2 and d.spread_width == 3
+    assert d.n_spread == 8 and d.spread_width == 3  # every pair, by default
     assert torch.allclose(x, torch.ones_like(x), atol=1e-5) and float(y.abs().max()) < 1e-5
-    assert aud.finalize().canaries["spread_pairs"] == 2
+    assert aud.finalize().canaries["spread_pairs"] == 8
     if mode == "hooks":  # ghost clipping does not run the optimizer's clipping on canaries
         xb, _, _ = run(True)
         sp = d.spread_pair

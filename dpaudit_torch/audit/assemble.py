@@ -37,6 +37,13 @@ def build_audit_report(auditor: PrivacyAuditor, claimed: float | None) -> AuditR
         if msg not in warnings:
             warnings.append(msg)
     findings = [dataclasses.asdict(f) for m in auditor.monitors.values() for f in m.findings()]
+    if not dec.violation:  # one monitor's own test is not the audit's decision (level alpha)
+        for f in findings:
+            if f["level"] == "violation":
+                f["level"] = "note"
+                f["message"] = ("not decided: this monitor's own test crossed 1/alpha but the "
+                                "audit's decision (the average of every monitor's evidence) did "
+                                "not, so this is not a proof at the audit's level: " + f["message"])
     if dec.violation and not any(f["level"] == "violation" for f in findings):
         findings.insert(0, {"monitor": "decision", "level": "violation",
                             "message": "the average of the monitors' e-processes crossed 1/alpha "

@@ -92,7 +92,7 @@ class AuditConfig:
     test_options: dict[str, dict[str, Any]] = field(default_factory=dict)
     one_run_score: str = "llr"
     noise_coordinates_per_tensor: int = 2048
-    spread_pairs: int = 2
+    spread_pairs: int | None = None
     spread_tensors: int = 4
 
     def __post_init__(self) -> None:
@@ -140,6 +140,8 @@ class AuditConfig:
         put(self, "test_options", _freeze_options(self.test_options))
         put(self, "noise_coordinates_per_tensor", check_positive_int(
             self.noise_coordinates_per_tensor, "noise_coordinates_per_tensor", minimum=0))
+        if self.spread_pairs is None:  # default: every pair is a spread canary
+            put(self, "spread_pairs", self.k_pairs)
         put(self, "spread_pairs", check_positive_int(self.spread_pairs, "spread_pairs",
                                                      minimum=0))
         put(self, "spread_tensors", check_positive_int(self.spread_tensors, "spread_tensors",
