@@ -349,6 +349,19 @@ def bounds_from_scores(labels: np.ndarray, scores: np.ndarray, *, delta: float,
     return out
 
 
+def _check_request(sigma: float, q: float, steps: int, m: int, c: float, score: str,
+                   method: str, delta: float, alpha: float, replicates: int, seed: int,
+                   strategy: Any) -> tuple[Any, ...]:
+    """Every argument of a simulation request, validated (ValueError naming the value)."""
+    s_, q_, t_, m_, c_ = _check_game(sigma, q, steps, m, c)
+    score = check_score(score)
+    method, delta, alpha = check_bound_request(method, delta, alpha)
+    r_ = check_int("replicates", replicates, 1)
+    seed_ = check_int("seed", seed, 0)
+    return (s_, q_, t_, m_, c_, score, method, delta, alpha, r_, seed_,
+            _check_strategy(strategy))
+
+
 def simulate_one_run_bounds(sigma: float, q: float, steps: int, m: int, *,
                             score: str = DEFAULT_SCORE, delta: float, alpha: float = 0.05,
                             c: float = 1.0, method: str = "steinke", replicates: int = 200,
@@ -364,12 +377,9 @@ def simulate_one_run_bounds(sigma: float, q: float, steps: int, m: int, *,
     :func:`simulate_scores`.  Deterministic given ``seed``.  Returns an array of
     ``replicates`` bounds (all 0.0 when ``steps == 0`` or ``m < 2``).
     """
-    s_, q_, t_, m_, c_ = _check_game(sigma, q, steps, m, c)
-    score = check_score(score)
-    method, delta, alpha = check_bound_request(method, delta, alpha)
-    r_ = check_int("replicates", replicates, 1)
-    seed_ = check_int("seed", seed, 0)
-    strategy = _check_strategy(strategy)
+    (s_, q_, t_, m_, c_, score, method, delta, alpha, r_, seed_,
+     strategy) = _check_request(sigma, q, steps, m, c, score, method, delta, alpha, replicates,
+                                seed, strategy)
     mode = _choose_mode(_check_mode(mode), score, t_, m_, r_)
     if _no_power_reason(q_, t_, m_) is not None:
         return np.zeros(r_)
@@ -482,12 +492,9 @@ def one_run_power(sigma: float, q: float, steps: int, m: int, *, score: str = DE
         ValueError: a negative or otherwise invalid input (the message names it).
     """
     t_start = time.perf_counter()
-    s_, q_, t_, m_, c_ = _check_game(sigma, q, steps, m, c)
-    score = check_score(score)
-    method, delta, alpha = check_bound_request(method, delta, alpha)
-    r_ = check_int("replicates", replicates, 1)
-    seed_ = check_int("seed", seed, 0)
-    strategy = _check_strategy(strategy)
+    (s_, q_, t_, m_, c_, score, method, delta, alpha, r_, seed_,
+     strategy) = _check_request(sigma, q, steps, m, c, score, method, delta, alpha, replicates,
+                                seed, strategy)
     mode = _check_mode(mode)
     tp = as_real("target_power", target_power)
     if not 0.0 < tp < 1.0:
