@@ -4,8 +4,8 @@ Setting (small, so that it runs in minutes on one CPU thread): the demo's Digits
 convolutions with GroupNorm and a linear head, 6,186 parameters in 10 tensors) on scikit-learn's
 bundled 8x8 digits (1,437 real training images, nothing downloaded), Opacus ``hooks`` mode,
 Poisson sampling with expected batch 64 (q = 1/23), lr 0.5, sigma = 1, C = 1, RDP accountant,
-delta = 1e-5. The auditor runs with its defaults (every monitor; 16 pairs of which 2 spread over
-4 tensors, the default number of one-run canaries, canary norm 25 C, both sequential tests,
+delta = 1e-5. The auditor runs with its defaults (every monitor; 16 pairs, each a spread canary
+over 4 tensors, the default number of one-run canaries, canary norm 25 C, both sequential tests,
 check_every 5, alpha 0.05). ``--seeds`` runs per bug (default 20); seed s fixes the model, the
 data order, the noise generator and the auditor's streams.
 
@@ -25,9 +25,9 @@ Printed per bug: the count, the decision / crossing steps (``violation_step``, t
 which the decision was available, a multiple of check_every; ``crossed_at_step``, the step whose
 observations pushed the averaged e-process over 1/alpha), the monitor of the first finding
 (``report.findings[0]["monitor"]``, notes excluded) and how often each monitor made a finding.
-``--spread-diagnostic 4,8,16`` adds rows for ``per-tensor-clipping`` with that many spread pairs
-(not the default; a diagnosis of how many the bug needs). False alarms on correct runs:
-``benchmarks/false_alarms.py``.
+``--spread-diagnostic 2,4,8`` adds rows for ``per-tensor-clipping`` with that many spread pairs
+(fewer than the default, every pair; a diagnosis of how many the bug needs). False alarms on
+correct runs: ``benchmarks/false_alarms.py``.
 
     python benchmarks/detection.py [--seeds 20] [--max-steps 50] [--setup-steps 100] [--quick]
 """
@@ -79,10 +79,10 @@ NOTES = (
     "`per-tensor-clipping`: a Dirac canary lies in one tensor and is clipped exactly as by a "
     "correct optimizer; only a spread canary (mass 1/sqrt(L) on each of L = 4 tensors) shows "
     "it, with a contribution of sqrt(L) = 2 instead of 1 (per-step mu = 2 against the claimed "
-    "1 at sigma = 1). With the default 2 spread pairs among 16, the pairs fed to the testers "
-    "are a mixture in which 14 of 16 are exactly null, and the decision averages the pairs' "
-    "e-process with the noise and sampling monitors', so 50 steps are too few; the diagnostic "
-    "rows show the spread pairs that the bug needs.")
+    "1 at sigma = 1). With fewer spread pairs (diagnostic rows) the pairs fed to the testers "
+    "are a mixture in which the Dirac pairs are exactly null, and the decision averages the "
+    "pairs' e-process with the noise and sampling monitors', so 50 steps are not enough: "
+    "hence every pair is spread by default.")
 #: finding levels that count (a "note" says what could not be checked)
 FOUND_LEVELS = ("violation", "refuted", "inconsistent", "finding")
 
@@ -238,8 +238,9 @@ def main() -> None:
             "DigitsCNN (6,186 parameters in 10 tensors) on scikit-learn's bundled 8x8 digits "
             "(1,437 training images), Opacus hooks mode, Poisson sampling with expected batch 64 "
             "(q = 1/23), lr 0.5, sigma 1, C 1, RDP accountant; auditor defaults (every monitor; "
-            "16 pairs/step of which 2 spread over 4 tensors, the default one-run canaries, canary "
-            "norm 25 C, MMD + hockey-stick tests at 5 points of the per-step Gaussian profile, "
+            "16 pairs/step, each a spread canary over 4 tensors, the default one-run canaries, "
+            "canary norm 25 C, MMD + hockey-stick tests at 5 points of the per-step Gaussian "
+            "profile, "
             f"check_every 5, alpha 0.05). {args.seeds} seeds per bug (model, data order, noise "
             "generator and auditor streams). Bugs: `dpaudit_torch/testing/bugs.py` (module "
             f"docstring). *Per-step* bugs: at most {args.max_steps} steps, stopped at "
@@ -255,7 +256,7 @@ def main() -> None:
             "averaged e-process over 1/alpha. *First finding* = the monitor of "
             "`report.findings[0]` (notes excluded; a refuted claim is listed first); the next "
             "column counts the runs in which each monitor made a finding. Rows marked "
-            "*diagnostic* change `spread_pairs` from its default to show what "
+            "*diagnostic* lower `spread_pairs` from its default (every pair) to show what "
             "`per-tensor-clipping` needs; they have no target.\n\n"
             + table + "\n\n" + summary + "\n\n" + NOTES + "\n")
         write_section("detection", body)

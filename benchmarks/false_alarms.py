@@ -6,9 +6,9 @@ audited with the auditor's defaults (every monitor, alpha = 0.05, delta = 1e-5),
 crossed 1/alpha: sequential pairs, noise, sampling), ``report.claim_refuted`` (a family-free
 whole-run lower bound above the claimed epsilon), ``report.claim_inconsistent`` (the accountant's
 inputs contradict the training that ran, docs/design.md section 10), and, apart, findings of
-level ``"finding"`` (the low-precision noise check, not a statistical statement) and findings of
-level ``"violation"`` that a monitor made from its own test while the averaged decision did not
-cross (each such test is level alpha on its own; the report lists them). A run with any of
+level ``"finding"`` (the low-precision noise check, not a statistical statement) and the
+crossings of one monitor's own test while the averaged decision did not cross (each such test
+is level alpha on its own; the report lists them as notes, "not decided"). A run with any of
 the first three is a *false alarm*; each has probability at most alpha by construction
 (Ville's inequality for the e-processes, docs/design.md section 1; the level of the one-run
 bounds, section 6; the Bonferroni-split intervals of the accounting check, section 10), so the
@@ -66,11 +66,11 @@ NOTES = (
     "included in pairs and the batch sizes are 2 x Binomial(N/2, q) instead of Binomial(N, q): "
     "not the sampling the accountant analyses. While this benchmark was built, that setup was "
     "flagged by the sampling monitor in 4 of 5 runs of 50 steps (2 of them decided), which is "
-    "a detection, not a false alarm. The column *a monitor's violation finding without the "
-    "decision* counts runs whose report lists a finding of level `violation` made by one "
-    "monitor's own test (the Poisson batch-size test, or one of the noise monitor's tests) "
-    "while the averaged decision stayed below 1/alpha (`report.violation` false, verdict "
-    "*nothing found*); each such test has level alpha on its own.")
+    "a detection, not a false alarm. The column *a monitor's own crossing, not decided* "
+    "counts runs whose report has a note \"not decided\": one monitor's own test (the Poisson "
+    "batch-size test, one of the noise monitor's tests, the canary pairs) crossed 1/alpha while "
+    "the averaged decision stayed below it (`report.violation` false); each such test has "
+    "level alpha on its own, and several run side by side.")
 
 
 @dataclass(frozen=True)
@@ -134,9 +134,12 @@ def _outcome(rep: Any, steps: int, t0: float) -> dict[str, Any]:
     return {"violation": bool(rep.violation), "refuted": bool(rep.claim_refuted),
             "inconsistent": bool(rep.claim_inconsistent),
             "finding": any(f["level"] == "finding" for f in rep.findings),
-            # a monitor's own test crossed 1/alpha while the averaged decision did not
-            "monitor_violation": (not rep.violation
-                                  and any(f["level"] == "violation" for f in rep.findings)),
+            # a monitor's own test crossed 1/alpha while the averaged decision did not (the
+            # report turns its finding into a note saying "not decided")
+            "monitor_violation": (not rep.violation and any(
+                f["level"] == "violation" or (f["level"] == "note"
+                                              and f["message"].startswith("not decided"))
+                for f in rep.findings)),
             "found": sorted({f"{f['monitor']}:{f['level']}" for f in rep.findings
                              if f["level"] != "note"}),
             "log_wealth": float(rep.sequential.get("combined_log_wealth", 0.0)),
@@ -259,6 +262,11 @@ def row(name: str, res: list[dict[str, Any]]) -> list[Any]:
             f"{sum(r['cpu_s'] for r in res) / n:.1f}"]
 
 
+def _markdown(paragraph: str) -> str:
+    """A docstring paragraph as one line of Markdown."""
+    return paragraph.replace("\n", " ").replace(":mod:", "").replace("``", "`")
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--runs", type=int, default=20)
@@ -312,15 +320,15 @@ def main() -> None:
     table = markdown_table(
         ["configuration", "runs", "steps", "violation", "claim refuted", "claim inconsistent",
          "false alarms", "95% CP interval", "low-precision finding",
-         "a monitor's violation finding without the decision",
+         "a monitor's own crossing, not decided",
          "largest final log-wealth (threshold 3.00)", "CPU s per run"], rows)
     print(table)
     print(summary)
     if not args.no_write:
         body = ("## False alarms on correct DP-SGD (benchmarks/false_alarms.py)\n\n"
                 f"Command: `{command()}`  \nMachine: {machine()}\n\n"
-                + (__doc__ or "").split("\n\n")[1].replace("\n", " ") + "\n\n"
-                + (__doc__ or "").split("\n\n")[2].replace("\n", " ") + "\n\n"
+                + _markdown((__doc__ or "").split("\n\n")[1]) + "\n\n"
+                + _markdown((__doc__ or "").split("\n\n")[2]) + "\n\n"
                 + table + "\n\n" + summary + "\n\n" + NOTES + "\n")
         write_section("false_alarms", body)
 
