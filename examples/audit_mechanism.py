@@ -117,7 +117,7 @@ def make_report(name: str, results: dict[str, dict], *, epsilon: float, delta: f
         accountant=None,
         epsilon_lower_bounds={"sequential": bound},
         lower_bound_details={"sequential": {
-            "level": 1.0 - alpha, "simultaneous": False, "grid_epsilons": grid,
+            "level": 1.0 - alpha, "simultaneous": True, "grid_epsilons": grid,
             "grid_deltas": [delta] * len(grid),
             "null": "the function is (epsilon, delta)-DP at each grid point",
             "note": "black-box bound for one release of the function",

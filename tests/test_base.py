@@ -102,10 +102,18 @@ def test_grid_decision_by_averaging_and_burn_in_counting() -> None:
                              for g in range(3)], axis=1)
             np.testing.assert_allclose(t.log_wealth.numpy(), grid[-1], atol=1e-12)
             np.testing.assert_allclose(t.max_log_wealth.numpy(), grid.max(axis=0), atol=1e-12)
+            # grid points: alpha / G each by default (Bonferroni, simultaneous over the grid)
+            thr_g = math.log(len(eps) / 0.05)
+            assert t.per_point_alpha == pytest.approx(0.05 / len(eps))
             for g in range(3):
-                hits = np.nonzero(grid[:, g] >= thr)[0]
+                hits = np.nonzero(grid[:, g] >= thr_g)[0]
                 exp_at = burn + int(hits[0]) + 1 if hits.size else None
                 assert t.grid_rejected_at[g] == exp_at
+            rej = grid.max(axis=0) >= thr_g
+            assert t.epsilon_lower_bound == (max(np.asarray(eps)[rej]) if rej.any() else 0.0)
+            rej_pp = grid.max(axis=0) >= thr  # each point at level alpha, not simultaneous
+            assert t.epsilon_lower_bound_per_point == (max(np.asarray(eps)[rej_pp])
+                                                       if rej_pp.any() else 0.0)
 
 
 def test_average_rejects_where_no_single_component_needs_to() -> None:
@@ -142,7 +150,7 @@ def test_epsilon_lower_bound_anytime_and_current() -> None:
     eps = [0.05, 0.1, 0.2]
     scales = np.array([1.0, 1.0, 1e-3])  # points 0, 1 follow the sequence, point 2 barely moves
     # both components of a point must win for its average to reach 20: feed seq as x and y
-    t = Dummy(eps, 0.0, 0.05, burn, scales=scales)
+    t = Dummy(eps, 0.0, 0.05, burn, scales=scales, simultaneous=False)
     t.update(torch.as_tensor(x[: burn + k]), torch.as_tensor(x[: burn + k]))
     assert t.epsilon_lower_bound == 0.1
     assert t.epsilon_lower_bound_current == 0.1
@@ -163,11 +171,14 @@ def test_simultaneous_bonferroni() -> None:
     assert math.log(1 / alpha) <= OnlineNewtonStep(np.array([LMAX])).run(seq[:, None])[-1, 0]
     x = torch.as_tensor(np.concatenate([np.zeros(2), seq]))
     eps = [0.1, 0.2, 0.3, 0.4]
-    plain = Dummy(eps, 0.0, alpha, 2, scales=np.ones(G)).update(x, x)
-    simul = Dummy(eps, 0.0, alpha, 2, scales=np.ones(G), simultaneous=True).update(x, x)
+    plain = Dummy(eps, 0.0, alpha, 2, scales=np.ones(G), simultaneous=False).update(x, x)
+    simul = Dummy(eps, 0.0, alpha, 2, scales=np.ones(G)).update(x, x)  # the default
     assert plain.per_point_alpha == alpha and simul.per_point_alpha == alpha / G
+    assert simul.simultaneous and not plain.simultaneous
     assert plain.epsilon_lower_bound == 0.4
     assert simul.epsilon_lower_bound == 0.0  # needs wealth 80 per point (alpha / G)
+    # the per-point maximum stays available under its explicit name, whatever the flag
+    assert simul.epsilon_lower_bound_per_point == plain.epsilon_lower_bound_per_point == 0.4
     # the combined decision is at level alpha in both (average of e-processes, no split)
     assert plain.rejected and simul.rejected and plain.rejected_at == simul.rejected_at
     assert simul.summary()["simultaneous"] is True

@@ -341,9 +341,10 @@ def test_grid_lower_bound_and_simultaneous() -> None:
     gen = _gen(10)
     eps = [0.5, 1.0, 2.0]
     x, y = _normal(3000, gen, 0.0, 0.5), _normal(3000, gen, 1.0, 0.5)
-    a = HockeyStickTest(eps, gaussian_profile_grid(1.0, eps)).update(x, y)
-    b = HockeyStickTest(eps, gaussian_profile_grid(1.0, eps), simultaneous=True).update(x, y)
+    a = HockeyStickTest(eps, gaussian_profile_grid(1.0, eps), simultaneous=False).update(x, y)
+    b = HockeyStickTest(eps, gaussian_profile_grid(1.0, eps)).update(x, y)  # simultaneous
     assert a.rejected and a.epsilon_lower_bound == 2.0
+    assert a.epsilon_lower_bound_per_point == b.epsilon_lower_bound_per_point == 2.0
     assert b.per_point_alpha == pytest.approx(ALPHA / 3)
     assert b.epsilon_lower_bound <= a.epsilon_lower_bound
     assert all(r is not None for r in b.grid_rejected_at)

@@ -525,7 +525,7 @@ def test_long_stream_renormalisation(caplog: pytest.LogCaptureFixture) -> None:
 
 
 # --------------------------------------------------------------------------------------------
-# the witness cap (issue 6, long runs): max_witness_points
+# the witness cap (long runs): max_witness_points
 # --------------------------------------------------------------------------------------------
 def reference_mmd_capped(
     xs: np.ndarray, ys: np.ndarray, eps: float, burn_in: int, radius: float, cap: int

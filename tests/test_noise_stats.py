@@ -387,3 +387,50 @@ def test_low_precision_needs_enough_values() -> None:
         low_precision_grid(np.array([np.nan]), 0.0)
     with pytest.raises(ValueError, match="reference"):
         low_precision_grid(np.ones(2), np.array([1.0, np.inf]))
+
+
+def _leftovers(n: int, scale: float, seed: int) -> tuple[np.ndarray, np.ndarray]:
+    """A step without noise: the released float32 value is the real sum (float64, as the
+    auditor reads it) rounded to float32, so the reconstructed "noise" is rounding leftovers."""
+    real = np.random.default_rng(seed).normal(0.0, scale, n)
+    rel = real.astype(np.float32).astype(np.float64)
+    return rel - real, rel
+
+
+def test_no_noise_leftovers_are_not_a_precision_finding() -> None:
+    # claimed noise std 1e-3 (raw units), real sums ~1e-5, no noise added at all
+    xi, rel = _leftovers(22528, 1e-5, seed=6)
+    assert np.abs(xi).max() < 1e-11 and np.count_nonzero(xi) > 20000
+    # without the claimed scale, tiny leftovers sit on the float16 grid near 0 (the defect)
+    assert low_precision_grid(xi, rel)["finding"] == "float16"
+    out = low_precision_grid(xi, rel, noise_std=1e-3)
+    assert out["finding"] is None and out["explanation"] is None
+    assert out["n_below_std_floor"] == 22528
+    assert out["n_eligible_float16"] == out["n_eligible_bfloat16"] == 0
+
+
+@pytest.mark.parametrize("fmt", [torch.bfloat16, torch.float16])
+def test_low_precision_noise_at_the_claimed_scale_still_found(fmt: torch.dtype) -> None:
+    std = 1e-3
+    g = torch.Generator().manual_seed(7)
+    noise = (torch.randn(22528, generator=g, dtype=torch.float64) * std).to(fmt).double().numpy()
+    real = np.random.default_rng(7).normal(0.0, 1e-5, 22528)
+    rel = (real + noise).astype(np.float32).astype(np.float64)
+    out = low_precision_grid(rel - real, rel, noise_std=np.full(22528, std))
+    name = "bfloat16" if fmt == torch.bfloat16 else "float16"
+    assert out["finding"] == name and out[name] == 1.0
+    # P(|Z| < 0.1) = 0.080 for Z ~ N(0, 1): 1,800 of 22,528 expected below the floor, binomial
+    # SE 41; 5 SE either side
+    assert abs(out["n_below_std_floor"] - 0.0797 * 22528) < 5 * 41
+    # float32 noise at the claimed scale: no finding
+    f32 = (np.random.default_rng(8).normal(0.0, std, 22528)).astype(np.float32)
+    rel = (real + f32).astype(np.float32).astype(np.float64)
+    assert low_precision_grid(rel - real, rel, noise_std=std)["finding"] is None
+
+
+def test_low_precision_noise_std_checked() -> None:
+    for bad in (0.0, -1.0, math.inf, math.nan):
+        with pytest.raises(ValueError, match="noise_std"):
+            low_precision_grid(np.ones(3), 1.0, noise_std=bad)
+    with pytest.raises(ValueError, match="min_std_fraction"):
+        low_precision_grid(np.ones(3), 1.0, noise_std=1.0, min_std_fraction=-0.5)

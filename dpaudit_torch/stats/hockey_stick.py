@@ -146,7 +146,9 @@ class HockeyStickTest(EventSetLearner, SequentialTest):
         force_vectorised: compute the payoffs of CPU tensors with the vectorised chunk code that
             accelerators use, instead of the compiled pair-by-pair loops (same payoffs up to
             floating-point summation order, ~3x slower on the CPU; for tests and benchmarks).
-        simultaneous, device, dtype: see :class:`~dpaudit_torch.stats.base.SequentialTest`.
+        simultaneous, device, dtype: see :class:`~dpaudit_torch.stats.base.SequentialTest`
+            (``simultaneous=True``, the default: the epsilon lower bound holds at level alpha
+            simultaneously over the grid).
 
     Example::
 
@@ -171,7 +173,7 @@ class HockeyStickTest(EventSetLearner, SequentialTest):
         max_atoms: int = 8,
         max_chunk: int = 512,
         force_vectorised: bool = False,
-        simultaneous: bool = False,
+        simultaneous: bool = True,
         device: torch.device | str | None = None,
         dtype: torch.dtype = torch.float64,
     ) -> None:

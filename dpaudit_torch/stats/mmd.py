@@ -15,7 +15,7 @@ witness) lives in :mod:`dpaudit_torch.stats._mmd_witness`, with its performance 
 constant ``REFRESH_FACTOR`` (the capped witness recomputes ||f||^2 from scratch after every
 ``REFRESH_FACTOR * max_witness_points`` drops) is re-exported here.
 
-Memory (issue 6, long runs): the witness keeps every pair it has bet on, so the state is O(T d).
+Memory (long runs): the witness keeps every pair it has bet on, so the state is O(T d).
 Each stored pair holds ``x_i``, ``y_i`` (d numbers each), their two squared norms and one
 coefficient: ``(2 d + 3) * itemsize`` bytes, i.e. ``16 d + 24`` bytes in float64 and ``8 d + 12``
 in float32 (a 10^6-pair scalar stream: 40 MB in float64); buffers grow by doubling, so the
@@ -123,7 +123,8 @@ class SequentialMMDTest(KernelWitness, SequentialTest):
         alpha: level of the test, in (0, 1).
         burn_in: pairs used to fit the bandwidth (>= 2), never bet on; counted in ``rejected_at``.
         witness_radius: R in (0, 1]; default 1.0 (0.5 with ``preset="paper"``).
-        simultaneous: Bonferroni form of the epsilon lower bound (see the base class).
+        simultaneous: True (default): the epsilon lower bound is Bonferroni over the grid,
+            valid at level alpha; False: per grid point (see the base class).
         device: where the kernel work runs; default: the device of the first pairs.
         dtype: floating type of the device kernel computations (the scalar recursion and the
             bets always run in float64 on the host).
@@ -149,7 +150,7 @@ class SequentialMMDTest(KernelWitness, SequentialTest):
         burn_in: int = 20,
         witness_radius: float | None = None,
         *,
-        simultaneous: bool = False,
+        simultaneous: bool = True,
         device: torch.device | str | None = None,
         dtype: torch.dtype = torch.float64,
         preset: str | None = None,

@@ -443,27 +443,37 @@ def _grid_distance(ax: np.ndarray, frac_bits: int, min_exp: int,
 
 
 def low_precision_grid(xi_raw: np.ndarray, reference: np.ndarray | float, *,
-                       rel_tol: float = 2.0 ** -21, min_values: int = 200,
-                       min_fraction: float = 0.99) -> dict[str, Any]:
+                       noise_std: np.ndarray | float | None = None,
+                       min_std_fraction: float = 0.1, rel_tol: float = 2.0 ** -21,
+                       min_values: int = 200, min_fraction: float = 0.99) -> dict[str, Any]:
     """Does the released noise lie on the bfloat16 or float16 grid?
 
     ``xi_raw`` are noise values in the gradient's own units (before any division by C or the
     batch size: a scaling moves values off the grid), reconstructed from released float32
     values ``reference`` (broadcastable to ``xi_raw``). The reconstruction error is at most
     ``rel_tol`` x max(|reference|, |xi|) (default 2^-21, four float32 roundings). A value counts
-    for a format when it is non-zero and the format's spacing at it exceeds 100 times that error
-    (otherwise landing on the grid by chance is not unlikely); the fraction of counted values
-    within the error of the grid is reported. Gaussian float32 noise gives a fraction of about
-    2 / 100 or less; noise drawn in the format gives 1.
+    for a format when it is non-zero, at least ``min_std_fraction`` x ``noise_std`` in absolute
+    value, and the format's spacing at it exceeds 100 times that error (otherwise landing on
+    the grid by chance is not unlikely); the fraction of counted values within the error of the
+    grid is reported. Gaussian float32 noise gives a fraction of about 2 / 100 or less; noise
+    drawn in the format gives 1.
+
+    ``noise_std`` is the standard deviation the noise is claimed to have, in the same raw units
+    (broadcastable to ``xi_raw``; > 0 where given). Give it whenever it is known: where no noise
+    (or far less than claimed) was added, the reconstructed "noise" is only float32 rounding
+    leftovers of the gradient, tiny values that sit on any grid near zero (they would read as a
+    float16 finding); the magnitude floor excludes them, so the check speaks only about noise at
+    the claimed scale (about 92 % of N(0, s^2) values exceed 0.1 s). ``None``: no floor.
 
     Returns:
         ``{"bfloat16": fraction | None, "float16": fraction | None, "n": number of values,
-        "n_eligible_bfloat16": int, "n_eligible_float16": int, "finding": "bfloat16" |
-        "float16" | None, "explanation": str | None}``. A finding needs at least ``min_values``
-        counted values with a fraction >= ``min_fraction``; bfloat16 (the coarser grid, whose
-        values are also float16 values) takes precedence. This is a finding, not a statistical
-        rejection: noise with few significant bits is not the Gaussian noise the accountant
-        analyses and can leak the value it was added to (Mironov, CCS 2012).
+        "n_eligible_bfloat16": int, "n_eligible_float16": int, "n_below_std_floor": int,
+        "finding": "bfloat16" | "float16" | None, "explanation": str | None}``. A finding needs
+        at least ``min_values`` counted values with a fraction >= ``min_fraction``; bfloat16
+        (the coarser grid, whose values are also float16 values) takes precedence. This is a
+        finding, not a statistical rejection: noise with few significant bits is not the
+        Gaussian noise the accountant analyses and can leak the value it was added to (Mironov,
+        CCS 2012).
     """
     x = _as_samples(np.asarray(xi_raw).reshape(-1), "xi_raw")
     ref = np.abs(np.broadcast_to(np.asarray(reference, dtype=np.float64),
@@ -473,12 +483,24 @@ def low_precision_grid(xi_raw: np.ndarray, reference: np.ndarray | float, *,
     tol_r = as_real("rel_tol", rel_tol)
     if not (0.0 <= tol_r < 1.0):
         raise ValueError(f"rel_tol must lie in [0, 1), got {rel_tol!r}")
+    frac_std = as_real("min_std_fraction", min_std_fraction)
+    if not (0.0 <= frac_std < 10.0):
+        raise ValueError(f"min_std_fraction must lie in [0, 10), got {min_std_fraction!r}")
     ax = np.abs(x)
+    floor = np.zeros_like(ax)
+    if noise_std is not None:
+        std = np.broadcast_to(np.asarray(noise_std, dtype=np.float64),
+                              np.shape(xi_raw)).reshape(-1)
+        bad = ~(np.isfinite(std) & (std > 0))
+        if bad.any():
+            raise ValueError(f"noise_std must be finite and > 0, got {float(std[bad][0])!r}")
+        floor = frac_std * std
+    big = ax >= floor
     tol = tol_r * np.maximum(ref, ax)
-    out: dict[str, Any] = {"n": int(x.size)}
+    out: dict[str, Any] = {"n": int(x.size), "n_below_std_floor": int((~big).sum())}
     for name, (bits, min_exp, max_val) in _FORMATS.items():
         dist, spacing = _grid_distance(ax, bits, min_exp, max_val)
-        ok = (ax > 0) & (spacing > 100.0 * tol)
+        ok = (ax > 0) & big & (spacing > 100.0 * tol)
         k = int(ok.sum())
         out[name] = float(np.mean(dist[ok] <= tol[ok])) if k else None
         out[f"n_eligible_{name}"] = k

@@ -70,6 +70,8 @@ class NoiseMonitor:
         self._buffer: list[tuple[int, torch.Tensor]] = []
         self._flags: list[bool | torch.Tensor] = []
         self._precision: list[tuple[np.ndarray, np.ndarray]] = []
+        #: the claimed noise std (raw units) of each step in ``_precision``; None: unknown
+        self._precision_std: list[float | None] = []
         self._precision_result: dict[str, Any] | None = None
         self.log_wealth = 0.0
 
@@ -91,6 +93,8 @@ class NoiseMonitor:
                 and record.release_raw is not None:
             self._precision.append((record.noise_raw.detach().cpu().numpy(),
                                     record.release_raw.detach().cpu().numpy()))
+            std = float(record.noise_std)
+            self._precision_std.append(std if std > 0 and math.isfinite(std) else None)
 
     def advance(self) -> Evidence | None:
         if self.reason_off is not None or not self._buffer:
@@ -126,9 +130,16 @@ class NoiseMonitor:
 
             raw = np.concatenate([a for a, _ in self._precision])
             ref = np.concatenate([b for _, b in self._precision])
+            # the claimed std per value: only noise at the claimed scale is checked, so that
+            # the float32 rounding leftovers of a run without noise are no "finding"
+            stds = self._precision_std
+            std = (None if len(stds) != len(self._precision) or any(v is None for v in stds)
+                   else np.concatenate([np.full(a.size, v) for (a, _), v
+                                        in zip(self._precision, stds)]))
             ok = np.isfinite(raw) & np.isfinite(ref)  # a step dropped as non-finite
             if ok.any():
-                self._precision_result = low_precision_grid(raw[ok], ref[ok])
+                self._precision_result = low_precision_grid(
+                    raw[ok], ref[ok], noise_std=None if std is None else std[ok])
 
     def sigma_interval(self, alpha: float) -> tuple[float, float] | None:
         """Interval for the measured noise std / the claimed one (pooled over tensors)."""
@@ -162,12 +173,15 @@ class NoiseMonitor:
                     f"{lag} step(s) earlier (re-used or re-seeded noise)", "every tensor"))
         p = self._precision_result
         if p is not None and p.get("finding"):
+            fmt = p["finding"]
+            share = float(p.get(fmt) or 0.0)
+            checked = int(p.get(f"n_eligible_{fmt}", 0))
             out.append(Finding(
                 self.name, "finding",
-                f"the noise values lie on the {p['finding']} grid ({p.get(p['finding'], 0):.3g} "
-                f"of {p.get('n')} values): noise drawn in low precision leaks through its least "
-                f"significant bits (Mironov, CCS 2012); this is not a statistical proof",
-                "noise generation"))
+                f"the noise values lie on the {fmt} grid ({100 * share:.1f}% of the {checked} "
+                f"values checked, of {p.get('n')} read): noise drawn in low precision leaks "
+                f"through its least significant bits (Mironov, CCS 2012); this is not a "
+                f"statistical proof", "noise generation"))
         return out
 
     def report_section(self) -> dict[str, Any]:
@@ -192,6 +206,7 @@ class NoiseMonitor:
                            else torch.zeros(0)),
                 "precision": [(torch.from_numpy(a), torch.from_numpy(b))
                               for a, b in self._precision],
+                "precision_std": [-1.0 if v is None else v for v in self._precision_std],
                 "log_wealth": self.log_wealth, "reason_off": self.reason_off}
 
     def load_state_dict(self, sd: dict[str, Any]) -> None:
@@ -202,5 +217,10 @@ class NoiseMonitor:
         self._buffer = [(s, sd["buffer"][i]) for i, s in enumerate(steps)]
         self._flags = [True] * len(self._buffer)
         self._precision = [(a.numpy(), b.numpy()) for a, b in sd["precision"]]
+        # states saved before the claimed std was kept: unknown (the check runs unfloored)
+        stds = [float(v) for v in sd.get("precision_std", [])]
+        self._precision_std = ([v if v > 0 else None for v in stds]
+                               if len(stds) == len(self._precision)
+                               else [None] * len(self._precision))
         self.log_wealth = float(sd["log_wealth"])
         self.reason_off = sd["reason_off"]

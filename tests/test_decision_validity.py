@@ -1,0 +1,115 @@
+"""Validity of the auditor's DECISION on correct streams, with a limit derived from alpha, and
+the check that this limit catches a per-step null that is too strict (docs/design.md sections 1
+and 5).
+
+The streams are what the sequential canary pairs see in a correct DP-SGD run (docs/design.md
+section 5): at every step, K pairs (x, y) with x = 1 + sigma Z, y = sigma Z' (units of C, the
+canary on x's coordinate), sigma the noise multiplier the optimizer reports. They go through the
+auditor's own code: ``build_monitors`` (every registered monitor, as in training), the monitors'
+``observe`` / ``advance`` at the auditor's default check interval, and
+:class:`~dpaudit_torch.audit.decision.Decision` (``AuditConfig`` defaults: both sequential
+testers, alpha = 0.05, 16 pairs a step); records are built without Opacus as in
+tests/test_engine.py.
+
+Derivation of the limit. Under H0 (the per-step mechanism is the claimed Gaussian one) each
+tester's e-process is a nonnegative supermartingale with initial value 1, so is the decision's
+average of them; by Ville's inequality a run of any length, checked at any times, raises an alarm
+with probability p <= alpha. The R runs use independent seeds, so the number of alarms A is
+stochastically below Binomial(R, alpha), and with q = the 0.999 quantile of Binomial(R, alpha),
+P[A > q] <= P[Bin(R, alpha) > q] <= 1e-3. For R = 60: q = 9, P[Bin(60, 0.05) > 9] = 7.4e-4
+(``test_limit_is_the_binomial_quantile``). The seeds are fixed, so the outcome is deterministic:
+a failure means a real excess, not bad luck.
+
+Why this limit catches a wrong null: a per-step null that assumes 1.25 sigma (a stricter claim
+than the mechanism delivers, e.g. a wrong factor where the auditor turns the noise multiplier
+into the per-step null) is decided in every one of the 60 runs within 250 steps (measured:
+60 of 60, the last at step 168; the correct null: 1 of 60), far above q;
+``test_too_strict_null_exceeds_the_limit`` applies exactly that mutation to
+``per_step_null_grid`` and asserts it.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import numpy as np
+import pytest
+import torch
+from scipy import stats as sps
+
+from dpaudit_torch.audit import AuditConfig, Decision, MonitorContext, StepRecord, build_monitors
+from dpaudit_torch.audit.monitors import sequential_pairs
+from dpaudit_torch.canaries import SecretCoins
+
+pytestmark = pytest.mark.usefixtures("one_thread")  # small tensors: threads only contend
+
+ALPHA = 0.05
+RUNS, STEPS = 60, 250  # 60 x 250 steps x 16 pairs = 240,000 pairs per variant
+Q = 9  # Binomial(60, 0.05).ppf(0.999)
+SIGMA = 1.0
+M = 8  # one-run canaries (they do not bet; a few keep that monitor in the loop)
+
+
+def test_limit_is_the_binomial_quantile() -> None:
+    b = sps.binom(RUNS, ALPHA)
+    assert b.ppf(0.999) == Q
+    assert b.sf(Q) <= 1e-3 < b.sf(Q - 1)
+
+
+def _alarms(seed: int) -> tuple[int, list[int]]:
+    """False alarms of the decision over RUNS correct streams of STEPS steps (and the steps at
+    which the alarms' e-processes crossed 1/alpha)."""
+    cfg = AuditConfig(m_canaries=M)
+    assert cfg.alpha == ALPHA and cfg.k_pairs == 16
+    k = cfg.k_pairs
+    alarms, crossed = 0, []
+    for run in range(RUNS):
+        coins_secret = SecretCoins(M, torch.Generator().manual_seed(seed + run))
+        mons = build_monitors(MonitorContext(config=cfg, k_pairs=k, m_canaries=M, device="cpu",
+                                             warn=lambda _m: None, coins=coins_secret))
+        mons["sequential_pairs"].start(SIGMA)
+        dec = Decision(cfg.alpha, cfg.history_stride, ["epsilon_lower_bound", *cfg.tests])
+        g = torch.Generator().manual_seed(10_000 + seed + run)
+        coins = torch.rand(STEPS, k, generator=g) < 0.5
+        vals = SIGMA * torch.randn(STEPS, 2 * k + M, generator=g, dtype=torch.float64)
+        vals[:, :k] += coins.double()  # the canary: sensitivity 1 (units of C)
+        vals[:, k:2 * k] += (~coins).double()
+        for t in range(STEPS):
+            v, c = vals[t], coins[t]
+            rec = StepRecord(step=t + 1, values=v, x=torch.where(c, v[:k], v[k:2 * k]),
+                             y=torch.where(c, v[k:2 * k], v[:k]), coins=c, sigma=SIGMA,
+                             sigma_claimed=SIGMA)
+            for mon in mons.values():
+                mon.observe(rec)
+            if rec.step % cfg.check_every == 0 or rec.step == STEPS:
+                dec.update([e for e in (mon.advance() for mon in mons.values()) if e],
+                           now=rec.step)
+        alarms += dec.violation
+        if dec.crossed_at is not None:
+            crossed.append(dec.crossed_at)
+    return alarms, crossed
+
+
+def test_correct_streams_false_alarms_within_the_binomial_limit() -> None:
+    alarms, crossed = _alarms(seed=0)
+    assert alarms <= Q, (alarms, crossed)
+
+
+def test_too_strict_null_exceeds_the_limit(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The mutation "the per-step null assumes 1.25 sigma" applied where the auditor turns the
+    noise multiplier into the per-step null: the same streams must then exceed the limit, so the
+    test above fails for it (measured: 60 alarms of 60).
+
+    Limit of this power check, derived: the measured 60 of 60 give a one-sided 95 % Clopper-
+    Pearson lower bound of 0.951 on the per-run detection probability p within 250 steps. Even
+    at p = 0.5, P[Bin(60, p) <= Q] = 1.5e-8 (at p = 0.9: 6e-42), so asserting more than Q = 9
+    alarms leaves no room for chance; the seeds are fixed anyway."""
+    original = sequential_pairs.per_step_null_grid
+
+    def too_strict(sigma: float, grid: Sequence[float] | None = None
+                   ) -> tuple[np.ndarray, np.ndarray]:
+        return original(1.25 * sigma, grid)
+
+    monkeypatch.setattr(sequential_pairs, "per_step_null_grid", too_strict)
+    alarms, crossed = _alarms(seed=0)
+    assert alarms > Q, (alarms, crossed)

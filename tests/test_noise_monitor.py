@@ -1,0 +1,86 @@
+"""The noise monitor's floating-point check through the monitor (docs/design.md section 11):
+records built without Opacus, as the adapter fills them (the noise read at the noise-audit
+coordinates in raw units, the released values it was reconstructed from, and the claimed std)."""
+
+from __future__ import annotations
+
+import numpy as np
+import torch
+
+from dpaudit_torch.audit import AuditConfig, MonitorContext, StepRecord
+from dpaudit_torch.audit.monitors.noise import PRECISION_STEPS, NoiseMonitor
+
+U = 2816  # noise-audit coordinates per step: 8 steps -> 22,528 values
+STD = 1e-3  # the claimed noise std, raw units
+
+
+def _monitor() -> NoiseMonitor:
+    cfg = AuditConfig(k_pairs=2, m_canaries=4)
+    ctx = MonitorContext(config=cfg, k_pairs=2, m_canaries=4, device="cpu", warn=lambda _m: None,
+                         noise_tensor=np.zeros(U, dtype=np.int64),
+                         noise_group=np.zeros(U, dtype=np.int64),
+                         tensor_names=["fc.weight"], group_names=["group 0"])
+    return NoiseMonitor(ctx)
+
+
+def _run(noise: str, seed: int) -> NoiseMonitor:
+    """PRECISION_STEPS steps whose released value is float32(real sum + noise); the noise is
+    absent ("none"), float32 Gaussian ("float32") or Gaussian rounded to bfloat16 ("bf16")."""
+    mon = _monitor()
+    g = torch.Generator().manual_seed(seed)
+    z = torch.zeros(2, dtype=torch.float64)
+    for t in range(1, PRECISION_STEPS + 1):
+        real = 1e-5 * torch.randn(U, generator=g, dtype=torch.float64)
+        draw = STD * torch.randn(U, generator=g, dtype=torch.float64)
+        added = {"none": torch.zeros(U, dtype=torch.float64), "float32": draw.float().double(),
+                 "bf16": draw.to(torch.bfloat16).double()}[noise]
+        released = (real + added).float().double()
+        raw = released - real
+        mon.observe(StepRecord(step=t, values=torch.zeros(8, dtype=torch.float64), x=z, y=z,
+                               coins=torch.tensor([True, False]), sigma=1.0, sigma_claimed=1.0,
+                               noise=raw / STD, noise_raw=raw, release_raw=released,
+                               noise_std=STD))
+    mon.advance()
+    mon.finalize(None)
+    return mon
+
+
+def _grid_findings(mon: NoiseMonitor) -> list[str]:
+    return [f.message for f in mon.findings() if f.level == "finding"]
+
+
+def test_no_noise_run_has_no_precision_finding() -> None:
+    mon = _run("none", seed=1)
+    p = mon.report_section()["precision"]
+    assert p["n"] == PRECISION_STEPS * U and p["n_below_std_floor"] == p["n"]
+    assert p["finding"] is None and _grid_findings(mon) == []
+    # the missing noise itself is a violation of the variance test, not a precision finding
+    assert any("too little noise" in f.message for f in mon.findings())
+
+
+def test_bf16_noise_is_found_and_worded_as_a_share() -> None:
+    mon = _run("bf16", seed=2)
+    p = mon.report_section()["precision"]
+    assert p["finding"] == "bfloat16" and p["bfloat16"] == 1.0
+    (msg,) = _grid_findings(mon)
+    checked = p["n_eligible_bfloat16"]
+    assert 0.9 * p["n"] < checked < p["n"]  # about 92 % above 0.1 std
+    assert f"(100.0% of the {checked} values checked, of {p['n']} read)" in msg
+    assert "1 of" not in msg and "bfloat16 grid" in msg
+
+
+def test_float32_noise_has_no_precision_finding_and_state_keeps_the_std() -> None:
+    mon = _run("float32", seed=3)
+    assert mon.report_section()["precision"]["finding"] is None and _grid_findings(mon) == []
+    sd = mon.state_dict()
+    assert sd["precision_std"] == [STD] * PRECISION_STEPS
+    again = _monitor()
+    again.load_state_dict(sd)
+    again.finalize(None)
+    assert again.report_section()["precision"] == mon.report_section()["precision"]
+    # a state saved before the std was kept still loads (the check then runs without a floor)
+    old = {k: v for k, v in sd.items() if k != "precision_std"}
+    legacy = _monitor()
+    legacy.load_state_dict(old)
+    legacy.finalize(None)
+    assert legacy.report_section()["precision"]["n_below_std_floor"] == 0
