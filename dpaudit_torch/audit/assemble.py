@@ -83,7 +83,8 @@ def build_audit_report(auditor: PrivacyAuditor, claimed: float | None) -> AuditR
             **inj.counters(),
             "one_run_in": one_run["n_in"],
             "inclusion_rate": tap.sample_rate,
-            "injecting_rank": 0,
+            # DDP: rank 0 inserts every canary; FSDP: each rank those in its own shard
+            "injecting_rank": 0 if tap.layout is None else "shard owner",
             "seed_policy": auditor.seed_policy,
         },
         training={

@@ -10,12 +10,14 @@ one pass (measured: 57 us for the NumPy version of ``plan_step`` with cold cache
 from __future__ import annotations
 
 import numpy as np
-from numba import njit
+from numba import types as nt
+
+from .._numba import kernel
 
 __all__ = ["plan_step", "observe_step"]
 
 
-@njit(cache=True, nogil=True)
+@kernel(nogil=True)
 def plan_step(u: np.ndarray, in_mask: np.ndarray, sample_rate: float, consts: np.ndarray,
               k: int, m: int, n_params: int
               ) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
@@ -74,7 +76,7 @@ def plan_step(u: np.ndarray, in_mask: np.ndarray, sample_rate: float, consts: np
     return coins, included, param, flat, index, pair_order
 
 
-@njit(cache=True, nogil=True)
+@kernel(nogil=True)
 def observe_step(grads: tuple, coord_param: np.ndarray, coord_flat: np.ndarray,
                  unit_scale: np.ndarray, offset: np.ndarray, pair_order: np.ndarray, k: int,
                  vals: np.ndarray, xy: np.ndarray) -> bool:
@@ -97,3 +99,18 @@ def observe_step(grads: tuple, coord_param: np.ndarray, coord_flat: np.ndarray,
     for j in range(2 * k):
         xy[j] = vals[pair_order[j]]
     return finite
+
+
+def signatures() -> list[tuple[object, tuple[object, ...]]]:
+    """(kernel, argument types) of :func:`plan_step` as the injector calls it, for
+    :func:`dpaudit_torch._numba.warm_up`."""
+    i = nt.int64
+    return [(plan_step, (nt.float64[::1], nt.boolean[::1], nt.float64, i[::1], i, i, i))]
+
+
+def observe_signature(grad_dtype: object, n_tensors: int) -> tuple[object, tuple[object, ...]]:
+    """(kernel, argument types) of :func:`observe_step` for ``n_tensors`` flat gradients of the
+    Numba dtype ``grad_dtype``."""
+    f1, i1 = nt.float64[::1], nt.int64[::1]
+    grads = nt.UniTuple(nt.Array(grad_dtype, 1, "C"), n_tensors)
+    return observe_step, (grads, i1, i1, f1, f1, i1, nt.int64, f1, f1)

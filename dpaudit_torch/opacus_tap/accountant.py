@@ -1,6 +1,6 @@
 """What the Opacus accountant was told, and what it claims.
 
-``len(accountant)`` counts history segments, not steps (Opacus issue #834): the step count is the
+``len(accountant)`` counts history segments, not steps (Opacus 1.6): the step count is the
 sum of the steps of every ``(noise_multiplier, sample_rate, steps)`` entry of its history. A read
 of the claimed epsilon costs 0.02 s (RDP) to 0.5 s (PRV) on a CPU, so the auditor reads it every
 ``claimed_every`` steps and at finalize; a failing read is reported, never raised into training.

@@ -14,17 +14,19 @@ Hook points (Opacus 1.6, ``optimizers/optimizer.py``; see docs/auditor.md):
   (docs/design.md section 5, "Compact canary rows"). A clipping bug of the class therefore shows
   in the canaries, and the memory is R x (2k + m) numbers, not R x d. The rows live in one
   persistent all-zero buffer: a step writes its entries and sets exactly those back to zero.
-* ghost clipping (``DPOptimizerFastGradientClipping``): there are no per-sample gradients in the
-  optimizer (clipping happens in the loss's second backward), so ``accumulate`` is wrapped and
-  the *already clipped* canary, ``raw * min(1, C / (raw + 1e-6))`` exactly as Opacus's flat
-  clipping would produce it, is added to ``p.summed_grad`` after the real examples' sum has been
-  read. Clipping is then not exercised.
+* ghost clipping (``DPOptimizerFastGradientClipping``): ``accumulate`` is wrapped and the
+  already clipped canary is added after the real examples' sum has been read (:mod:`.ghost`;
+  sharded parameters: :mod:`.fsdp`). Clipping is then not exercised.
 
 Injection happens only on the micro-batch that ends a logical step
 (``optimizer._check_skip_next_step(pop_next=False)`` is False), so ``BatchMemoryManager`` gets one
 set of canaries per logical step. Under DDP only rank 0 injects (``optimizer.rank``), while every
 rank draws the same role coins, so that every rank can observe the same pairs after the
-all-reduce.
+all-reduce; on sharded parameters every rank injects the canaries its shard holds.
+
+An exception raised by the wrapped method itself (Opacus, or the user's code it runs) gets a note
+saying so (:mod:`.errors`) and leaves the auditor attached; the auditor detaches only when its
+own part fails.
 
 All randomness comes from the auditor's own CPU ``torch.Generator`` streams (role coins and
 Poisson inclusion: ``mechanics``; IN/OUT: the secret coins), never from Opacus's noise generator
@@ -44,8 +46,9 @@ import torch
 
 from ..canaries import CanaryDesign, SecretCoins
 from ._step_kernels import plan_step
+from .errors import call_theirs
+from .ghost import GhostInjection
 from .plan import (
-    OPACUS_NORM_EPS,
     StepPlan,
     effective_noise_multiplier,
     is_adaclip,
@@ -57,7 +60,7 @@ logger = logging.getLogger(__name__)
 
 __all__ = ["Injector"]
 
-class Injector:
+class Injector(GhostInjection):
     """Wraps the optimizer instance's ``clip_and_accumulate`` (or ``accumulate`` in ghost mode).
 
     Args:
@@ -69,12 +72,14 @@ class Injector:
         sample_rate: the data loader's Poisson rate (an IN canary's inclusion probability).
         canary_norm: raw canary norm as a multiple of the clipping bound.
         device: the parameters' device (where index tensors live).
+        layout: where the shards of sharded (DTensor) parameters lie (:mod:`.fsdp`), or None.
     """
 
     def __init__(self, optimizer: Any, params: list[torch.nn.Parameter], design: CanaryDesign,
                  coins: SecretCoins, mechanics: torch.Generator, sample_rate: float,
-                 canary_norm: float, device: torch.device) -> None:
+                 canary_norm: float, device: torch.device, layout: Any = None) -> None:
         self.optimizer = optimizer
+        self.layout = layout
         self.params = params
         self.design = design
         self.coins = coins
@@ -85,7 +90,11 @@ class Injector:
         self.ghost = is_ghost(optimizer)
         self.adaclip = is_adaclip(optimizer)
         self.rank = int(getattr(optimizer, "rank", 0))
-        self.injects = self.rank == 0
+        self.injects = self.rank == 0 or layout is not None
+        #: D, the ranks whose clipped sums the released gradient averages (DDP: the world size;
+        #: tensor parallelism: 1)
+        self.data_parallel = (int(getattr(optimizer, "world_size", 1)) if layout is None
+                              else int(layout.data_parallel))
         self._attr = "accumulate" if self.ghost else "clip_and_accumulate"
         self._saved: Any = None
         self._had_instance_attr = False
@@ -240,7 +249,7 @@ class Injector:
         else:  # Opacus's accumulated_iterations, read off one parameter (they all agree)
             gs = self.params[0].grad_sample
             acc = len(gs) if isinstance(gs, list) else 1
-        world = int(getattr(opt, "world_size", 1))
+        world = self.data_parallel
         if opt.loss_reduction == "mean":
             denom = float(opt.expected_batch_size) * acc * world
         else:
@@ -394,16 +403,16 @@ class Injector:
         if gs0 is None or _already_processed(params):
             # let Opacus raise its own error (missing per-sample gradients, or zero_grad not
             # called): nothing is injected and nothing is recorded
-            return original()
+            return call_theirs(original, self._attr)
         self._count_micro(gs0)
         if not self._ends_logical_step():
-            return original()
+            return call_theirs(original, self._attr)
         try:
             rec = self._plan()
         except Exception as e:
             self._fail(e)
             raise
-        result = original()  # the real examples, exactly as without the auditor
+        result = call_theirs(original, self._attr)  # the real examples, as without the auditor
         self._take_counts(rec)
         try:
             rec.real_sum = self.read_real_sum(rec) if self.read_real_sum else None
@@ -517,66 +526,6 @@ class Injector:
                                 f"not a method; the auditor cannot run it on its canaries")
             return fn.__get__(shadow, type(shadow))
         return getattr(type(shadow), self._attr).__get__(shadow, type(shadow))
-
-    def _wrapper_ghost(self) -> Any:
-        self.check_params()
-        original = self.original_method()
-        result = original()
-        self._micro_pending += 1
-        if not self._ends_logical_step():
-            return result
-        try:
-            self._ghost_inject()
-        except Exception as e:
-            self._fail(e)
-            raise
-        return result
-
-    def _ghost_inject(self) -> None:
-        rec = self._plan()
-        self._take_counts(rec)
-        rec.real_sum = self.read_real_sum(rec) if self.read_real_sum else None
-        if self.injects:
-            params, flats = rec.entry_param, rec.entry_flat
-            assert params is not None and flats is not None
-            order = np.argsort(params, kind="stable")
-            counts = np.bincount(params, minlength=len(self.params))
-            flat_sorted = torch.from_numpy(flats[order]).to(self.device, non_blocking=True)
-            w_sorted = (None if rec.entry_weight is None
-                        else torch.from_numpy(rec.entry_weight[order]))
-            start = 0
-            for i, cnt in enumerate(counts.tolist()):
-                if not cnt:
-                    continue
-                p = self.params[i]
-                sg = p.summed_grad
-                if sg is None:
-                    sg = torch.zeros_like(p)
-                    p.summed_grad = sg
-                f = flat_sorted[start:start + cnt]
-                if f.device != sg.device:
-                    f = f.to(sg.device)
-                val = self._ghost_value(rec.clip[i], sg).expand(cnt)
-                if w_sorted is not None:  # a spread canary: 1 / sqrt(L) of it per coordinate
-                    val = val * w_sorted[start:start + cnt].to(device=sg.device, dtype=sg.dtype)
-                start += cnt
-                sg.view(-1).index_add_(0, f, val)
-            self._count(rec)
-        self._pending = rec
-
-    def _ghost_value(self, clip: float, like: torch.Tensor) -> torch.Tensor:
-        """The clipped canary, ``raw * min(1, C / (raw + 1e-6))`` with ``raw = canary_norm * C``,
-        computed in the gradient's dtype exactly as Opacus's flat clipping would (0-d tensor;
-        cached per bound, dtype and device)."""
-        key = (clip, like.dtype, like.device)
-        val = self._ghost_values.get(key)
-        if val is None:
-            raw_t = torch.tensor(self.canary_norm * clip, dtype=like.dtype, device=like.device)
-            val = (clip / (raw_t + OPACUS_NORM_EPS)).clamp(max=1.0) * raw_t
-            if len(self._ghost_values) > 64:  # adaptive clipping: a new bound every step
-                self._ghost_values.clear()
-            self._ghost_values[key] = val
-        return val
 
     def _count(self, rec: StepPlan) -> None:
         self.insertions += rec.n_rows

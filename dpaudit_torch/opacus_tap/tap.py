@@ -3,11 +3,15 @@
 It validates what ``make_private`` returned, injects the canaries through Opacus's own clipping
 (:mod:`.injection`), reads the released gradient before the update (:mod:`.observation`), reads
 the accountant (:mod:`.accountant`) and shares seeds and decisions across DDP ranks (:mod:`.ddp`).
+On sharded parameters (Opacus FSDP2 or tensor-parallel ghost clipping) the canaries are injected
+and read on the rank holding their shard (:mod:`.fsdp`).
 Every Opacus private name the project relies on is used in this package and nowhere else:
 ``DPOptimizer._check_skip_next_step`` (is this micro-batch the end of a logical step),
 ``p.grad_sample`` / ``p.summed_grad`` (per-sample rows, pre-noise sum), ``_processed`` marks,
 ``original_optimizer`` (the step pre-hook), ``_adjusted_noise_multiplier``, and
-``DPOptimizerFastGradientClipping`` / ``AdaClipDPOptimizer`` / ``DistributedPerLayerOptimizer``.
+``DPOptimizerFastGradientClipping`` / ``AdaClipDPOptimizer`` / ``DistributedPerLayerOptimizer``,
+``FSDPOptimizerFastGradientClipping.grad_state`` (the sharded summed gradient) and the
+``merge_flag`` Opacus's tensor-parallel ghost clipping sets on its parameters.
 
 The accountant's step-hook slot is never touched (Opacus has only one, and replacing it would
 silently switch off accounting).
@@ -106,6 +110,10 @@ class OpacusTap:
         self.rank = int(getattr(optimizer, "rank", 0))
         self.world_size = int(getattr(optimizer, "world_size", 1))
         self.ghost = is_ghost(optimizer)
+        from .fsdp import detect_layout
+
+        #: where the shards of sharded (DTensor) parameters lie; None without sharding
+        self.layout = detect_layout(optimizer, params, self.rank, self.world_size)
         self.injector: Injector | None = None
         self.reader: GradientReader | None = None
         self._handle: Any = None
@@ -153,8 +161,11 @@ class OpacusTap:
 
     def fingerprint(self) -> dict[str, Any]:
         """What a checkpoint's run must share with this one."""
-        return {"parameter_shapes": [list(s) for s in self.shapes], "ghost": self.ghost,
-                "sample_rate": self.sample_rate, "optimizer": type(self.optimizer).__name__}
+        fp = {"parameter_shapes": [list(s) for s in self.shapes], "ghost": self.ghost,
+              "sample_rate": self.sample_rate, "optimizer": type(self.optimizer).__name__}
+        if self.layout is not None:  # the design is global: any world size resumes it
+            fp["sharding"] = self.layout.kind
+        return fp
 
     # ------------------------------------------------------------------ wiring
     def build(self, design: CanaryDesign, coins: SecretCoins, mechanics: torch.Generator,
@@ -163,15 +174,23 @@ class OpacusTap:
               noise_coords: tuple[torch.Tensor, torch.Tensor] | None = None) -> None:
         """(Re)build the injector and the reader for a canary design (not attached yet)."""
         inj = Injector(self.optimizer, self.params, design, coins, mechanics, self.sample_rate,
-                       canary_norm, device)
+                       canary_norm, device, layout=self.layout)
         inj.on_failure = on_failure
         old = self.reader  # a rebuild (resume) keeps how the reader was set to read
         self.injector = inj
-        self.reader = GradientReader(
-            self.params, design, device,
-            check_finite_every_step=(old.check_finite_every_step if old is not None
-                                     else device.type == "cpu"),
-            compiled=old.compiled if old is not None else True, noise_coords=noise_coords)
+        finite = old.check_finite_every_step if old is not None else device.type == "cpu"
+        compiled = old.compiled if old is not None else True
+        if self.layout is None:
+            self.reader = GradientReader(self.params, design, device,
+                                         check_finite_every_step=finite, compiled=compiled,
+                                         noise_coords=noise_coords)
+        else:
+            from .fsdp import ShardedGradientReader, summed_grad_of
+
+            opt = self.optimizer
+            self.reader = ShardedGradientReader(
+                self.params, design, device, finite, compiled, noise_coords, self.layout,
+                lambda p: summed_grad_of(opt, p))
         inj.read_real_sum = self.reader.snapshot
 
     @property
@@ -215,9 +234,10 @@ class OpacusTap:
     def read(self, plan: StepPlan, step: int) -> StepRecord:
         """The record of the step being released. Under DDP the real-data sums of every rank are
         added first (the released gradient is the reduction of every rank's sum plus the
-        noise): one collective of 2k + m numbers per step."""
+        noise): one collective of 2k + m numbers per step. On sharded parameters the reader
+        sums its vectors over the ranks itself (one collective, :mod:`.fsdp`)."""
         assert self.reader is not None
-        if self.world_size > 1 and plan.real_sum is not None:
+        if self.world_size > 1 and plan.real_sum is not None and self.layout is None:
             from .ddp import all_reduce_sum
 
             # one collective: the real sums at the canary and noise coordinates, and the
@@ -264,6 +284,7 @@ class OpacusTap:
             if opt.expected_batch_size is not None else None,
             "steps": self.accountant.steps(),
             "world_size": self.world_size,
+            "sharding": "none" if self.layout is None else self.layout.describe(),
             "optimizer": type(opt).__name__,
             "grad_sample_mode": "ghost" if self.ghost else "per-sample",
             "clipping": kind,
