@@ -442,7 +442,7 @@ def test_html_escapes_user_strings(tmp_path: Path) -> None:
 def test_html_with_empty_or_short_histories(tmp_path: Path) -> None:
     empty = AuditReport()
     page = (empty.save(tmp_path / "empty") / HTML_NAME).read_text(encoding="utf-8")
-    assert page.count('class="nodata"') == 3 and "no data" in page
+    assert page.count('class="nodata"') == 3 and "Nothing to plot" in page
     assert "nothing found" in page and "is not a proof of privacy" in page
     check_html_fields(page, empty)
 
@@ -451,14 +451,22 @@ def test_html_with_empty_or_short_histories(tmp_path: Path) -> None:
                             "epsilon_lower_bound": [0.0]}
     short.one_run_scores = {"in": [1.0]}
     page = (short.save(tmp_path / "short") / HTML_NAME).read_text(encoding="utf-8")
-    assert page.count("data:image/png;base64,") == 3
+    # a per-step bound that stayed 0 is one sentence, not an empty plot
+    assert page.count("data:image/png;base64,") == 2
+    assert page.count('class="nodata"') == 1
+    assert ("Nothing to plot: no point of the per-step null&#x27;s grid was rejected in the 1 "
+            "recorded step(s), so the per-step ε lower bound is 0 throughout.") in page
     assert "no OUT scores" in page
+    short.wealth_history["epsilon_lower_bound"] = [0.2]
+    page = short.to_html()
+    assert page.count("data:image/png;base64,") == 3
 
     odd = make_report("nothing")
     odd.wealth_history["mmd"] = odd.wealth_history["mmd"][:-5]  # shorter than "step"
     odd.wealth_history["combined"][0] = math.inf
     odd.wealth_history.pop("step")
     odd.one_run_scores = {"in": [math.nan, 2.0, 2.0], "out": [2.0, 2.0]}  # constant scores
+    odd.wealth_history["epsilon_lower_bound"][-1] = 0.1  # "nothing" has a bound of 0 throughout
     page = (odd.save(tmp_path / "odd") / HTML_NAME).read_text(encoding="utf-8")
     assert page.count("data:image/png;base64,") == 3
     assert "non-finite" in page and "record index" not in page  # axis label is inside the PNG

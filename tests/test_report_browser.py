@@ -141,7 +141,7 @@ def _check_page(page: Any, report: AuditReport) -> list[str]:
     assert format_number(report.claimed_epsilon) in body
     for bound in report.epsilon_lower_bounds.values():
         assert format_number(bound) in body
-    # every plot decoded by the browser, or a visible "no data" box in its place
+    # every plot decoded by the browser, or a visible sentence saying why there is nothing
     imgs = page.eval_on_selector_all(
         "img", "els => els.map(e => [e.complete, e.naturalWidth, e.naturalHeight])"
     )
@@ -172,7 +172,9 @@ def test_report_renders_in_chromium(browser: Any, tmp_path: Path) -> None:
                 "epsilon_lower_bounds.fdp", "epsilon_lower_bounds.sequential",
                 "lower_bound_details.steinke.ceiling"} <= set(fields)
         assert page.locator("img").count() == 3
-        assert page.locator("#bounds-table tbody tr").count() == 3
+        # the whole-run bounds in one table, the per-step bound in another
+        assert page.locator("#bounds-table tbody tr").count() == 2
+        assert page.locator("#per-step-bound-table tbody tr").count() == 1
         shot = tmp_path / "report.png"
         _screenshot(page, shot)
         if os.environ.get("DPAUDIT_ARTIFACTS"):
@@ -194,7 +196,7 @@ def test_other_verdicts_render_in_chromium(browser: Any, tmp_path: Path, kind: s
         _check_page(page, report)
         if kind == "empty":
             assert page.locator(".nodata").count() == 3
-            assert "no data" in page.inner_text("#plots")
+            assert "Nothing to plot" in page.inner_text("#plots")
         if kind in ("nothing", "empty"):
             assert "is not a proof of privacy" in page.inner_text("#verdict")
         _screenshot(page, tmp_path / f"{kind}.png")

@@ -5,8 +5,11 @@ PNG), the verdict first, then the claimed epsilon beside the audited lower bound
 tests, the plots, the threat model and the provenance; the report's JSON is embedded as a data
 block. How to read it: docs/report.md, "Reading the report".
 
-This module writes the page skeleton, the verdict and the bounds table; the other sections are in
-:mod:`dpaudit_torch.report.sections`, the building blocks in :mod:`dpaudit_torch.report.markup`.
+This module writes the page skeleton and the verdict (naming the deciding monitors of a proven
+violation, :mod:`dpaudit_torch.report.wording`); the bounds (the whole-run claim and its bounds,
+and apart from them the per-step bound) are in :mod:`dpaudit_torch.report.bounds`, the other
+sections in :mod:`dpaudit_torch.report.sections`, the building blocks in
+:mod:`dpaudit_torch.report.markup`.
 What each bound method may prove (its scope, whether it may refute the claim) is read from
 :mod:`dpaudit_torch.registry`: only a family-free bound on the whole run, the one-run bound of
 Steinke, Nasr & Jagielski (NeurIPS 2023), refutes an (eps, delta) claim; the f-DP one-run test of
@@ -16,19 +19,12 @@ the sequential tests (docs/design.md section 4) is about one training step.
 
 from __future__ import annotations
 
-from ..registry import bound_method
-from .markup import (
-    ReportView,
-    esc,
-    generic,
-    json_for_script,
-    kv_section,
-    method_label,
-    num,
-    scalar,
-)
-from .schema import JSON_NAME, AuditReport, is_num, power_sentence, scope_text
+from .bounds import bounds_section
+from .markup import ReportView, esc, json_for_script, kv_section, method_label, num
+from .schema import JSON_NAME, AuditReport, power_sentence
 from .sections import plots_section, provenance_section, sequential_section, strength_section
+from .text import NO_STEPS_SENTENCE, no_steps_audited, per_step_null_plain
+from .wording import deciders_text, deciding_findings, monitor_label
 
 __all__ = ["render_html"]
 
@@ -105,7 +101,7 @@ def render_page(v: ReportView) -> str:
                    "No training information was recorded."),
         kv_section("Canaries", "canaries", d["canaries"],
                    "No canary information was recorded."),
-        kv_section("Configuration", "configuration", d["config"],
+        kv_section("Configuration", "configuration", config_shown(v),
                    "No configuration was recorded."),
         provenance_section(v),
         '<footer><p>Every ε in this report is a statistical lower bound, valid with the '
@@ -152,27 +148,12 @@ def verdict_section(v: ReportView) -> str:
                 else ""
             )
             text += (
-                f"<p>The sequential test also proved{at} that a single training step leaks "
-                "more than a correct DP-SGD step can.</p>"
+                f"<p>The audit also proved{at} a violation; deciding monitor(s): "
+                f"{deciders_text(d['findings'], esc)}.</p>"
             )
     elif d["violation"]:
         css = "verdict-violation"
-        step = d["violation_step"]
-        at = (
-            f" at training step {num(step, 'violation_step')}" if step is not None else ""
-        )
-        stop = (
-            " Training was stopped early." if d["stopped_early"]
-            else " Training was not stopped."
-        )
-        text = (
-            f"<p>The sequential test proved{at}, at level α = {alpha}, that a single "
-            "training step leaks more than a correctly clipped and noised DP-SGD step can. "
-            f"{v.per_step_null_text()} Every step of a correct implementation satisfies "
-            "this hypothesis, so the implementation does not add the noise or clipping it "
-            f"claims, and the claimed ε = {claim} (δ = {delta}), computed by an accountant "
-            f"that assumes it does, cannot be trusted.{stop}</p>"
-        )
+        text = violation_text(v)
     elif d.get("claim_inconsistent"):
         css = "verdict-violation"
         text = (
@@ -198,6 +179,8 @@ def verdict_section(v: ReportView) -> str:
             f"per-step violation at level α = {alpha}.</p>"
         )
     meaning = meaning_text(v)
+    if no_steps_audited(d["training"]):
+        text = f'<p id="no-steps"><strong>{esc(NO_STEPS_SENTENCE)}</strong></p>' + text
     return (
         f'<section id="verdict" class="verdict {css}">'
         f'<h2>Verdict: <span id="verdict-text" data-field="verdict">{esc(r.verdict)}</span>'
@@ -207,8 +190,11 @@ def verdict_section(v: ReportView) -> str:
 
 def findings_text(v: ReportView) -> str:
     """Every finding of the monitors (what failed and where), as a list."""
-    items = [f for f in v.d.get("findings", []) if f.get("level") != "note"]
-    notes = [f for f in v.d.get("findings", []) if f.get("level") == "note"]
+    found = v.d.get("findings", [])
+    # the deciding monitors' findings are written in the verdict itself
+    shown = deciding_findings(found) if v.d["violation"] else []
+    items = [f for f in found if f.get("level") != "note" and f not in shown]
+    notes = [f for f in found if f.get("level") == "note"]
     if not items and not notes:
         return ""
     li = "".join(
@@ -233,7 +219,8 @@ def meaning_text(v: ReportView) -> str:
         if d["violation"] and not d["claim_refuted"]:
             extra = (
                 " The whole-run lower bounds below do not exceed the claim: the proof "
-                "concerns the mechanism of each step, which is what the claim rests on."
+                "concerns what the claim rests on (the steps, the noise or the sampling that "
+                "the accountant assumes; see the deciding monitors above)."
             )
         return (
             '<p class="callout">A rejection is a proof at the stated level: if the '
@@ -256,133 +243,41 @@ def meaning_text(v: ReportView) -> str:
     )
 
 
-def _exceeds(method: str, bound: float | None, claim: float | None, may_refute: bool) -> str:
-    """The "Exceeds claim" cell of a whole-run bound."""
-    if bound is None or claim is None:
-        return num(None)
-    if not bound > claim:
-        return '<span class="ok">no</span>'
-    if may_refute:
-        return '<span class="bad">yes: claim refuted</span>'
-    spec = bound_method(method)
-    if spec is None:
-        return (
-            '<span class="bad">yes</span>, but this version of dpaudit_torch does not know '
-            "this method, so it does not count it as refuting the claim"
-        )
-    family = f"the {esc(spec.family)} family" if spec.family else "a trade-off family"
-    return (
-        f'<span class="bad">yes</span>, but this test assumes {family}, so it does not '
-        "refute the claim on its own"
-    )
-
-
-def bounds_section(v: ReportView) -> str:
+def violation_text(v: ReportView) -> str:
+    """The verdict of a proven violation: the step, the deciding monitor(s) and what each
+    found (their violation findings), and what it means for the claim."""
     d = v.d
-    methods = v.methods()
-    head = (
-        "<tr><th>Method</th><th>Scope</th><th class=\"n\">Lower bound ε</th>"
-        "<th class=\"n\">Claimed ε</th><th>Exceeds claim</th><th>Level</th>"
-        "<th>Guess strategy</th><th class=\"n\">Canaries</th>"
-        "<th class=\"n\">Guesses / correct</th><th class=\"n\">Ceiling ε</th>"
-        "<th class=\"n\">Uncorrected best (diagnostic)</th></tr>"
-    )
-    rows = []
-    notes = []
-    for m in methods:
-        det = v.detail(m)
-        bound = d["epsilon_lower_bounds"].get(m)
-        bound_html = (
-            num(bound, f"epsilon_lower_bounds.{m}") if bound is not None else num(None)
-        )
-        claim = num(d["claimed_epsilon"], "claimed_epsilon")
-        if v.one_step(m):
-            # a bound from the grid of sequential tests (docs/design.md section 4)
-            scope = esc(scope_text(m))
-            exceeds = "not comparable (per-step bound)"
-            lvl_alpha = det.get("level", d["alpha"])
-            simul = det.get("simultaneous")
-            strategy = (
-                "grid, simultaneous (Bonferroni over the grid)" if simul is True
-                else "grid, each point at level α (not simultaneous)" if simul is False
-                else "grid"
-            )
-            grid = det.get("grid_epsilons")
-            if isinstance(grid, list):
-                strategy += f", {len(grid)} points"
-            guesses = num(None)
-        else:
-            scope = esc(scope_text(m) or "not known to this version of dpaudit_torch")
-            exceeds = _exceeds(m, bound, d["claimed_epsilon"], v.may_refute(m))
-            lvl_alpha = det.get("alpha", d["alpha"])
-            strategy = esc(det["strategy"]) if "strategy" in det else num(None)
-            if "guesses" in det and not isinstance(det["guesses"], (dict, list)):
-                strategy += f" ({scalar(det['guesses'])})"
-            guesses = f"{num(det.get('r'))} / {num(det.get('v'))}"
-        level = (
-            f"α = {num(lvl_alpha)} ({num(100.0 * (1.0 - lvl_alpha))}% confidence)"
-            if is_num(lvl_alpha) else scalar(lvl_alpha)
-        )
-        per_test = det.get("alpha_per_test")
-        if is_num(per_test) and is_num(lvl_alpha) and per_test != lvl_alpha:
-            n_cand = det.get("n_candidates")
-            over = f" over {num(n_cand)} candidates" if is_num(n_cand) else ""
-            level += f"; {num(per_test)} per candidate (Bonferroni{over})"
-        ceiling = v.ceiling(m)
-        ceiling_html = (
-            num(ceiling, f"lower_bound_details.{m}.ceiling") if "ceiling" in det
-            else num(ceiling)
-        )
-        unc = det.get("uncorrected_best")
-        rows.append(
-            f'<tr data-method="{esc(m)}"><td>{esc(method_label(m))}</td>'
-            f"<td>{scope}</td><td class=\"n\">{bound_html}</td><td class=\"n\">{claim}</td>"
-            f"<td>{exceeds}</td><td>{level}</td><td>{strategy}</td>"
-            f"<td class=\"n\">{v.canary_count(m)}</td><td class=\"n\">{guesses}</td>"
-            f"<td class=\"n\">{ceiling_html}</td>"
-            f"<td class=\"n\">{scalar(unc) if not isinstance(unc, (dict, list)) else ''}"
-            "</td></tr>"
-        )
-        for key, label in (("family", "family"), ("note", ""), ("null", "null"),
-                           ("uncorrected_best_note", "uncorrected best")):
-            if det.get(key) and isinstance(det[key], str):
-                label_html = f" {esc(label)}" if label else ""
-                notes.append(f"<li><strong>{esc(m)}</strong>{label_html}: {esc(det[key])}</li>")
-        claim_v = d["claimed_epsilon"]
-        if (
-            v.may_refute(m) and ceiling is not None and claim_v is not None
-            and ceiling <= claim_v
-        ):
-            notes.append(
-                f"<li><strong>{esc(m)}</strong>: its ceiling ε = {num(ceiling)} is not above "
-                f"the claimed ε = {num(claim_v)}, so this method could not have refuted the "
-                "claim even with every guess right; more canaries raise the ceiling.</li>"
-            )
-    if not rows:
-        table = "<p><em>No lower bound was computed.</em></p>"
+    step = d["violation_step"]
+    at = f" at training step {num(step, 'violation_step')}" if step is not None else ""
+    stop = " Training was stopped early." if d["stopped_early"] else " Training was not stopped."
+    found = deciding_findings(d["findings"])
+    if found:
+        items = "".join(
+            f'<li data-monitor="{esc(f.get("monitor"))}"><strong>'
+            f'{esc(monitor_label(f.get("monitor")))}</strong>'
+            + (f" ({esc(f['where'])})" if f.get("where") else "")
+            + f": {esc(f.get('message'))}</li>" for f in found)
+        who = f'<p>Deciding monitor(s):</p><ul id="deciding-monitors">{items}</ul>'
     else:
-        table = (
-            f'<div class="wide"><table id="bounds-table"><thead>{head}</thead>'
-            f'<tbody>{"".join(rows)}</tbody></table></div>'
-        )
-    acc = esc(d["accountant"]) if d["accountant"] else "not recorded"
-    intro = (
-        f"<p>Claimed: ε = {num(d['claimed_epsilon'], 'claimed_epsilon')} at δ = "
-        f"{num(d['delta'], 'delta')}, from the accountant <strong>{acc}</strong>. "
-        "Each audited number is a lower bound on the true ε at the same δ: it holds with "
-        "the confidence shown. The ceiling is the largest ε the method could have "
-        "certified with this many canaries, even if every guess were right. The "
-        "uncorrected best is a diagnostic (the best threshold chosen after seeing the "
-        "answers) and is <em>not</em> a valid bound.</p>"
-    )
-    note_html = f'<ul class="notes">{"".join(notes)}</ul>' if notes else ""
-    details = "".join(
-        f"<details><summary>All recorded details: {esc(m)}</summary>"
-        f"{generic(v.detail(m))}</details>"
-        for m in methods if v.detail(m)
-    )
+        who = "<p>The deciding monitor was not recorded in this report.</p>"
+    null = (f"<p>{v.per_step_null_text()}</p>"
+            if any(f.get("monitor") == "sequential_pairs" for f in found) else "")
     return (
-        '<section id="bounds"><h2>Claimed ε and audited lower bounds</h2>'
-        f"{intro}{table}{note_html}{details}</section>"
+        f"<p>The audit proved{at}, at level α = {num(d['alpha'], 'alpha')} (an anytime-valid "
+        "decision over every monitor's evidence), that the training is less private than the "
+        f"accountant assumes.</p>{who}{null}<p>The claimed ε = "
+        f"{num(d['claimed_epsilon'], 'claimed_epsilon')} (δ = {num(d['delta'], 'delta')}) is "
+        f"computed from assumptions this proves false, so it cannot be trusted.{stop}</p>"
     )
 
+
+def config_shown(v: ReportView) -> dict:
+    """The configuration as recorded, with ``per_step_null`` written out as the null that was
+    used (the recorded value is null when the default was used)."""
+    cfg = dict(v.d["config"])
+    used = per_step_null_plain(v.d["sequential"].get("per_step_null"))
+    if "per_step_null" in cfg and used is not None:
+        default = " (the default: the optimizer's noise multiplier)" if (
+            cfg["per_step_null"] is None) else ""
+        cfg["per_step_null"] = used + default
+    return cfg

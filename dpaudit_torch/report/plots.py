@@ -2,8 +2,9 @@
 
 No pyplot and no global backend switch: each plot is a :class:`matplotlib.figure.Figure` drawn on
 its own Agg canvas, so rendering is safe inside a training process or a notebook. Every function
-returns a :class:`Plot`: either ``png`` (base64 text) or ``None`` with ``reason`` saying why there
-is no data; ``notes`` lists what was dropped (non-finite values, length mismatches).
+returns a :class:`Plot`: either ``png`` (base64 text) or ``None`` with ``reason``, one sentence
+saying why there is nothing to plot (e.g. a per-step bound that stayed 0); ``notes`` lists what
+was dropped (non-finite values, length mismatches).
 
 Each sequential tester's curve is named and coloured as :data:`dpaudit_torch.registry.TESTERS`
 says; a series this version does not know (a report from a newer writer) is drawn under its own
@@ -124,7 +125,8 @@ def plot_log_wealth(
     """
     names = [k for k in history if k not in _NOT_WEALTH and history.get(k)]
     if not names:
-        return Plot(None, "no data: no sequential log-wealth was recorded")
+        return Plot(None, "Nothing to plot: no sequential log-wealth was recorded (no sequential "
+                    "test ran, or no step was audited).")
     notes: list[str] = []
     longest = max(len(history[k]) for k in names)
     steps, xlabel = _steps(history, longest)
@@ -134,7 +136,7 @@ def plot_log_wealth(
         if xs:
             series.append((k, xs, ys))
     if not series:
-        return Plot(None, "no data: every recorded log-wealth is non-finite", notes)
+        return Plot(None, "Nothing to plot: every recorded log-wealth is non-finite.", notes)
     fig, ax = _figure()
     for k, xs, ys in series:
         style = {"linewidth": 2.0} if k == _COMBINED else {"linewidth": 1.3, "alpha": 0.85}
@@ -160,12 +162,17 @@ def plot_epsilon_lower_bound(
     """Sequential (per-step) epsilon lower bound over training steps (anytime form)."""
     values = history.get("epsilon_lower_bound") or []
     if not values:
-        return Plot(None, "no data: no sequential epsilon lower bound was recorded")
+        return Plot(None, "Nothing to plot: no per-step ε lower bound was recorded (no "
+                    "sequential test ran, or no step was audited).")
     notes: list[str] = []
     steps, xlabel = _steps(history, len(values))
     xs, ys = _finite_xy(steps, values, "epsilon_lower_bound", notes)
     if not xs:
-        return Plot(None, "no data: every recorded bound is non-finite", notes)
+        return Plot(None, "Nothing to plot: every recorded per-step bound is non-finite.", notes)
+    if all(y == 0.0 for y in ys):
+        return Plot(None, f"Nothing to plot: no point of the per-step null's grid was rejected "
+                          f"in the {len(ys)} recorded step(s), so the per-step ε lower bound "
+                          f"is 0 throughout.", notes)
     fig, ax = _figure()
     marker = "o" if len(xs) == 1 else None
     ax.plot(xs, ys, drawstyle="steps-post", color="#9467bd", linewidth=2.0, marker=marker,
@@ -192,7 +199,8 @@ def plot_score_histograms(scores: dict[str, list[float]]) -> Plot:
             notes.append(f"{key.upper()}: {raw.size - finite.size} non-finite score(s) not plotted")
         data[key] = finite
     if data["in"].size == 0 and data["out"].size == 0:
-        return Plot(None, "no data: no one-run canary scores were recorded", notes)
+        return Plot(None, "Nothing to plot: no one-run canary scores were recorded (they are "
+                    "revealed at finalize).", notes)
     for key in ("in", "out"):
         if data[key].size == 0:
             notes.append(f"no {key.upper()} scores")

@@ -430,14 +430,19 @@ class AuditReport:
 
         Raises:
             ValueError: the report does not validate.
-            OSError: the directory cannot be created or written.
+            OSError: the directory cannot be created or written; one error whose message names
+                the directory (the underlying error is its ``__cause__``).
         """
         out = Path(directory)
         text = self.to_json()
         page = self.to_html()
-        out.mkdir(parents=True, exist_ok=True)
-        _atomic_write(out / JSON_NAME, text + "\n")
-        _atomic_write(out / HTML_NAME, page)
+        try:
+            out.mkdir(parents=True, exist_ok=True)
+            _atomic_write(out / JSON_NAME, text + "\n")
+            _atomic_write(out / HTML_NAME, page)
+        except OSError as exc:
+            why = exc.strerror or str(exc) or type(exc).__name__
+            raise OSError(f"cannot write the audit report into {str(out)!r}: {why}") from exc
         logger.info("audit report written to %s", out)
         return out
 
@@ -492,50 +497,12 @@ class AuditReport:
         return VERDICT_NOTHING
 
     def summary_text(self) -> str:
-        """A few plain-language lines: verdict, claimed epsilon, each lower bound."""
-        level = format_number(100.0 * (1.0 - self.alpha))
-        lines = [f"Verdict: {self.verdict}."]
-        claim = format_number(self.claimed_epsilon)
-        acc = f" (accountant: {self.accountant})" if self.accountant else ""
-        lines.append(f"Claimed epsilon: {claim} at delta={format_number(self.delta)}{acc}.")
-        if self.epsilon_lower_bounds:
-            for method, bound in self.epsilon_lower_bounds.items():
-                scope = (
-                    scope_text(method, article=True, with_family=True)
-                    or "a scope this version of dpaudit_torch does not know"
-                )
-                lines.append(
-                    f"Audited lower bound ({method}, for {scope}): epsilon >= "
-                    f"{format_number(bound)} with {level}% confidence."
-                )
-        else:
-            lines.append("No lower bound was computed.")
-        if self.claim_refuted:
-            lines.append(
-                "A valid lower bound exceeds the claimed epsilon: the claim is false "
-                "(with the stated confidence)."
-            )
-        if self.violation:
-            at = "" if self.violation_step is None else f" at training step {self.violation_step}"
-            stop = " Training was stopped early." if self.stopped_early else ""
-            lines.append(
-                f"The sequential test proved{at} that a training step is less private than "
-                f"claimed.{stop}"
-            )
-        for f in self.findings:
-            if f.get("level") in ("violation", "inconsistent", "finding"):
-                where = f" [{f['where']}]" if f.get("where") else ""
-                lines.append(f"Finding ({f.get('monitor')}, {f.get('level')}){where}: "
-                             f"{f.get('message')}")
-        if self.verdict == VERDICT_NOTHING:
-            lines.append(
-                "Nothing found is not a proof of privacy: these are lower bounds, and this "
-                "audit could only have detected leaks up to its ceiling."
-            )
-        power = power_sentence(self.power)
-        if power:
-            lines.append(power)
-        return "\n".join(lines)
+        """A few plain-language lines: the verdict, the whole-run claim beside its lower bounds,
+        the per-step bound on a line of its own, the deciding monitors and the findings
+        (:func:`dpaudit_torch.report.summary.summary_text`)."""
+        from .summary import summary_text
+
+        return summary_text(self)
 
     def to_html(self) -> str:
         """The self-contained HTML page (no network access; plots inline)."""

@@ -84,7 +84,8 @@ def sequential_section(v: ReportView) -> str:
 
 
 def plots_section(v: ReportView) -> str:
-    """The three inline plots (or a "no data" box in place of each)."""
+    """The three inline plots (or, in place of each, one sentence saying why there is nothing
+    to plot)."""
     d = v.d
     wh = d["wealth_history"]
     # the per-step bound's grid (docs/design.md section 4): its largest epsilon is the ceiling
@@ -111,16 +112,17 @@ def plots_section(v: ReportView) -> str:
     ]
     out = ['<section id="plots"><h2>Plots</h2>']
     for anchor, plot, caption in figs:
-        if plot.png is None:
-            body = f'<div class="nodata">{esc(plot.reason)}</div>'
-        else:
-            body = (
-                f'<img src="data:image/png;base64,{plot.png}" '
-                f'alt="{esc(caption.split(".")[0])}">'
-            )
         notes = (
             f'<div class="notes">{"; ".join(esc(n) for n in plot.notes)}</div>'
             if plot.notes else ""
+        )
+        if plot.png is None:  # one sentence saying why there is nothing to plot
+            out.append(f'<figure id="{anchor}"><div class="nodata">{esc(plot.reason)}</div>'
+                       f"{notes}</figure>")
+            continue
+        body = (
+            f'<img src="data:image/png;base64,{plot.png}" '
+            f'alt="{esc(caption.split(".")[0])}">'
         )
         out.append(
             f'<figure id="{anchor}">{body}<figcaption>{esc(caption)}</figcaption>{notes}'

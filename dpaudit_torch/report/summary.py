@@ -1,0 +1,95 @@
+"""The plain-text summary of an audit report (:meth:`AuditReport.summary_text`, printed by the
+``dpaudit`` command).
+
+It keeps apart what the report says about the *whole training run* (the claimed epsilon and the
+one-run lower bounds of Steinke, Nasr & Jagielski, NeurIPS 2023, and Mahloujifar, Melis &
+Chaudhuri, ICML 2025, all at the claim's delta) and what it says about *one training step* (the
+bound of the sequential tests, docs/design.md section 4, at the delta of its own grid point): the
+two are never on the same line, and the per-step bound is never compared with the claim.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+from ..registry import ONE_STEP, bound_method
+from .text import (
+    NO_STEPS_SENTENCE,
+    format_number,
+    no_steps_audited,
+    per_step_delta,
+    power_sentence,
+    scope_text,
+)
+from .wording import deciders_text, deciding_findings
+
+if TYPE_CHECKING:  # pragma: no cover
+    from .schema import AuditReport
+
+__all__ = ["summary_text"]
+
+
+def _is_one_step(method: str) -> bool:
+    spec = bound_method(method)
+    return spec is not None and spec.scope == ONE_STEP
+
+
+def summary_text(report: AuditReport) -> str:
+    """A few plain-language lines: the verdict, the whole-run claim and its lower bounds, then
+    (separately) the per-step bound, the deciding monitors and the other findings."""
+    from .schema import VERDICT_NOTHING
+
+    r = report
+    level = format_number(100.0 * (1.0 - r.alpha))
+    lines = [f"Verdict: {r.verdict}."]
+    if no_steps_audited(r.training):
+        lines.append(NO_STEPS_SENTENCE)
+    acc = f" (accountant: {r.accountant})" if r.accountant else ""
+    lines.append(f"Whole-run claim: epsilon = {format_number(r.claimed_epsilon)} at delta = "
+                 f"{format_number(r.delta)}{acc}.")
+    whole = [m for m in r.epsilon_lower_bounds if not _is_one_step(m)]
+    step = [m for m in r.epsilon_lower_bounds if _is_one_step(m)]
+    for method in whole:
+        scope = (scope_text(method, article=True, with_family=True)
+                 or "a scope this version of dpaudit_torch does not know")
+        lines.append(
+            f"Audited lower bound ({method}, for {scope}, at the same delta): epsilon >= "
+            f"{format_number(r.epsilon_lower_bounds[method])} with {level}% confidence.")
+    if not r.epsilon_lower_bounds:
+        lines.append("No lower bound was computed.")
+    elif not whole:
+        lines.append("No lower bound on the whole run's epsilon was computed.")
+    for method in step:
+        bound = r.epsilon_lower_bounds[method]
+        details = r.lower_bound_details.get(method, {})
+        delta = per_step_delta(bound, details)
+        at = (f" at that step's delta = {format_number(delta)}" if delta is not None
+              else " (no grid point rejected)" if bound == 0 else "")
+        lines.append(
+            f"Per-step bound ({method}; a statement about ONE training step, not about the "
+            f"whole-run claim, and never compared with it): epsilon >= {format_number(bound)}"
+            f"{at} with {level}% confidence.")
+    if r.claim_refuted:
+        lines.append("A valid lower bound on the whole run's epsilon exceeds the claimed "
+                     "epsilon: the claim is false (with the stated confidence).")
+    shown: list[object] = []
+    if r.violation:
+        at = "" if r.violation_step is None else f" at training step {r.violation_step}"
+        stop = " Training was stopped early." if r.stopped_early else ""
+        lines.append(f"The audit proved{at} that the training is less private than claimed "
+                     f"(anytime-valid decision at level alpha = {format_number(r.alpha)}). "
+                     f"Deciding monitor(s): {deciders_text(r.findings)}.{stop}")
+        shown = list(deciding_findings(r.findings))
+    for f in r.findings:
+        if f.get("level") in ("violation", "inconsistent", "finding") and f not in shown:
+            where = f" [{f['where']}]" if f.get("where") else ""
+            lines.append(f"Finding ({f.get('monitor')}, {f.get('level')}){where}: "
+                         f"{f.get('message')}")
+    if r.verdict == VERDICT_NOTHING:
+        lines.append(
+            "Nothing found is not a proof of privacy: these are lower bounds, and this "
+            "audit could only have detected leaks up to its ceiling.")
+    power = power_sentence(r.power)
+    if power:
+        lines.append(power)
+    return "\n".join(lines)
