@@ -1,21 +1,53 @@
 # Two commands work on a fresh machine: `make demo` and `make test`.
-PYTHON ?= python3.11
+# Python: PYTHON=/path/to/python3.x if given, else the first of python3.11 (the version CI and the
+# benchmarks use), python3.12, python3.13, python3.10, python3 that runs and is at least 3.10
+# (the project's requires-python).
+PYTHON ?=
 VENV   := .venv
 PY     := $(VENV)/bin/python
-STAMP  := $(VENV)/.installed
+# `make demo` installs the package and its runtime dependencies only; `make test` adds the
+# development extras. Separate stamps, so that `make demo` then `make test` installs the rest.
+RUNTIME_STAMP := $(VENV)/.installed-runtime
+STAMP         := $(VENV)/.installed
+EXTRAS        := dev,lightning,transformers
+# setuptools announces every editable install of a flat layout ("Editable installation ... be
+# careful with folders in your working directory"), as a warning that pip shows even with -q;
+# it is a notice about editable installs in general, so it is silenced here, and only it.
+PIP_E := PYTHONWARNINGS="ignore:Editable installation" $(PY) -m pip install -q -e
 
 .PHONY: demo test test-slow lint bench table1 clean venv
 
-$(STAMP): pyproject.toml
-	@command -v $(PYTHON) >/dev/null 2>&1 || { echo "need $(PYTHON) on PATH"; exit 2; }
-	test -x $(PY) || $(PYTHON) -m venv $(VENV)
+$(PY):
+	@py="$(PYTHON)"; \
+	if [ -z "$$py" ]; then \
+	  for c in python3.11 python3.12 python3.13 python3.10 python3; do \
+	    if $$c -c 'import sys; sys.exit(sys.version_info < (3, 10))' >/dev/null 2>&1; then \
+	      py=$$c; break; \
+	    fi; \
+	  done; \
+	fi; \
+	if [ -z "$$py" ]; then \
+	  echo "need Python >= 3.10: none of python3.11, 3.12, 3.13, 3.10, python3 works here;" \
+	       "install one, or run make PYTHON=/path/to/python3.x"; exit 2; \
+	fi; \
+	if ! $$py -c 'import sys; sys.exit(sys.version_info < (3, 10))' >/dev/null 2>&1; then \
+	  echo "PYTHON=$$py does not run, or is older than 3.10"; exit 2; \
+	fi; \
+	echo "creating $(VENV) with $$py ($$($$py -c 'import sys; print(sys.version.split()[0])'))"; \
+	$$py -m venv $(VENV)
 	$(PY) -m pip install -q --upgrade pip
-	$(PY) -m pip install -q -e '.[dev,lightning]'
-	touch $(STAMP)
+
+$(RUNTIME_STAMP): pyproject.toml | $(PY)
+	$(PIP_E) .
+	touch $(RUNTIME_STAMP)
+
+$(STAMP): pyproject.toml | $(PY)
+	$(PIP_E) '.[$(EXTRAS)]'
+	touch $(RUNTIME_STAMP) $(STAMP)
 
 venv: $(STAMP)
 
-demo: $(STAMP)
+demo: $(RUNTIME_STAMP)
 	$(VENV)/bin/dpaudit demo --out audit_out
 
 test: $(STAMP)
@@ -33,4 +65,4 @@ bench: $(STAMP)
 	$(PY) benchmarks/throughput.py
 
 clean:
-	rm -rf $(VENV) build *.egg-info audit_out
+	rm -rf $(VENV) build dist *.egg-info audit_out

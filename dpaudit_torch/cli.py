@@ -123,11 +123,15 @@ def _cmd_demo(args: argparse.Namespace) -> int:
                         grad_sample_mode=args.grad_sample_mode,
                         noise_multiplier=args.noise_multiplier)
     bar = None
-    on_step = None
+    on_step = on_start = None
     if not args.no_progress:
         from tqdm import tqdm
 
-        bar = tqdm(total=args.steps, desc="DP-SGD (audited)", unit="step", file=sys.stderr)
+        bar = tqdm(total=args.steps, desc="setting up", unit="step", file=sys.stderr)
+
+        def on_start() -> None:  # the bar's clock starts with training, not with the set-up
+            bar.set_description("DP-SGD (audited)", refresh=False)
+            bar.reset()
 
         def on_step(m: dict[str, Any]) -> None:
             post = {"loss": f"{m.get('loss', float('nan')):.3f}"}
@@ -140,8 +144,11 @@ def _cmd_demo(args: argparse.Namespace) -> int:
             bar.set_postfix(post, refresh=False)
             bar.update(1)
 
+    from tqdm.contrib.logging import logging_redirect_tqdm
+
     try:
-        result = run_demo(config, out, on_step=on_step)
+        with logging_redirect_tqdm():  # log lines above the progress bar, not through it
+            result = run_demo(config, out, on_step=on_step, on_start=on_start)
     finally:
         if bar is not None:
             bar.close()
@@ -165,17 +172,21 @@ def _cmd_table1(args: argparse.Namespace) -> int:
 
 
 def _cmd_report(args: argparse.Namespace) -> int:
-    from .report import AuditReport
+    from .report import AuditReport, validate
 
     path = Path(args.path)
     if not path.exists():
         raise UsageError(f"no such file or directory: {args.path!r}")
     try:
         report = AuditReport.load(path)
+        validate(report)  # fields that contradict each other, or no results at all
     except (ValueError, OSError) as exc:
         raise UsageError(f"cannot read audit report {args.path!r}: {exc}") from None
     target = _writable_dir(args.out) if args.out else (path if path.is_dir() else path.parent)
-    report.save(target)
+    try:
+        report.save(target)
+    except OSError as exc:
+        raise UsageError(str(exc)) from None
     print(report.summary_text())
     print(f"report: {target / 'report.html'}")
     return verdict_exit_code(report)
@@ -188,6 +199,8 @@ def main(argv: list[str] | None = None) -> int:
         args = parser.parse_args(argv)
         logging.basicConfig(level=logging.INFO if args.verbose else logging.WARNING,
                             format="%(levelname)s %(name)s: %(message)s")
+        # the one-time compile of the audit kernels takes seconds: say so even without -v
+        logging.getLogger("dpaudit_torch._numba").setLevel(logging.INFO)
         if args.command is None:
             parser.print_help()
             return EXIT_USAGE

@@ -114,7 +114,8 @@ class PrivacyAuditor:
             testers and the decision is taken. A violation is acted on at the first check at or
             after the step whose observation crossed the threshold (``violation_step``;
             ``crossed_at_step`` is also reported).
-        claimed_every: steps between calls of the accountant's ``get_epsilon`` (and at finalize;
+        claimed_every: steps between calls of the accountant's ``get_epsilon`` (also at the
+            first audited step, so that the claim is known from the start, and at finalize;
             an RDP or PRV read costs 0.02-0.5 s, so frequent reads dominate the overhead).
         on_violation: ``"stop"`` (set :attr:`should_stop`), ``"raise"`` (raise
             :class:`PrivacyViolationError` before that step's update is applied) or ``"warn"``.
@@ -149,6 +150,7 @@ class PrivacyAuditor:
                  config: AuditConfig | None = None,
                  on_step: StepCallback | Sequence[StepCallback] | None = None,
                  **settings: Any) -> None:
+        from .._numba import warm_up
         from ..opacus_tap import OpacusTap
 
         if delta is not None:
@@ -213,6 +215,8 @@ class PrivacyAuditor:
         self.skipped_nonfinite = 0
         self._nonfinite_flags: list[torch.Tensor] = []  # deferred finiteness since the last check
         self._report: Any = None
+        # compile (once; later: load from Numba's cache) every kernel before the first step
+        warm_up(tap.params, host=self.device.type == "cpu")
         tap.attach(self, self.observe_hook)
         logger.info("PrivacyAuditor attached: %d pairs, %d one-run canaries, sample rate %.4g, "
                     "noise multiplier %.4g, %s", cfg.k_pairs, cfg.m_canaries, tap.sample_rate,
@@ -352,7 +356,7 @@ class PrivacyAuditor:
         self.step = step
         if step % cfg.check_every == 0:
             self._check()
-        if step % cfg.claimed_every == 0:
+        if step % cfg.claimed_every == 0 or step == 1:
             self._read_claimed()
         if self._callbacks:
             metrics = self.latest_metrics
@@ -365,10 +369,17 @@ class PrivacyAuditor:
             self._act()
 
     def _violation_message(self) -> str:
-        return (f"privacy violation proven at training step {self.violation_step} "
-                f"(sequential audit at level alpha={self.config.alpha:g}: the per-step guarantee "
-                f"of the claimed noise multiplier does not hold; wealth "
-                f"exp({self.decision.log_wealth:.3g}) >= 1/alpha)")
+        """Names the deciding monitor(s) and what each found (their violation findings)."""
+        from ..report.wording import violation_message
+
+        found: list[dict[str, Any]] = []
+        for m in self.monitors.values():
+            try:
+                found += [vars(f) for f in m.findings()]
+            except Exception as e:  # noqa: BLE001 - the message must not break the decision
+                logger.debug("findings() of a monitor failed while wording a violation: %r", e)
+        return violation_message(found, self.violation_step, self.config.alpha,
+                                 self.decision.log_wealth)
 
     def _act(self) -> None:
         self._raised = True
@@ -457,6 +468,9 @@ class PrivacyAuditor:
             logger.warning(self._violation_message())
         if self.step:
             self.decision.record(self.steps_at_attach + self.step)  # the final point
+        else:
+            self.warn("finalize() after 0 audited steps: no training step was audited, so "
+                      "this report holds no evidence about the run")
         claimed = self._read_claimed()
         for m in self.monitors.values():
             m.finalize(claimed)

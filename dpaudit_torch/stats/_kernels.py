@@ -4,8 +4,8 @@ The betting recursions are sequential by nature: the bet (and, for the MMD test,
 used on pair t depends on every earlier pair. Written as NumPy expressions they cost a few
 microseconds of interpreter overhead per pair, which in the training hook (16 pairs per step)
 is a visible share of a small model's step. Here they are plain loops compiled once by Numba
-(cached on disk, ``cache=True``; ``error_model="numpy"``: IEEE inf and NaN, never a Python
-ZeroDivisionError), with the same floating-point operations in the same order as
+(cached on disk where :mod:`dpaudit_torch._numba` says; ``error_model="numpy"``: IEEE inf and
+NaN, never a Python ZeroDivisionError), with the same floating-point operations in the same order as
 the formulas in docs/design.md sections 1-2; no ``fastmath``, so IEEE semantics are kept.
 
 Errors are not raised inside compiled code: each kernel returns a status (0 = fine) and the
@@ -17,13 +17,15 @@ from __future__ import annotations
 import math
 
 import numpy as np
-from numba import njit
+from numba import types as nt
+
+from .._numba import kernel
 
 __all__ = ["ons_run", "mmd_recursion_capped", "hockey_stick_gaps",
            "hockey_stick_finish"]
 
 
-@njit(cache=True, nogil=True, error_model="numpy")
+@kernel(nogil=True, error_model="numpy")
 def ons_run(payoffs: np.ndarray, lam: np.ndarray, a_sum: np.ndarray, log_wealth: np.ndarray,
             lambda_max: np.ndarray, c: float, out: np.ndarray) -> bool:
     """Online Newton Step over payoffs [n, K], updating lam, a_sum, log_wealth in place.
@@ -54,7 +56,7 @@ def ons_run(payoffs: np.ndarray, lam: np.ndarray, a_sum: np.ndarray, log_wealth:
     return ok
 
 
-@njit(cache=True, nogil=True, error_model="numpy")
+@kernel(nogil=True, error_model="numpy")
 def mmd_recursion_capped(old: np.ndarray, g2: np.ndarray, u: np.ndarray, g2e: np.ndarray,
                          a_ev: np.ndarray, H: np.ndarray, n: int, E: int, R: float, S: float,
                          m: float, s: float, renorm_below: float, norm_tol: float,
@@ -135,7 +137,7 @@ def mmd_recursion_capped(old: np.ndarray, g2: np.ndarray, u: np.ndarray, g2e: np
     return S, m, s, pending, 0
 
 
-@njit(cache=True, nogil=True, error_model="numpy")
+@kernel(nogil=True, error_model="numpy")
 def hockey_stick_gaps(cx: np.ndarray, cy: np.ndarray, cnt_x: np.ndarray, cnt_y: np.ndarray,
                       n_cells: int, cand_kind: np.ndarray, cand_score: np.ndarray,
                       cand_k: np.ndarray, coef: np.ndarray, t0: int, gaps: np.ndarray,
@@ -195,7 +197,7 @@ def hockey_stick_gaps(cx: np.ndarray, cy: np.ndarray, cnt_x: np.ndarray, cnt_y: 
             cnt_y[s * C + cy[i, s]] += 1
 
 
-@njit(cache=True, nogil=True, error_model="numpy")
+@kernel(nogil=True, error_model="numpy")
 def hockey_stick_finish(cx: np.ndarray, cy: np.ndarray, cand_kind: np.ndarray,
                         cand_score: np.ndarray, cand_k: np.ndarray, weights: np.ndarray,
                         top: np.ndarray, exp_eps: np.ndarray, deltas: np.ndarray,
@@ -238,3 +240,17 @@ def hockey_stick_finish(cx: np.ndarray, cy: np.ndarray, cand_kind: np.ndarray,
         for g in range(G):
             out[i, 2 * g] = fx[g] - exp_eps[g] * fy[g] - deltas[g]
             out[i, 2 * g + 1] = fy[G + g] - exp_eps[g] * fx[G + g] - deltas[g]
+
+
+def signatures() -> list[tuple[object, tuple[object, ...]]]:
+    """(kernel, argument types) of every call the sequential tests make (C-contiguous float64
+    and int64 arrays, Python ints and floats), for :func:`dpaudit_torch._numba.warm_up`."""
+    f1, f2, f3 = nt.float64[::1], nt.float64[:, ::1], nt.float64[:, :, ::1]
+    i1, i2 = nt.int64[::1], nt.int64[:, ::1]
+    i, f = nt.int64, nt.float64
+    return [
+        (ons_run, (f2, f1, f1, f1, f1, f, f2)),
+        (mmd_recursion_capped, (f1, f1, f1, f1, f1, f2, i, i, f, f, f, f, f, f, f1, f1, f1)),
+        (hockey_stick_gaps, (i2, i2, i1, i1, i, i1, i1, i1, f2, i, f3, f2)),
+        (hockey_stick_finish, (i2, i2, i1, i1, i1, f3, f2, f1, f1, f2)),
+    ]
