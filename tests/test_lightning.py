@@ -164,6 +164,42 @@ def test_violation_sets_should_stop_and_saves_report(tmp_path: Path, caplog) -> 
     assert cb.auditor is None and not _is_wrapped(trainer.optimizers[0])
 
 
+def test_verdict_and_report_path_logged_at_warning(tmp_path: Path, caplog) -> None:
+    """Whatever the verdict, it is logged with the report's path at WARNING, the level Python
+    shows when nothing configured logging (no caplog.at_level here: the default threshold)."""
+    torch.manual_seed(0)
+    cb = PrivacyAuditCallback(delta=1e-5, out_dir=tmp_path / "r", **AUDIT)
+    _trainer(tmp_path, 5, cb).fit(TinyDP(), train_dataloaders=_loader())
+    assert cb.report is not None and cb.report.verdict == "nothing found"
+    records = [r for r in caplog.records if r.getMessage().startswith("privacy audit: ")]
+    assert records, [r.getMessage() for r in caplog.records]
+    assert records[0].levelno == logging.WARNING
+    assert "nothing found" in records[0].getMessage()
+    assert str(tmp_path / "r" / "report.html") in records[0].getMessage()
+
+
+def test_verdict_reaches_stderr_without_logging_configuration(tmp_path: Path) -> None:
+    """A user's script that configures no logging still sees the verdict and the report's path
+    on stderr (Python's last-resort handler, or whatever a library installed)."""
+    code = (
+        "import sys\n"
+        "from pathlib import Path\n"
+        "import torch\n"
+        f"sys.path.insert(0, {str(ROOT / 'tests')!r})\n"
+        "import test_lightning as t\n"
+        "torch.manual_seed(0)\n"
+        f"cb = t.PrivacyAuditCallback(delta=1e-5, out_dir={str(tmp_path / 'r')!r}, **t.AUDIT)\n"
+        f"t._trainer(Path({str(tmp_path)!r}), 5, cb).fit(t.TinyDP(), "
+        "train_dataloaders=t._loader())\n"
+    )
+    proc = _python(code)
+    assert proc.returncode == 0, proc.stderr[-4000:]
+    lines = [s for s in proc.stderr.splitlines() if "privacy audit: " in s]
+    assert lines, proc.stderr[-4000:]
+    assert "nothing found" in lines[-1]
+    assert str(tmp_path / "r" / "report.html") in lines[-1]
+
+
 def test_on_violation_raise_propagates_and_saves_report(tmp_path: Path) -> None:
     from dpaudit_torch import PrivacyViolationError
 

@@ -26,11 +26,12 @@ training data wrapped by ``opacus.lightning.DPLightningDataModule`` for Poisson 
 The callback attaches a :class:`~dpaudit_torch.audit.PrivacyAuditor` when training starts, stops
 training (``trainer.should_stop``) when the sequential audit proves a violation, and at the end of
 training (also when training is interrupted by an exception) finalizes the audit, saves the report
-(``audit.json`` + ``report.html``) and detaches the auditor. The audit itself -- canaries in the
-per-sample gradients before Opacus clips them, the anytime-valid sequential tests of Gonzalez et al.
-(2025) and Kutta et al. (2026), the one-run bounds of Steinke, Nasr and Jagielski (2023) and
-Mahloujifar, Melis and Chaudhuri (2025) -- is the auditor's; this module only wires it to the
-Trainer.
+(``audit.json`` + ``report.html``), logs the verdict and the report's path at WARNING on rank zero
+(visible without any logging configuration) and detaches the auditor. The audit itself --
+canaries in the per-sample gradients before Opacus clips them, the anytime-valid sequential tests
+of Gonzalez et al. (2025) and Kutta et al. (2026), the one-run bounds of Steinke, Nasr and
+Jagielski (2023) and Mahloujifar, Melis and Chaudhuri (2025) -- is the auditor's; this module only
+wires it to the Trainer.
 
 Lightning is an optional extra (``pip install 'dpaudit-torch[lightning]'``); ``import
 dpaudit_torch`` never imports it. Both the ``lightning`` package (``lightning.pytorch``) and the
@@ -291,15 +292,18 @@ class PrivacyAuditCallback(_Callback):
             self.report = report
             is_zero = bool(getattr(trainer, "is_global_zero", True))
             target = self._target_dir(trainer)
-            # the report's verdict vocabulary; anything but "nothing found" at WARNING, with
-            # every finding, so that a user sees it without configuring logging
-            level = logging.INFO if report.verdict == "nothing found" else logging.WARNING
+            # the verdict (whatever it is), the report's path and every finding at WARNING on
+            # rank zero, so that a user sees them without configuring logging (Python's
+            # last-resort handler prints WARNING records when no handler is configured); the
+            # other ranks log at INFO
+            level = logging.WARNING if is_zero else logging.INFO
             if target is not None and is_zero:
                 self.report_dir = Path(report.save(target))
                 logger.log(level, "privacy audit: %s; report saved to %s", report.verdict,
-                           self.report_dir)
+                           self.report_dir / "report.html")
             else:
-                logger.log(level, "privacy audit: %s", report.verdict)
+                logger.log(level, "privacy audit: %s (report not saved%s)", report.verdict,
+                           "" if is_zero else " on this rank")
             for f in report.findings:
                 if f.get("level") != "note":
                     logger.log(level, "privacy audit finding (%s, %s): %s", f.get("monitor"),
