@@ -1,4 +1,4 @@
-"""Detection benchmark of the PrivacyAuditor: every bug class of testing.bugs (issues 4 and 12).
+"""Detection benchmark of the PrivacyAuditor: every bug class of testing.bugs.
 
 Setting (small, so that it runs in minutes on one CPU thread): the demo's DigitsCNN (two 3x3
 convolutions with GroupNorm and a linear head, 6,186 parameters in 10 tensors) on scikit-learn's
@@ -29,7 +29,8 @@ observations pushed the averaged e-process over 1/alpha), the monitor of the fir
 (fewer than the default, every pair; a diagnosis of how many the bug needs). False alarms on
 correct runs: ``benchmarks/false_alarms.py``.
 
-    python benchmarks/detection.py [--seeds 20] [--max-steps 50] [--setup-steps 100] [--quick]
+    python benchmarks/detection.py [--seeds 20] [--max-steps 50] [--setup-steps 100]
+        [--spread-diagnostic 2,4,8] [--quick]
 """
 
 from __future__ import annotations
@@ -182,7 +183,8 @@ def main() -> None:
     ap.add_argument("--setup-steps", type=int, default=100)
     ap.add_argument("--bugs", default=",".join(bugs.names()))
     ap.add_argument("--spread-diagnostic", default="",
-                    help="comma-separated spread_pairs values for extra per-tensor-clipping rows")
+                    help="comma-separated spread_pairs values for extra per-tensor-clipping "
+                         "rows, e.g. 2,4,8 (the diagnostic rows of docs/benchmarks.md)")
     ap.add_argument("--auditor-kw", default="{}",
                     help="JSON of auditor settings for every run (a diagnosis; not written)")
     ap.add_argument("--quick", action="store_true", help="2 seeds, no diagnostic, no write")

@@ -1,4 +1,4 @@
-"""False alarms of the PrivacyAuditor on correct DP-SGD runs, across training setups (issue 12).
+"""False alarms of the PrivacyAuditor on correct DP-SGD runs, across training setups.
 
 Every run is a *correct* Opacus training run (no bug of :mod:`dpaudit_torch.testing.bugs`)
 audited with the auditor's defaults (every monitor, alpha = 0.05, delta = 1e-5), ended by

@@ -1,4 +1,4 @@
-"""Long runs (issue 6, item 4): 10^6 pairs through both testers, time and memory per pair.
+"""Long runs: 10^6 pairs through both testers, time and memory per pair.
 
 Streams (scalar pairs, fed in batches of 1000 as a training hook with k = 1000 canary pairs would;
 generated batch by batch from a seeded generator, so the stream itself is never held in memory):

@@ -1,4 +1,4 @@
-"""Real Opacus runs beside the idealized one-run game; refutation; a bias-only bug (issue 11).
+"""Real Opacus runs beside the idealized one-run game; refutation; a bias-only bug.
 
 The auditor subtracts the real examples' clipped sum from every observation (docs/design.md
 section 8), so on a correct implementation the one-run scores of a real training run should have

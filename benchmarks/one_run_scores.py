@@ -1,4 +1,4 @@
-"""Which per-canary score should the one-run audit use?  "sum" against "llr" (issue 11).
+"""Which per-canary score should the one-run audit use?  "sum" against "llr".
 
 Idealized white-box DP-SGD game of docs/design.md sections 5-6 (what the auditor observes for a
 correct implementation once the real data's clipped sum is subtracted): m = 1000 canaries, each IN
@@ -12,8 +12,8 @@ Bonferroni over the 1-2-5 grid -- a valid bound).  A column checks the tail-exac
 approximation of the llr simulation (dpaudit_torch.stats.one_run_power) against the exact one.
 
 The second part times :func:`dpaudit_torch.stats.one_run_power.one_run_power` (the report's power
-estimate) at the two settings of the issue and writes the "how many canaries and steps" table
-of docs/one_run.md.
+estimate) at two settings (sigma 1: q 0.05 for 300 steps, q 0.004 for 10,000) and writes the
+"how many canaries and steps" table of docs/one_run.md.
 
 Run:  .venv/bin/python benchmarks/one_run_scores.py            (a few minutes, one thread)
       .venv/bin/python benchmarks/one_run_scores.py --quick    (smoke test, nothing written)
@@ -111,9 +111,9 @@ def compare(seeds: int, approx_reps: int, qs: tuple, ts: tuple) -> tuple[str, di
 
 
 def timings(replicates: int) -> str:
-    """one_run_power at the issue's two settings: without a claim (expected bound only), and
-    with the claim eps = 2 (search for the smallest refutable eps); the accountant's own time
-    is counted apart."""
+    """one_run_power at two settings (sigma 1; q 0.05, 300 steps; q 0.004, 10,000 steps):
+    without a claim (expected bound only), and with the claim eps = 2 (search for the smallest
+    refutable eps); the accountant's own time is counted apart."""
     rows = []
     for sigma, q, steps in ((1.0, 0.05, 300), (1.0, 0.004, 10_000)):
         acc = epsilon_of(q, steps)

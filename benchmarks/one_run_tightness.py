@@ -1,4 +1,4 @@
-"""How tight is the one-run audit?  Idealized white-box DP-SGD (docs/design.md section 6, issue 3).
+"""How tight is the one-run audit?  Idealized white-box DP-SGD (docs/design.md section 6).
 
 Setting (CIFAR-10 DP-SGD hyper-parameters, as in Steinke et al. 2023 and Mahloujifar et al. 2025):
 n = 50,000 examples, expected batch 4096 (Poisson rate q = 4096 / 50,000), T = 2500 steps,

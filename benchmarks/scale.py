@@ -1,5 +1,5 @@
 """Memory and time of the auditor at scale: a transformer language model of 1M, 10M and 100M
-parameters, Opacus hooks and ghost clipping (issue 11).
+parameters, Opacus hooks and ghost clipping.
 
 Model: a decoder-only transformer on synthetic tokens (uniform random token ids, nothing
 downloaded): ``nn.Embedding`` for tokens and positions, pre-norm blocks (``nn.LayerNorm``,

@@ -94,7 +94,7 @@ def main(argv: list[str] | None = None) -> int:
             f"Command: `{command()}`  \nMachine: {machine()}",
             table,
             EXPLANATION,
-            "**Checks of issue 2 (\"Done means\"), measured in this run.** MMD R=1/2 within 25% "
+            "**Acceptance checks, measured in this run.** MMD R=1/2 within 25% "
             "of the paper's mean pairs where the paper rejects at rate >= 0.85 and within 0.2 of "
             "its rate elsewhere; MMD R=1 at most 0.7x the paper's pairs on those cells; "
             "hockey-stick rate 1.0 and at most 0.25x the paper's pairs on every NonDP cell; "

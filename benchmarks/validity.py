@@ -1,6 +1,6 @@
 """Validity of the audit on correct runs: false alarms and one-run coverage under interference.
 
-Two checks (issue 11):
+Two checks:
 
 * **False alarms of the sequential decision.** ``--null-runs`` correct Opacus runs (default 200,
   half the digits CNN of the demo at sigma 1.0 and expected batch 64, half the bias-heavy MLP of

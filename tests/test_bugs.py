@@ -143,7 +143,7 @@ def test_adaptive_clipping_noise_halved():
     assert s.optimizer.noise_multiplier == 1.0
 
 
-# ---------------------------------------------------------------------- noise bugs (issue 12)
+# ---------------------------------------------------------------------- noise bugs
 def _noises(setup, steps: int) -> list[list[torch.Tensor]]:
     """The noise (in units of the clipped sum) of ``steps`` steps on fixed batches, lr = 0."""
     return [[n for _, n in _one_step(setup, seed=t)] for t in range(steps)]

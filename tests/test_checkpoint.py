@@ -1,4 +1,4 @@
-"""PrivacyAuditor checkpoint / resume (issue 6, item 2).
+"""PrivacyAuditor checkpoint / resume.
 
 A run checkpointed at step t (model, optimizer, accountant, Opacus's noise generator, auditor)
 and resumed in a NEW PROCESS ends with exactly the same report as the uninterrupted run. The

@@ -1,5 +1,4 @@
-"""PrivacyAuditor under Opacus DDP (``DPDDP`` + ``DistributedDPOptimizer``), 2 CPU processes (issue
-6, item 1).
+"""PrivacyAuditor under Opacus DDP (``DPDDP`` + ``DistributedDPOptimizer``), 2 CPU processes.
 
 The comparison: at every step one global batch of 32 examples is split 16 / 16 over the two
 ranks, against one process with the whole batch. Opacus's DDP optimizer uses the *per-worker*

@@ -1,4 +1,4 @@
-"""PrivacyAuditor under faults (issue 6, item 3): non-finite gradients, failures inside the
+"""PrivacyAuditor under faults: non-finite gradients, failures inside the
 auditor, frozen parameters, several parameter groups, parameters added after attach, autocast.
 
 All runs use a tiny MLP and a few steps (the whole file takes seconds)."""

@@ -1,4 +1,4 @@
-"""Long runs (issue 6, item 4): log-wealth exact and finite far beyond float64's range of e^x.
+"""Long runs: log-wealth exact and finite far beyond float64's range of e^x.
 
 The wealth K_t = prod (1 + lambda_t p_t) of a strongly non-DP stream passes e^709.78 (the largest
 float64) after a few thousand pairs, so the library keeps log K_t (docs/design.md section 1). These

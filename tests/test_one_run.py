@@ -1,4 +1,4 @@
-"""Tests of the one-run audit (docs/design.md section 6; issue 3).
+"""Tests of the one-run audit (docs/design.md section 6).
 
 Reference values, exact validity of the Steinke p-value, coverage simulations on games whose true
 epsilon is known, power on leaky games, and argument checks.

@@ -1,4 +1,4 @@
-"""The one-run canaries' IN/OUT coins stay secret until finalize() (issue 6, item 5).
+"""The one-run canaries' IN/OUT coins stay secret until finalize().
 
 What is checked: no log record (DEBUG and up, any logger) and no Python warning emitted during a
 run carries the coins or the IN index list; no tensor equal to them is reachable through plain

@@ -267,7 +267,8 @@ def _check(check: str, cell: str, measured: float | None, target: float, ratio: 
 
 
 def table1_checks(rows: Iterable[Table1Row]) -> list[dict[str, Any]]:
-    """The "Done means" checks of issue 2 on a Table-1 run, one dict per check.
+    """The acceptance checks of a Table-1 run (the paper's numbers reproduced, and the targets
+    beyond them), one dict per check.
 
     Which checks a row gets is read from its method's
     :class:`~dpaudit_torch.experiments.common.ExperimentMethod` entry:
