@@ -84,3 +84,10 @@ def test_float32_noise_has_no_precision_finding_and_state_keeps_the_std() -> Non
     legacy.load_state_dict(old)
     legacy.finalize(None)
     assert legacy.report_section()["precision"]["n_below_std_floor"] == 0
+
+
+def test_violation_location_names_the_tensor_and_group_once() -> None:
+    mon = _run("none", seed=2)
+    (v,) = [f for f in mon.findings() if f.level == "violation"]
+    assert v.where == "fc.weight; worst parameter group: group 0"
+    assert "fc.weight" in v.message

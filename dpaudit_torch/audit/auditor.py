@@ -44,6 +44,7 @@ from ..canaries import (
     draw_noise_coordinates,
 )
 from .config import AuditConfig
+from .context import monitor_context
 from .decision import Decision
 from .monitors import DEFAULT_MONITORS, MonitorContext, build_monitors
 from .monitors.base import plain_state
@@ -225,24 +226,9 @@ class PrivacyAuditor:
 
     def _context(self, coins: SecretCoins,
                  noise_coords: tuple[torch.Tensor, torch.Tensor] | None = None) -> MonitorContext:
-        cfg, tap = self.config, self.tap
-        noise_coords = self.noise_coords if noise_coords is None else noise_coords
-
-        def epsilon_of_sigma(sigma: float, steps: int) -> float:
-            return tap.accountant.epsilon_for(sigma, tap.sample_rate, steps, cfg.delta)
-
-        groups = tap.tensor_groups()
-        noise_tensor = noise_coords[0].numpy()
-        return MonitorContext(
-            config=cfg, k_pairs=cfg.k_pairs, m_canaries=cfg.m_canaries, device=self.device,
-            warn=self.warn, coins=coins, sample_rate=tap.sample_rate,
-            epsilon_of_sigma=epsilon_of_sigma, n_records=tap.n_records,
-            noise_tensor=noise_tensor,
-            noise_group=np.asarray(groups, dtype=np.int64)[noise_tensor],
-            tensor_names=tap.tensor_names(),
-            group_names=[f"group {g}" for g in range(max(groups) + 1)],
-            accountant_history=lambda: tap.accountant.history_since(self.steps_at_attach),
-            epsilon_of_history=lambda h: tap.accountant.epsilon_of_history(h, cfg.delta))
+        return monitor_context(self.config, self.tap, self.device, self.warn, coins,
+                               self.noise_coords if noise_coords is None else noise_coords,
+                               lambda: self.steps_at_attach)
 
     # ------------------------------------------------------------------ public state
     def warn(self, msg: str) -> None:

@@ -163,7 +163,7 @@ class NoiseMonitor:
                     f"too little noise: on {self._name(self.tensor_names, t, 'tensor')} the "
                     f"noise variance is about {est:.3g} x the claimed one (anytime-valid test "
                     f"at level {self.config.alpha:g})",
-                    f"tensor {self._name(self.tensor_names, t, 'tensor')}, parameter group "
+                    f"{self._name(self.tensor_names, t, 'tensor')}; worst parameter group: "
                     f"{self._name(self.group_names, g, 'group')}"))
             if self.independence.log_wealth >= thr:
                 lag = self.independence.worst_lag()
