@@ -53,11 +53,13 @@ def _venv(tmp: Path, wheel: Path) -> tuple[Path, Path]:
     py = venv / "bin" / "python"
     site = Path(_run([str(py), "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"]
                      ).stdout.strip())
-    # the heavy dependencies from this environment, after the new one's own site-packages
-    (site / "_dpaudit_test_deps.pth").write_text(sysconfig.get_paths()["purelib"] + "\n")
     proc = _run([sys.executable, "-m", "pip", "--python", str(py), "install", "-q", "--no-deps",
                  "--no-index", str(wheel)])
     assert proc.returncode == 0, proc.stdout + proc.stderr
+    # the heavy dependencies from this environment, after the new one's own site-packages;
+    # written after the install: pip would otherwise see this environment's (editable)
+    # dpaudit-torch through it and uninstall it from here
+    (site / "_dpaudit_test_deps.pth").write_text(sysconfig.get_paths()["purelib"] + "\n")
     return venv / "bin", site / "dpaudit_torch"
 
 
