@@ -231,7 +231,7 @@ def warm_up(params: Sequence[Any] = (), host: bool = True) -> int:
     jobs = list(_kernels.signatures()) + list(_step_kernels.signatures())
     grads = _host_grads_type(params) if host else None
     if grads is not None:
-        jobs.append(_step_kernels.observe_signature(grads, len(params)))
+        jobs += _step_kernels.observe_signatures(grads, len(params))
     for disp, sig in jobs:
         disp.compile(sig)
     compiled = _state["compiled"] - before

@@ -8,6 +8,7 @@ from __future__ import annotations
 import math
 import warnings
 
+import numpy as np
 import pytest
 import torch
 from conftest import expected_presence, make_private_setup
@@ -123,7 +124,11 @@ def test_nonfinite_skip_counts_and_never_nan_on_both_paths():
     a = _skip_run(False)
     b = _skip_run(True)
     assert a.wealth_history == b.wealth_history
-    assert a.one_run_scores == b.one_run_scores
+    # the same scores; the host path adds the likelihood-ratio score with NumPy, the deferred
+    # path with torch: they may differ in the last bits
+    for side in ("in", "out"):
+        np.testing.assert_allclose(a.one_run_scores[side], b.one_run_scores[side],
+                                   rtol=1e-12, atol=1e-12)
 
 
 def test_on_nonfinite_validated():
@@ -170,18 +175,18 @@ def test_internal_failure_restores_optimizer_model_untouched(monkeypatch, where)
 
 
 def test_canary_rows_buffer_is_zero_between_steps(monkeypatch):
-    """The canary rows are compact (2k + m numbers each, whatever the model's size) and live in
-    one persistent buffer: the optimizer class's own clipping runs on them (on a shadow of the
-    optimizer, not on the real one), each row holds exactly its canary (one entry of
-    canary_norm * C), and after every step (and after a step whose canary clipping raised) the
-    buffer is all zeros again."""
+    """The canary rows are compact (one column per canary entry of the step, whatever the
+    model's size) and live in one persistent buffer: the optimizer class's own clipping runs on
+    them (on a shadow of the optimizer, not on the real one), each row holds exactly its canary
+    (one entry of canary_norm * C, L entries of canary_norm * C / sqrt(L) for a spread canary),
+    and after every step (and after a step whose canary clipping raised) the buffer is all zeros
+    again."""
     a = make_private_setup(sigma=0.0)
     aud = PrivacyAuditor(a.engine, a.optimizer, a.loader, seed=2, **SMALL)
     inj = aud.tap.injector
     cls = type(a.optimizer)
     class_clip = cls.clip_and_accumulate
     seen: list[tuple[int, int, int, float]] = []
-    width = 2 * SMALL["k_pairs"] + SMALL["m_canaries"]
 
     def spy(self):
         if self is not a.optimizer:  # the canaries' call, on the shadow
@@ -191,7 +196,7 @@ def test_canary_rows_buffer_is_zero_between_steps(monkeypatch):
                        if p.grad_sample.numel())  # views of the persistent buffer
             rows = torch.cat([p.grad_sample for p in self.params], dim=1)
             seen.append((int(rows.shape[0]), int(rows.shape[1]), int((rows != 0).sum()),
-                         float(rows.abs().max())))
+                         float(rows.norm(dim=1).max())))
         return class_clip(self)
 
     monkeypatch.setattr(cls, "clip_and_accumulate", spy)
@@ -201,11 +206,13 @@ def test_canary_rows_buffer_is_zero_between_steps(monkeypatch):
     assert len(seen) == 4
     d = aud.design
     extra = d.n_spread * (d.spread_width - 1)  # a spread row has L entries
-    width += d.n_extra
+    assert d.n_spread
     for n_rows, n_cols, nonzero, biggest in seen:
-        assert n_cols == width and nonzero == n_rows + extra  # one entry per Dirac row
-        assert biggest == pytest.approx(aud.config.canary_norm * 1.0)
-    assert inj.rows_buffer.numel() < 2 * max(r for r, *_ in seen) * width  # no row of size d
+        assert n_cols == nonzero == n_rows + extra  # one column per entry
+        assert biggest == pytest.approx(aud.config.canary_norm * 1.0)  # every row's norm
+    most = max(r * c for r, c, *_ in seen)
+    assert inj.rows_buffer.numel() <= 2 * most + 64  # sized by the entries
+    assert inj.rows_buffer.numel() < aud.tap.n_coordinates  # far from one row of size d
 
     # a failure inside the canaries' clipping call still leaves the buffer clean
     def failing(self):

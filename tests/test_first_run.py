@@ -88,7 +88,7 @@ def test_compile_message_once_then_silent_from_the_cache(tmp_path: Path) -> None
     first = run()
     assert first.returncode == 0, first.stderr
     where, compiled = first.stdout.split()
-    assert where == "NUMBA_CACHE_DIR" and int(compiled) == 5  # 4 test kernels + plan_step
+    assert where == "NUMBA_CACHE_DIR" and int(compiled) == 5  # 4 statistics kernels + plan_step
     assert first.stderr.count("compiling the audit kernels, once") == 1, first.stderr
     assert f"Numba caches them in {tmp_path / 'numba'}" in first.stderr
     assert "audit kernels compiled in" in first.stderr
@@ -110,7 +110,7 @@ def test_warm_up_prepares_every_kernel_an_audited_cpu_run_calls(private_setup) -
     before = {k.py_func.__name__: set(k.signatures) for k in _numba._KERNELS}
     assert all(before.values()), before  # every kernel prepared at attach
     n_params = len([p for p in s.model.parameters() if p.requires_grad])
-    grads = [sig[0] for sig in before["observe_step"]]
+    grads = [sig[0] for name in ("snapshot_step", "release_step") for sig in before[name]]
     assert any(getattr(g, "count", None) == n_params for g in grads)
     s.train(6, auditor)
     after = {k.py_func.__name__: set(k.signatures) for k in _numba._KERNELS}

@@ -434,3 +434,66 @@ def test_low_precision_noise_std_checked() -> None:
             low_precision_grid(np.ones(3), 1.0, noise_std=bad)
     with pytest.raises(ValueError, match="min_std_fraction"):
         low_precision_grid(np.ones(3), 1.0, noise_std=1.0, min_std_fraction=-0.5)
+
+
+# ---------------------------------------------------------------------- blocks of steps
+def _blocks(total: int) -> list[slice]:
+    """Blocks of 1, 3, 7, 20 and the rest: shorter and longer than the largest lag (16)."""
+    cuts = [0, 1, 4, 11, 31, total]
+    return [slice(a, b) for a, b in zip(cuts[:-1], cuts[1:])]
+
+
+def _noise_stream(steps: int, n: int, seed: int) -> np.ndarray:
+    """Fresh noise with a re-used stretch, a re-seeded pair of steps and exact zeros."""
+    rng = np.random.default_rng(seed)
+    xs = rng.normal(0.0, SIGMA, (steps, n))
+    xs[20:26] = xs[19]  # re-used noise
+    xs[40] = xs[30]
+    xs[5, :7] = 0.0
+    xs[33, 3:9] = 0.0
+    xs[45] *= 0.7  # too little noise on one step
+    return xs
+
+
+def test_variance_blocks_equal_steps() -> None:
+    xs = _noise_stream(50, 300, 3)
+    groups = np.arange(300) % 3
+    step, block = NoiseVarianceTest(n_groups=3), NoiseVarianceTest(n_groups=3)
+    traj = []
+    for x in xs:
+        step.update(x, groups, SIGMA)
+        traj.append(step.log_wealth)
+    got = np.concatenate([block.update_steps(xs[b], groups, SIGMA) for b in _blocks(50)])
+    np.testing.assert_allclose(got, traj, rtol=1e-12, atol=1e-12)
+    np.testing.assert_allclose(block.group_log_wealth, step.group_log_wealth, rtol=1e-12)
+    assert block.rejected_at == step.rejected_at and block.n_steps == step.n_steps == 50
+    np.testing.assert_array_equal(block.counts, step.counts)
+    np.testing.assert_allclose(block.variance_ratio_estimate(), step.variance_ratio_estimate())
+
+
+def test_independence_blocks_equal_steps() -> None:
+    xs = _noise_stream(50, 300, 4)
+    step, block = NoiseIndependenceTest(), NoiseIndependenceTest()
+    traj = []
+    for x in xs:
+        step.update(x)
+        traj.append(step.log_wealth)
+    got = np.concatenate([block.update_steps(xs[b]) for b in _blocks(50)])
+    np.testing.assert_allclose(got, traj, rtol=1e-12, atol=1e-12)
+    np.testing.assert_allclose(block.lag_log_wealth, step.lag_log_wealth, rtol=1e-12)
+    np.testing.assert_array_equal(block.mean_sign, step.mean_sign)
+    assert block.rejected_at == step.rejected_at is not None
+    # the ring of the last max(lag) steps is the same: the next step gives the same evidence
+    nxt = np.random.default_rng(5).normal(0.0, SIGMA, 300)
+    assert block.update(nxt).log_wealth == pytest.approx(step.update(nxt).log_wealth, abs=1e-12)
+
+
+def test_blocks_refuse_bad_shapes() -> None:
+    with pytest.raises(ValueError, match="steps, samples"):
+        NoiseVarianceTest().update_steps(np.zeros(4), 0, 1.0)
+    with pytest.raises(ValueError, match="non-finite"):
+        NoiseIndependenceTest().update_steps(np.full((2, 3), np.nan))
+    t = NoiseIndependenceTest()
+    t.update_steps(np.ones((2, 3)))
+    with pytest.raises(ValueError, match="earlier steps had 3"):
+        t.update_steps(np.ones((2, 4)))

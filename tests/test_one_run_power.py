@@ -31,6 +31,7 @@ from dpaudit_torch.stats.one_run_power import (
 from dpaudit_torch.stats.one_run_scores import (
     DEFAULT_SCORE,
     SCORES,
+    accumulate_llr,
     llr_step_score,
     step_score,
 )
@@ -71,6 +72,17 @@ def test_llr_is_stable_at_extremes() -> None:
     assert torch.isfinite(t).all()
     # tiny q: log(1 - q) to full relative precision
     assert llr_step_score(-50.0, 1e-12, 1.0) == pytest.approx(-1e-12, rel=1e-9)
+
+
+@pytest.mark.parametrize("q,sigma", [(0.01, 1.0), (0.5, 0.3), (1.0, 2.0), (1e-4, 0.05)])
+def test_in_place_llr_update_equals_the_score(q: float, sigma: float) -> None:
+    """The auditor's per-step update (in place, in scratch arrays) adds exactly
+    llr_step_score, extremes included."""
+    rng = np.random.default_rng(0)
+    z = np.concatenate([rng.normal(0.0, 10.0, 1000), [1e4, -1e4, 0.0]])
+    acc = np.full_like(z, 3.0)
+    accumulate_llr(z, acc, q, sigma, scratch=(np.empty_like(z), np.empty_like(z)))
+    np.testing.assert_allclose(acc - 3.0, llr_step_score(z, q, sigma), rtol=1e-12, atol=1e-12)
 
 
 @pytest.mark.parametrize(

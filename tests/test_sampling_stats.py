@@ -141,6 +141,11 @@ def test_chunked_equals_stepwise() -> None:
     odd = PoissonBatchTest(1437, 0.045, 0.05)
     for chunk in np.array_split(sizes, [1, 8, 9, 40]):
         odd.update(chunk)
+    traj = PoissonBatchTest(1437, 0.045, 0.05)
+    per_step = [traj.update(int(s)).log_wealth for s in sizes]
+    np.testing.assert_allclose(
+        PoissonBatchTest(1437, 0.045, 0.05).update_with_trajectory(sizes), per_step,
+        rtol=1e-12, atol=1e-12)
     for other in (step, odd):
         assert other.n_steps == whole.n_steps == sizes.size
         assert other.log_wealth == pytest.approx(whole.log_wealth, abs=1e-9)

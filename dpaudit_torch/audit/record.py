@@ -8,6 +8,10 @@ the engine.
 Values are in units of the clipping bound C, with the real data's clipped sum at that coordinate
 subtracted: for a correct implementation the value at a canary coordinate is
 ``1{canary present} + N(0, sigma^2)`` (docs/design.md sections 5 and 8).
+
+A record's tensors may be views of the adapter's own buffers, which the next step overwrites
+(the compiled CPU path allocates nothing per step): a monitor reads them in ``observe`` and
+copies whatever it keeps.
 """
 
 from __future__ import annotations
@@ -62,6 +66,8 @@ class StepRecord:
     release_raw: torch.Tensor | None = None
     #: the noise standard deviation of a correct implementation, raw units
     noise_std: float = 0.0
+    #: sum of ``noise ** 2`` where the adapter computed it in its pass (else None)
+    noise_sumsq: float | None = None
     #: trailing entries of ``values`` that are the spread pairs' extra coordinates
     n_extra: int = 0
 

@@ -14,103 +14,192 @@ from numba import types as nt
 
 from .._numba import kernel
 
-__all__ = ["plan_step", "observe_step"]
+__all__ = ["plan_step", "snapshot_step", "release_step"]
 
 
 @kernel(nogil=True)
 def plan_step(u: np.ndarray, in_mask: np.ndarray, sample_rate: float, consts: np.ndarray,
-              k: int, m: int, n_params: int
-              ) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+              k: int, m: int, n_params: int, spread_rows: np.ndarray, spread_param: np.ndarray,
+              spread_flat: np.ndarray, spread_w: float
+              ) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray, np.ndarray, np.ndarray,
+                         np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
     """One logical step's canary plan from k + m uniforms ``u`` (the auditor's own stream).
 
     ``consts`` holds, in order, pair_param, pair_a, pair_b (k each), one_param, one_flat (m
-    each), offsets and numel (one per parameter tensor): one array, so that the call passes
-    few arguments. Pair j's canary goes to ``pair_a[j]`` when ``u[j] < 1/2`` (the role coin),
-    else to ``pair_b[j]``; one-run canary i is included when it is IN (``in_mask[i]``) and
-    ``u[k + i] < sample_rate`` (Poisson sampling at the data loader's rate). Rows are the k
-    pairs, then the included one-run canaries in index order.
+    each): one array, so that the call passes few arguments. Pair j's canary goes to
+    ``pair_a[j]`` when ``u[j] < 1/2`` (the role coin), else to ``pair_b[j]``; one-run canary i
+    is included when it is IN (``in_mask[i]``) and ``u[k + i] < sample_rate`` (Poisson sampling
+    at the data loader's rate). Rows are the k pairs, then the included one-run canaries in
+    index order. A spread pair (row ``spread_rows[s]``) also has an entry at each coordinate of
+    ``spread_param[s, side]`` / ``spread_flat[s, side]`` (side 0: a, 1: b, the one its coin
+    chose), and each entry of a spread row weighs ``spread_w``; every other entry weighs 1.
 
-    Returns (coins [k] bool, included [n] int64, param [R] int64, flat [R] int64,
-    index [R] int64, pair_order [2k] int64) with R = k + n: the parameter tensor and flat index
-    of each row's entry, and its position in the step's rows buffer, where parameter p's rows
-    are the contiguous block ``[R * offsets[p], R * (offsets[p] + numel[p]))`` viewed as
-    [R, numel[p]]; ``pair_order`` picks, from the projections at [a_1..a_k, b_1..b_k], the
-    canary's coordinate of each pair (x, first k) and the other one (y, last k).
+    Returns (coins [k] bool, included [n] int64, then per entry, E = R + spread extras with
+    R = k + n rows: param, flat (its flat index in the real tensor), row, weight, index; then
+    counts [n_params] (entries per tensor), col_flat [E], pair_order [2k]).
+
+    ``index`` places the entry in the step's *rows buffer*: tensor p's block holds its
+    ``counts[p]`` entries as columns, ``[R, counts[p]]`` row-major, starting at ``R * o_p``
+    (``o_p``: the entries of the tensors before p); an entry's column is its rank among its
+    tensor's entries. ``col_flat[o_p + column]`` is that column's flat index in tensor p, so the
+    clipped column sums go back to the real tensor through it. ``pair_order`` picks, from the
+    projections at [a_1..a_k, b_1..b_k], the canary's coordinate of each pair (x, first k) and
+    the other one (y, last k).
     """
     pair_param = consts[0:k]
     pair_a = consts[k:2 * k]
     pair_b = consts[2 * k:3 * k]
     one_param = consts[3 * k:3 * k + m]
     one_flat = consts[3 * k + m:3 * k + 2 * m]
-    offsets = consts[3 * k + 2 * m:3 * k + 2 * m + n_params]
-    numel = consts[3 * k + 2 * m + n_params:3 * k + 2 * m + 2 * n_params]
     n = 0
     for i in range(m):
         if in_mask[i] and u[k + i] < sample_rate:
             n += 1
     R = k + n
+    n_sp = spread_rows.shape[0]
+    L1 = spread_param.shape[2]
+    E = R + n_sp * L1
     coins = np.empty(k, dtype=np.bool_)
     included = np.empty(n, dtype=np.int64)
-    param = np.empty(R, dtype=np.int64)
-    flat = np.empty(R, dtype=np.int64)
+    param = np.empty(E, dtype=np.int64)
+    flat = np.empty(E, dtype=np.int64)
+    row = np.empty(E, dtype=np.int64)
+    weight = np.ones(E)
     for j in range(k):
         c = u[j] < 0.5
         coins[j] = c
         param[j] = pair_param[j]
         flat[j] = pair_a[j] if c else pair_b[j]
+        row[j] = j
     r = k
     for i in range(m):
         if in_mask[i] and u[k + i] < sample_rate:
             included[r - k] = i
             param[r] = one_param[i]
             flat[r] = one_flat[i]
+            row[r] = r
             r += 1
-    index = np.empty(R, dtype=np.int64)
-    for r in range(R):
-        p = param[r]
-        index[r] = R * offsets[p] + r * numel[p] + flat[r]
+    e = R
+    for s in range(n_sp):
+        j = spread_rows[s]
+        side = 0 if coins[j] else 1
+        weight[j] = spread_w
+        for c in range(L1):
+            param[e] = spread_param[s, side, c]
+            flat[e] = spread_flat[s, side, c]
+            row[e] = j
+            weight[e] = spread_w
+            e += 1
+    counts = np.zeros(n_params, dtype=np.int64)
+    col = np.empty(E, dtype=np.int64)
+    for e in range(E):
+        col[e] = counts[param[e]]
+        counts[param[e]] += 1
+    start = np.zeros(n_params, dtype=np.int64)
+    for p in range(1, n_params):
+        start[p] = start[p - 1] + counts[p - 1]
+    index = np.empty(E, dtype=np.int64)
+    col_flat = np.empty(E, dtype=np.int64)
+    for e in range(E):
+        p = param[e]
+        index[e] = R * start[p] + row[e] * counts[p] + col[e]
+        col_flat[start[p] + col[e]] = flat[e]
     pair_order = np.empty(2 * k, dtype=np.int64)
     for j in range(k):
         pair_order[j] = j if coins[j] else k + j
         pair_order[k + j] = k + j if coins[j] else j
-    return coins, included, param, flat, index, pair_order
+    return (coins, included, param, flat, row, weight, index, counts, col_flat, pair_order)
 
 
 @kernel(nogil=True)
-def observe_step(grads: tuple, coord_param: np.ndarray, coord_flat: np.ndarray,
-                 unit_scale: np.ndarray, offset: np.ndarray, pair_order: np.ndarray, k: int,
-                 vals: np.ndarray, xy: np.ndarray) -> bool:
-    """One step's values at every canary coordinate, in one pass (CPU, one dtype).
+def snapshot_step(grads: tuple, coord_param: np.ndarray, coord_flat: np.ndarray,
+                  scale: np.ndarray, n_scaled: int, out: np.ndarray) -> None:
+    """The real examples' clipped sum at every audited coordinate, in one pass (CPU, one dtype).
 
-    ``grads``: the flat gradient of each parameter tensor; coordinate j (design order: pair a,
-    pair b, one-run) is ``grads[coord_param[j]][coord_flat[j]] * unit_scale[coord_param[j]]
-    - offset[j]`` (units of C; ``offset``: the real data's clipped sum there, subtracted),
-    written to ``vals`` in float64. ``xy`` receives the pairs' (x, y) through ``pair_order``
-    (k = 0: none). Returns whether every value is finite.
+    ``grads``: the flat summed gradient of each parameter tensor. Coordinate j is
+    ``grads[coord_param[j]][coord_flat[j]]``, times ``scale[coord_param[j]]`` for the first
+    ``n_scaled`` coordinates (the canaries', in units of C) and raw for the others (the
+    noise-audit coordinates), written to ``out`` in float64.
+    """
+    n = coord_param.shape[0]
+    for j in range(n):
+        p = coord_param[j]
+        v = float(grads[p][coord_flat[j]])
+        out[j] = v * scale[p] if j < n_scaled else v
+
+
+@kernel(nogil=True)
+def release_step(grads: tuple, coord_param: np.ndarray, coord_flat: np.ndarray,
+                 unit_scale: np.ndarray, denom: np.ndarray, n_canary: int, real: np.ndarray,
+                 noise_real: np.ndarray, inv_std: float, pair_order: np.ndarray, k: int,
+                 spread_pair: np.ndarray, side_a: np.ndarray, side_b: np.ndarray,
+                 spread_w: float, coins: np.ndarray, vals: np.ndarray, xy: np.ndarray,
+                 rel: np.ndarray, noise_raw: np.ndarray, noise: np.ndarray
+                 ) -> tuple[bool, float]:
+    """One step's release at every audited coordinate, in one pass (CPU, one dtype).
+
+    ``grads``: the flat released gradient of each parameter tensor. The first ``n_canary``
+    coordinates are the canaries' (design order: pair a, pair b, one-run, spread extras):
+    ``vals[j] = grads[..] * unit_scale[p] - real[j]`` (units of C, the real examples' sum
+    subtracted), and ``xy`` the pairs' (x, y) through ``pair_order``; spread pair
+    ``spread_pair[s]`` reads the sum over its side's coordinates (``side_a[s]`` when its coin
+    is True, else ``side_b[s]``) times ``spread_w``. The other coordinates are the noise
+    audit's: the released value in raw units ``rel = grads[..] * denom[p]``, the noise
+    ``noise_raw = rel - noise_real`` and ``noise = noise_raw * inv_std``. Returns (every canary
+    value finite, sum of ``noise**2``).
     """
     n = coord_param.shape[0]
     finite = True
-    for j in range(n):
+    sumsq = 0.0
+    for j in range(n_canary):
         p = coord_param[j]
-        v = float(grads[p][coord_flat[j]]) * unit_scale[p] - offset[j]
+        v = float(grads[p][coord_flat[j]]) * unit_scale[p] - real[j]
         vals[j] = v
         if not np.isfinite(v):
             finite = False
+    for j in range(n_canary, n):
+        p = coord_param[j]
+        r = float(grads[p][coord_flat[j]]) * denom[p]
+        i = j - n_canary
+        rel[i] = r
+        d = r - noise_real[i]
+        noise_raw[i] = d
+        z = d * inv_std
+        noise[i] = z
+        sumsq += z * z
     for j in range(2 * k):
         xy[j] = vals[pair_order[j]]
-    return finite
+    for s in range(spread_pair.shape[0]):
+        sa = 0.0
+        sb = 0.0
+        for c in range(side_a.shape[1]):
+            sa += vals[side_a[s, c]]
+            sb += vals[side_b[s, c]]
+        j = spread_pair[s]
+        if coins[j]:
+            xy[j] = sa * spread_w
+            xy[k + j] = sb * spread_w
+        else:
+            xy[j] = sb * spread_w
+            xy[k + j] = sa * spread_w
+    return finite, sumsq
 
 
 def signatures() -> list[tuple[object, tuple[object, ...]]]:
     """(kernel, argument types) of :func:`plan_step` as the injector calls it, for
     :func:`dpaudit_torch._numba.warm_up`."""
-    i = nt.int64
-    return [(plan_step, (nt.float64[::1], nt.boolean[::1], nt.float64, i[::1], i, i, i))]
+    i, i1, f = nt.int64, nt.int64[::1], nt.float64
+    i3 = nt.int64[:, :, ::1]
+    return [(plan_step, (nt.float64[::1], nt.boolean[::1], f, i1, i, i, i, i1, i3, i3, f))]
 
 
-def observe_signature(grad_dtype: object, n_tensors: int) -> tuple[object, tuple[object, ...]]:
-    """(kernel, argument types) of :func:`observe_step` for ``n_tensors`` flat gradients of the
-    Numba dtype ``grad_dtype``."""
-    f1, i1 = nt.float64[::1], nt.int64[::1]
+def observe_signatures(grad_dtype: object, n_tensors: int
+                       ) -> list[tuple[object, tuple[object, ...]]]:
+    """(kernel, argument types) of :func:`snapshot_step` and :func:`release_step` for
+    ``n_tensors`` flat gradients of the Numba dtype ``grad_dtype``."""
+    f1, i1, i2 = nt.float64[::1], nt.int64[::1], nt.int64[:, ::1]
+    i, f = nt.int64, nt.float64
     grads = nt.UniTuple(nt.Array(grad_dtype, 1, "C"), n_tensors)
-    return observe_step, (grads, i1, i1, f1, f1, i1, nt.int64, f1, f1)
+    return [(snapshot_step, (grads, i1, i1, f1, i, f1)),
+            (release_step, (grads, i1, i1, f1, f1, i, f1, f1, f, i1, i, i1, i2, i2, f,
+                            nt.boolean[::1], f1, f1, f1, f1, f1))]

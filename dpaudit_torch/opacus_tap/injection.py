@@ -6,14 +6,16 @@ Hook points (Opacus 1.6, ``optimizers/optimizer.py``; see docs/auditor.md):
   ``clip_and_accumulate`` is wrapped. The original clips and sums the real examples; the
   wrapper then reads their sum at every canary coordinate (the snapshot of docs/design.md
   section 8, subtracted from the observation) and clips the canaries: R *compact* rows (one per
-  injected canary, raw norm ``canary_norm * C`` at the canary's coordinate; ``C`` read at
-  injection time: per-layer clipping reads ``max_grad_norms[i]``, adaptive clipping its current
-  ``max_grad_norm``) holding only the 2k + m canary coordinates, clipped by the optimizer
-  class's own ``clip_and_accumulate`` run on a shadow of the optimizer whose parameters are
-  those compact tensors, and added to ``p.summed_grad`` at the canary coordinates
-  (docs/design.md section 5, "Compact canary rows"). A clipping bug of the class therefore shows
-  in the canaries, and the memory is R x (2k + m) numbers, not R x d. The rows live in one
-  persistent all-zero buffer: a step writes its entries and sets exactly those back to zero.
+  injected canary, raw norm ``canary_norm * C`` at the canary's coordinate, spread over L
+  tensors for a spread canary; ``C`` read at injection time: per-layer clipping reads
+  ``max_grad_norms[i]``, adaptive clipping its current ``max_grad_norm``) holding, per
+  parameter tensor, only the coordinates this step's canaries occupy in it, clipped by the
+  optimizer class's own ``clip_and_accumulate`` run on a shadow of the optimizer whose
+  parameters are those compact tensors, and added to ``p.summed_grad`` at the canary
+  coordinates (docs/design.md section 5, "Compact canary rows"). A clipping bug of the class
+  therefore shows in the canaries, and the memory and the clipping work are R x E numbers
+  (E: the step's canary entries, about R), not R x d. The rows live in one persistent all-zero
+  buffer: a step writes its entries and sets exactly those back to zero.
 * ghost clipping (``DPOptimizerFastGradientClipping``): ``accumulate`` is wrapped and the
   already clipped canary is added after the real examples' sum has been read (:mod:`.ghost`;
   sharded parameters: :mod:`.fsdp`). Clipping is then not exercised.
@@ -105,49 +107,32 @@ class Injector(GhostInjection):
         self.one_run_insertions = 0
         self.steps_injected = 0
         self._k = design.k_pairs
-        # the step's canary coordinates are computed on the host (numpy; k + a few entries) and
-        # sent to the device in one small copy. Per-sample modes do not build rows of the
-        # model's size: a canary row is *compact*, holding per parameter tensor only that
-        # tensor's canary coordinates (its n_i = a few numbers), and the rows are clipped by the
-        # optimizer's own clipping method run on a shadow of the optimizer whose parameters are
-        # these compact tensors (see _shadow_clip); the clipped sums are then added to
-        # p.summed_grad at the canary coordinates.
+        # the step's canary entries are computed on the host (one compiled call) and sent to
+        # the device in one small copy. Per-sample modes do not build rows of the model's size:
+        # a canary row is *compact*, holding per parameter tensor only the coordinates this
+        # step's canaries occupy in it, and the rows are clipped by the optimizer's own clipping
+        # method run on a shadow of the optimizer whose parameters are these compact tensors
+        # (see _shadow_clip); the clipped sums are then added to p.summed_grad at the canary
+        # coordinates.
         coord_param, coord_flat = design.coordinates()
         cp, cf = coord_param.numpy().astype(np.int64), coord_flat.numpy().astype(np.int64)
-        n_par = len(params)
-        pos = np.zeros(cp.shape[0], dtype=np.int64)  # position in its tensor's compact row
-        csize = np.zeros(n_par, dtype=np.int64)
-        for j, i in enumerate(cp):
-            pos[j] = csize[i]
-            csize[i] += 1
-        coff = np.concatenate([[0], np.cumsum(csize)[:-1]]).astype(np.int64)
-        self._csize = csize
-        self._coff = coff
-        self._coord_param, self._coord_flat, self._coord_pos = cp, cf, pos
-        # spread pairs (docs/design.md section 11): the extra entries of their rows
-        self._spread_pair = design.spread_pair.numpy().astype(np.int64)
-        self._spread_sides = design.spread_sides()
+        # the plan's constants (plan_step): pair_param, pair_a, pair_b (k each), one_param,
+        # one_flat (m each), flat indices in the real tensors
+        self._consts = np.ascontiguousarray(np.concatenate([
+            design.pair_param.numpy(), design.pair_a.numpy(), design.pair_b.numpy(),
+            design.one_param.numpy(), design.one_flat.numpy()]).astype(np.int64))
+        # spread pairs (docs/design.md section 11): the extra coordinates of each side
+        side_a, side_b = design.spread_sides()
+        extra = np.stack([side_a[:, 1:], side_b[:, 1:]], axis=1)  # [s, 2, L - 1]
+        if extra.shape[2] == 0:
+            extra = np.zeros((extra.shape[0], 2, 0), dtype=np.int64)
+        self._spread_rows = np.ascontiguousarray(design.spread_pair.numpy().astype(np.int64))
+        self._spread_param = np.ascontiguousarray(cp[extra])
+        self._spread_flat = np.ascontiguousarray(cf[extra])
         self._spread_w = 1.0 / math.sqrt(design.spread_width)
-        self._d_total = int(csize.sum())  # = 2k + m: one compact row
-        #: per tensor, the flat indices of its canary coordinates, compact order (device)
-        self._real_flat = [torch.from_numpy(cf[cp == i].copy()).to(device)
-                           for i in range(n_par)]
         self._shadow_params: list[torch.nn.Parameter] | None = None
+        self._shadow_base: torch.Tensor | None = None  # zeros the shadow parameters view
         self._in_mask_np = coins.sampling_mask().numpy()  # shares memory with the private coins
-        # design constants of plan_step in one array: pair_param, pair_a, pair_b (k each),
-        # one_param, one_flat (m each), offsets, numel (one per parameter tensor); ghost clipping
-        # places entries at their real flat index, per-sample modes in the compact rows
-        k = design.k_pairs
-        if self.ghost:
-            where = (design.pair_a.numpy(), design.pair_b.numpy(), design.one_flat.numpy())
-            numel = np.asarray([int(p.numel()) for p in params], dtype=np.int64)
-            layout = (np.concatenate([[0], np.cumsum(numel)[:-1]]), numel)
-        else:
-            where = (pos[:k], pos[k:2 * k], pos[2 * k:2 * k + design.m_canaries])
-            layout = (coff, csize)
-        self._consts = np.concatenate([
-            design.pair_param.numpy(), where[0], where[1], design.one_param.numpy(), where[2],
-            layout[0], layout[1]]).astype(np.int64)
         # uniforms drawn ahead for this many steps (at most ~2^16 numbers)
         self._draw_block = max(1, min(64, (1 << 16) // (self._k + design.m_canaries)))
         self._draws: np.ndarray | None = None
@@ -155,7 +140,6 @@ class Injector(GhostInjection):
         self._draw_pos = 0
         self._resume_pos = 0
         self._zero_buf: torch.Tensor | None = None
-        self._views: dict[tuple[int, torch.dtype], list[torch.Tensor]] = {}
         self._ghost_values: dict[tuple[float, torch.dtype, torch.device], torch.Tensor] = {}
         self._param_ids = [id(p) for p in params]
         # real examples and micro-batches since the last logical step (ghost: rows unknown)
@@ -238,11 +222,13 @@ class Injector(GhostInjection):
         """Draw this step's role coins and Poisson inclusions (host) and fill a StepPlan:
         k + m uniforms from the auditor's own stream (drawn in blocks of steps), one compiled
         call (:func:`~dpaudit_torch.opacus_tap._step_kernels.plan_step`) for coins, inclusions
-        and the rows' entries."""
+        and the rows' entries (spread canaries included)."""
         opt = self.optimizer
-        coins, included, e_param, e_flat, e_index, pair_order = plan_step(
+        (coins, included, e_param, e_flat, e_row, e_weight, e_index, counts, col_flat,
+         pair_order) = plan_step(
             self.next_uniforms(), self._in_mask_np, self.sample_rate, self._consts, self._k,
-            self.design.m_canaries, len(self.params))
+            self.design.m_canaries, len(self.params), self._spread_rows, self._spread_param,
+            self._spread_flat, self._spread_w)
         clip = per_param_clip(opt, len(self.params))
         if self.ghost:
             acc = 1
@@ -257,10 +243,6 @@ class Injector(GhostInjection):
         unit_scale = [denom / c if c > 0 else math.nan for c in clip]
         coins_cpu = torch.from_numpy(coins)
         n_one = int(included.shape[0])
-        weight = None
-        if self._spread_pair.size:  # the spread rows' extra entries, and every entry's weight
-            e_param, e_flat, e_index, weight = self._spread_entries(
-                coins, e_param, e_flat, e_index, self._k + n_one)
         return StepPlan(
             coins=(coins_cpu if self.device.type == "cpu"
                    else coins_cpu.to(self.device, non_blocking=True)),
@@ -278,28 +260,10 @@ class Injector(GhostInjection):
             entry_flat=e_flat,
             entry_index=e_index,
             pair_order=pair_order,
-            entry_weight=weight,
+            entry_weight=e_weight if self._spread_rows.size else None,
+            entry_counts=counts,
+            column_flat=col_flat,
         )
-
-    def _spread_entries(self, coins: np.ndarray, e_param: np.ndarray, e_flat: np.ndarray,
-                        e_index: np.ndarray, n_rows: int
-                        ) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
-        """Append the extra entries of the spread pairs' rows (pair j's canary is row j) on the
-        side its coin chose, and give every entry its weight: 1 / sqrt(L) on each entry of a
-        spread row (so that the canary's norm is that of a Dirac canary), 1 elsewhere."""
-        side_a, side_b = self._spread_sides
-        rows = self._spread_pair
-        chosen = np.where(coins[rows][:, None], side_a, side_b)[:, 1:]  # design positions
-        row_of = np.repeat(rows, chosen.shape[1])
-        d = chosen.reshape(-1)
-        p = self._coord_param[d]
-        flat = self._coord_flat[d] if self.ghost else self._coord_pos[d]
-        index = n_rows * self._coff[p] + row_of * self._csize[p] + self._coord_pos[d]
-        weight = np.ones(e_param.shape[0] + d.shape[0])
-        weight[rows] = self._spread_w
-        weight[e_param.shape[0]:] = self._spread_w
-        return (np.concatenate([e_param, p]), np.concatenate([e_flat, flat]),
-                np.concatenate([e_index, index]), weight)
 
     def next_uniforms(self) -> np.ndarray:
         """The next step's k + m uniforms. They are drawn from the ``mechanics`` generator for
@@ -335,28 +299,26 @@ class Injector(GhostInjection):
         """A persistent all-zero buffer of at least ``size`` elements.
 
         Each step writes its few canary entries and sets exactly those back to zero after
-        Opacus has read the rows, so no step pays for zeroing R x d elements. It is sized for
-        a few rows more than asked (the row count varies with the Poisson inclusions), not
-        doubled: for a large model one row is the whole parameter count."""
+        Opacus has read the rows, so no step pays for zeroing the whole buffer. It grows (with
+        some room: the row count varies with the Poisson inclusions) only when a step needs
+        more."""
         buf = self._zero_buf
         if buf is None or buf.dtype != dtype or buf.numel() < size:
-            rows = -(-size // max(self._d_total, 1))
-            cap = (rows + max(4, rows // 8)) * self._d_total
-            buf = torch.zeros(cap, dtype=dtype, device=self.device)
+            buf = torch.zeros(size + size // 2 + 64, dtype=dtype, device=self.device)
             self._zero_buf = buf
-            self._views.clear()  # views of the old buffer
-        return buf[:size]
+        return buf
 
-    def _row_views(self, n_rows: int, dtype: torch.dtype) -> list[torch.Tensor]:
-        """Per parameter, the [R, n_i] view of the compact rows buffer for R = ``n_rows`` rows
-        (cached per R: a step then creates no tensors for its rows)."""
-        key = (n_rows, dtype)
-        views = self._views.get(key)
-        if views is None:
-            buf = self._rows_buffer(n_rows * self._d_total, dtype)
-            views = [buf[n_rows * int(off):n_rows * int(off + n)].view(n_rows, int(n))
-                     for off, n in zip(self._coff, self._csize)]
-            self._views[key] = views
+    def _row_views(self, rec: StepPlan, dtype: torch.dtype) -> list[torch.Tensor]:
+        """Per parameter tensor, the ``[R, counts[p]]`` view of the rows buffer holding this
+        step's canary entries in that tensor (one column per entry; see ``plan_step``)."""
+        counts = rec.entry_counts
+        assert counts is not None
+        R = rec.n_rows
+        buf = self._rows_buffer(R * int(counts.sum()), dtype)
+        views, off = [], 0
+        for c in counts.tolist():
+            views.append(buf[off:off + R * c].view(R, c))
+            off += R * c
         return views
 
     # ------------------------------------------------------------------ the wrappers
@@ -424,13 +386,12 @@ class Injector(GhostInjection):
             # optimizer's own clipping method (on a shadow of the optimizer), accumulated into
             # p.summed_grad at the canary coordinates
             written: torch.Tensor | None = None
-            views: list[torch.Tensor] = []
             try:
                 gs = params[0].grad_sample
                 ref0 = gs[-1] if isinstance(gs, list) else gs
                 index, which = rec.entry_index, rec.entry_param
                 assert index is not None and which is not None
-                views = self._row_views(rec.n_rows, ref0.dtype)
+                views = self._row_views(rec, ref0.dtype)
                 buf = self._zero_buf
                 assert buf is not None
                 written = torch.from_numpy(index)
@@ -445,7 +406,7 @@ class Injector(GhostInjection):
                         v = v * rec.entry_weight
                     buf.index_copy_(0, written, torch.from_numpy(v).to(device=buf.device,
                                                                         dtype=buf.dtype))
-                self._shadow_clip(views)
+                self._shadow_clip(views, rec)
                 self._count(rec)
             except Exception as e:
                 # the auditor's part failed: the auditor detaches itself, the step raises
@@ -453,24 +414,31 @@ class Injector(GhostInjection):
                 self._fail(e)
                 raise
             finally:
-                for v in views:  # Opacus marks what it clipped; the cached views are reused
-                    if hasattr(v, "_processed"):
-                        del v._processed
                 if written is not None and self._zero_buf is not None:
                     self._zero_buf.index_fill_(0, written, 0.0)  # all zeros again
         self._pending = rec
         return result
 
-    def _shadow(self) -> Any:
+    def _shadow(self, counts: np.ndarray, dtype: torch.dtype) -> Any:
         """A shadow of the optimizer for one clipping call: an object of the optimizer's own
         class with a copy of its attributes (tensors cloned, so that counters such as adaptive
         clipping's stay untouched), whose parameters are the compact canary tensors (one per
-        real parameter tensor, same dtype and device, ``n_i`` entries)."""
+        real parameter tensor, in the same order, of the real tensor's dtype and device; tensor
+        p holds ``counts[p]`` zeros: this step's canary entries in it)."""
         opt = self.optimizer
         if self._shadow_params is None:
             self._shadow_params = [
-                torch.nn.Parameter(torch.zeros(int(n), dtype=p.dtype, device=p.device))
-                for n, p in zip(self._csize, self.params)]
+                torch.nn.Parameter(torch.zeros(0, dtype=p.dtype, device=p.device))
+                for p in self.params]
+        need = int(counts.max()) if counts.size else 0
+        base = self._shadow_base
+        if base is None or base.numel() < need or base.dtype != dtype:
+            base = self._shadow_base = torch.zeros(max(need, 64), dtype=dtype,
+                                                   device=self.device)
+        for sp, p, c in zip(self._shadow_params, self.params, counts.tolist()):
+            z = base[:c]
+            sp.data = z if (z.dtype, z.device) == (p.dtype, p.device) else z.to(p.device,
+                                                                               p.dtype)
         state = {k: (v.clone() if isinstance(v, torch.Tensor) else v)
                  for k, v in vars(opt).items() if k != self._attr}
         state["original_optimizer"] = _ParamGroups([{"params": self._shadow_params}])
@@ -478,19 +446,23 @@ class Injector(GhostInjection):
         shadow.__dict__.update(state)
         return shadow
 
-    def _shadow_clip(self, views: list[torch.Tensor]) -> None:
+    def _shadow_clip(self, views: list[torch.Tensor], rec: StepPlan) -> None:
         """Clip the compact canary rows with the optimizer's clipping code and add the clipped
         sums to ``p.summed_grad`` at the canary coordinates.
 
         What this exercises of the implementation under audit: its class's
         ``clip_and_accumulate`` (a subclass's override included), with its current bounds
         (``max_grad_norm``, per-layer ``max_grad_norms``, adaptive clipping's current bound),
-        its per-sample norm over all parameter tensors, its clip factor and its accumulation into
-        ``summed_grad``, on the rows' dtype. Each canary is one sample of that call, so a bug in
-        how one sample is clipped shows in the canaries. Not exercised: what a clipping method
-        does differently with the real tensors' shapes or identities (the shadow tensors are
-        1-d), and the final addition to the real ``summed_grad`` (this method's)."""
-        shadow = self._shadow()
+        its per-sample norm over all parameter tensors (one shadow tensor per real one, in the
+        same order), its clip factor and its accumulation into ``summed_grad``, on the rows'
+        dtype. Each canary is one sample of that call, so a bug in how one sample is clipped
+        shows in the canaries. Not exercised: what a clipping method does differently with the
+        real tensors' shapes or identities (the shadow tensors are 1-d and hold only this
+        step's canary coordinates), and the final addition to the real ``summed_grad`` (this
+        method's)."""
+        counts, col_flat = rec.entry_counts, rec.column_flat
+        assert counts is not None and col_flat is not None
+        shadow = self._shadow(counts, views[0].dtype if views else torch.float32)
         sparams = self._shadow_params
         assert sparams is not None
         for sp, rows in zip(sparams, views):
@@ -501,8 +473,12 @@ class Injector(GhostInjection):
         finally:
             for sp in sparams:
                 sp.grad_sample = None
+        flats = torch.from_numpy(col_flat)
+        off = 0
         for i, (p, sp) in enumerate(zip(self.params, sparams)):
-            if not int(self._csize[i]):
+            c = int(counts[i])
+            if not c:
+                sp.summed_grad = None
                 continue
             add = sp.summed_grad
             if add is None:
@@ -512,7 +488,8 @@ class Injector(GhostInjection):
             if sg is None:
                 sg = torch.zeros_like(p)
                 p.summed_grad = sg
-            flat = self._real_flat[i]
+            flat = flats[off:off + c]
+            off += c
             sg.view(-1).index_add_(0, flat if flat.device == sg.device else flat.to(sg.device),
                                    add.reshape(-1).to(sg.dtype))
             sp.summed_grad = None

@@ -31,14 +31,39 @@ import torch
 
 from ..audit.record import StepRecord
 from ..canaries import CanaryDesign
-from ._step_kernels import observe_step
+from ._step_kernels import release_step, snapshot_step
 from .plan import StepPlan
 
 __all__ = ["GradientReader"]
 
 #: gradient dtypes the compiled CPU path reads (NumPy has no bfloat16)
 _NUMPY_FLOATS = (torch.float32, torch.float64, torch.float16)
-_NO_PAIRS = np.zeros(0, dtype=np.int64)
+
+
+class _HostBuffers:
+    """The compiled CPU path's coordinates and output arrays, allocated once.
+
+    The canary coordinates (design order) followed by the noise-audit coordinates, as one pair
+    of index arrays, and every per-step output as a persistent float64 array (with a torch view
+    of each): a step allocates nothing of the coordinates' size, so that the auditor leaves
+    the process's heap as training shapes it (docs/auditor.md, "Memory"). The values of a step
+    are overwritten by the next one: a monitor that keeps them copies them."""
+
+    def __init__(self, canary: _CoordinateSet, noise: _CoordinateSet | None, k: int) -> None:
+        n_c, u = canary.n, 0 if noise is None else noise.n
+        self.n_canary, self.n_noise = n_c, u
+        parts = [canary] if noise is None else [canary, noise]
+        self.param = np.ascontiguousarray(np.concatenate([c.param_np for c in parts]))
+        self.flat = np.ascontiguousarray(np.concatenate([c.flat_np for c in parts]))
+        self.snap = np.zeros(n_c + u)
+        self.vals = np.zeros(n_c)
+        self.xy = np.zeros(2 * k)
+        self.rel, self.noise_raw, self.noise = np.zeros(u), np.zeros(u), np.zeros(u)
+        t = torch.from_numpy
+        self.snap_t, self.vals_t, self.xy_t = t(self.snap), t(self.vals), t(self.xy)
+        self.real_t, self.noise_real_t = self.snap_t[:n_c], self.snap_t[n_c:]
+        self.x_t, self.y_t = self.xy_t[:k], self.xy_t[k:]
+        self.rel_t, self.noise_raw_t, self.noise_t = t(self.rel), t(self.noise_raw), t(self.noise)
 
 
 class _CoordinateSet:
@@ -63,7 +88,6 @@ class _CoordinateSet:
         self.param_np = coord_param.numpy().astype(np.int64)
         self.flat_np = coord_flat.numpy().astype(np.int64)
         self.n = int(coord_param.numel())
-        self.zeros_np = np.zeros(self.n)
 
 
 class GradientReader:
@@ -105,6 +129,11 @@ class GradientReader:
         self._spread_w = 1.0 / math.sqrt(design.spread_width)
         self._n_extra = design.n_extra
         self._factors: dict[str, tuple[tuple[float, ...], torch.Tensor]] = {}
+        self._bufs: _HostBuffers | None = None  # built at the first compiled read
+        sa, sb = (np.ascontiguousarray(v, dtype=np.int64) for v in (self._side_a, self._side_b))
+        width = sa.shape[1] if sa.ndim == 2 and sa.shape[0] else 1
+        self._side_a_2d = sa.reshape(-1, width)
+        self._side_b_2d = sb.reshape(-1, width)
         self.reads = 0  # steps read
         self.compiled_reads = 0  # of which by the compiled CPU pass
         #: values of the last step read (design order, units of C), for diagnostics and tests
@@ -150,51 +179,57 @@ class GradientReader:
         raw = torch.cat(parts) if len(parts) > 1 else parts[0]
         return (raw.to(self.device, torch.float64) * scale)[cs.perm]
 
-    def _read_set(self, tensors: list[torch.Tensor | None], factors: list[float], cache: str,
-                  what: str, cs: _CoordinateSet, offset: np.ndarray | None = None
-                  ) -> torch.Tensor:
-        """``tensors[i][flat] * factors[i] (- offset)`` at every coordinate of ``cs`` (float64,
-        ``cs`` order); a missing tensor reads as zeros."""
-        host = self._host_arrays(tensors)
-        if host is not None:
-            out = np.empty(cs.n)
-            observe_step(host, cs.param_np, cs.flat_np, np.asarray(factors, dtype=np.float64),
-                         cs.zeros_np if offset is None else offset, _NO_PAIRS, 0, out,
-                         np.empty(0))
-            return torch.from_numpy(out)
-        vals = self._gather(lambda i: tensors[i] if isinstance(tensors[i], torch.Tensor)
-                            else torch.zeros_like(self.params[i]),
-                            self._per_entry(factors, cache, cs), what, cs)
-        return vals if offset is None else vals - torch.from_numpy(offset).to(vals.device)
-
     # ------------------------------------------------------------------ the two reads
+    def _buffers(self) -> _HostBuffers:
+        if self._bufs is None:
+            self._bufs = _HostBuffers(self._coords, self._noise, self.k)
+        return self._bufs
+
     @torch.no_grad()
     def snapshot(self, plan: StepPlan) -> torch.Tensor:
         """S_t / C: the real examples' clipped sum ``p.summed_grad`` at every canary coordinate
         (design order, float64), read before any canary or noise is added (a parameter without
         ``summed_grad`` contributes 0). Also keeps the raw sum at the noise-audit coordinates
-        in ``plan.noise_real_sum``."""
+        in ``plan.noise_real_sum``. On the compiled CPU path both are views of the reader's
+        buffers (valid until the next step)."""
         sums = [getattr(p, "summed_grad", None) for p in self.params]
-        if self._noise is not None:
-            plan.noise_real_sum = self._read_set(sums, [1.0] * len(sums), "one", "summed_grad",
-                                                 self._noise)
         inv_clip = [1.0 / c if c else math.inf for c in plan.clip]
-        return self._read_set(sums, inv_clip, "inv_clip", "summed_grad", self._coords)
+        host = self._host_arrays(sums)
+        if host is not None:
+            b = self._buffers()
+            snapshot_step(host, b.param, b.flat, np.asarray(inv_clip, dtype=np.float64),
+                          b.n_canary, b.snap)
+            if self._noise is not None:
+                plan.noise_real_sum = b.noise_real_t
+            return b.real_t
+
+        def get(i: int) -> torch.Tensor:
+            t = sums[i]
+            return t if isinstance(t, torch.Tensor) else torch.zeros_like(self.params[i])
+
+        if self._noise is not None:
+            plan.noise_real_sum = self._gather(get, self._per_entry([1.0] * len(sums), "one",
+                                                                    self._noise),
+                                               "summed_grad", self._noise)
+        return self._gather(get, self._per_entry(inv_clip, "inv_clip"), "summed_grad")
 
     @torch.no_grad()
     def _read_noise(self, plan: StepPlan) -> tuple[torch.Tensor, torch.Tensor] | None:
         """(released, noise) in raw units at the noise-audit coordinates: the released value
-        times the scaling Opacus divided by, and that minus the real examples' sum."""
+        times the scaling Opacus divided by, and that minus the real examples' sum (torch
+        path; the compiled path computes them in its single pass)."""
         if self._noise is None or plan.noise_real_sum is None:
             return None
         denom = [u * c for u, c in zip(plan.unit_scale, plan.clip)]
-        rel = self._read_set([p.grad for p in self.params], denom, "denom", "gradient",
-                             self._noise)
+        rel = self._gather(lambda i: self.params[i].grad, self._per_entry(denom, "denom",
+                                                                           self._noise),
+                           "gradient", self._noise)
         return rel, rel - plan.noise_real_sum.to(rel.device)
 
     def read(self, plan: StepPlan, step: int) -> StepRecord:
         """The record of one logical step (``plan`` from the injector, its ``real_sum`` already
-        summed over DDP ranks). On the host path a non-finite step gives ``finite=False``."""
+        summed over DDP ranks). On the host path a non-finite step gives ``finite=False``, and
+        the record's tensors are views of the reader's buffers, valid until the next step."""
         real = plan.real_sum
         if real is None:  # the wrapper did not run its snapshot (cannot happen in a step)
             raise RuntimeError("no real-data snapshot for this step")
@@ -205,12 +240,12 @@ class GradientReader:
             rec = self._read_compiled(host, plan, step, real)
         else:
             rec = self._read_torch(plan, step, real)
+            noise = self._read_noise(plan)
+            if noise is not None and plan.noise_std > 0:
+                rec.release_raw, rec.noise_raw = noise
+                rec.noise = noise[1] / plan.noise_std
         rec.n_real, rec.micro_steps, rec.noise_std = plan.n_real, plan.micro_steps, plan.noise_std
         rec.n_extra = self._n_extra
-        noise = self._read_noise(plan)
-        if noise is not None and plan.noise_std > 0:
-            rec.release_raw, rec.noise_raw = noise
-            rec.noise = noise[1] / plan.noise_std
         if rec.finite is not False:
             self.reads += 1
         self.last_values = rec.values
@@ -254,22 +289,31 @@ class GradientReader:
     def _read_compiled(self, grads: tuple[np.ndarray, ...], plan: StepPlan, step: int,
                        real: torch.Tensor) -> StepRecord:
         """:meth:`read` for the CPU in one compiled pass
-        (:func:`~dpaudit_torch.opacus_tap._step_kernels.observe_step`); same values."""
-        k = self.k
+        (:func:`~dpaudit_torch.opacus_tap._step_kernels.release_step`): the canaries' values,
+        the pairs (spread ones included) and, at the noise-audit coordinates, the released
+        values and the noise; same values as the torch path."""
         self.compiled_reads += 1
-        vals_np = np.empty(self._n_coords)
-        xy_np = np.empty(2 * k)
-        ok = observe_step(grads, self._coords.param_np, self._coords.flat_np,
-                          np.asarray(plan.unit_scale, dtype=np.float64),
-                          real.numpy(), plan.pair_order, k, vals_np, xy_np)
-        if self._spread_pair.size:
-            sp = self._spread_pair
-            sa = vals_np[self._side_a].sum(1) * self._spread_w
-            sb = vals_np[self._side_b].sum(1) * self._spread_w
-            cs = plan.coins_cpu.numpy()[sp]
-            xy_np[sp] = np.where(cs, sa, sb)
-            xy_np[k + sp] = np.where(cs, sb, sa)
-        xy = torch.from_numpy(xy_np)
-        return StepRecord(step=step, values=torch.from_numpy(vals_np), x=xy[:k], y=xy[k:],
-                          coins=plan.coins, sigma=plan.sigma, sigma_claimed=plan.sigma_claimed,
-                          finite=bool(ok), real_sums=real)
+        b = self._buffers()
+        noise_on = self._noise is not None and plan.noise_real_sum is not None \
+            and plan.noise_std > 0
+        if b.n_noise and plan.noise_real_sum is not None:
+            nr = plan.noise_real_sum
+            noise_real = (nr if nr.dtype == torch.float64 and nr.device.type == "cpu"
+                          else nr.to("cpu", torch.float64)).numpy()
+        else:
+            noise_real = b.noise
+        denom = np.asarray([u * c for u, c in zip(plan.unit_scale, plan.clip)], dtype=np.float64)
+        real_np = (real if real.dtype == torch.float64 and real.device.type == "cpu"
+                   else real.to("cpu", torch.float64)).numpy()
+        ok, sumsq = release_step(
+            grads, b.param, b.flat, np.asarray(plan.unit_scale, dtype=np.float64), denom,
+            b.n_canary, real_np, noise_real, 1.0 / plan.noise_std if noise_on else 0.0,
+            plan.pair_order, self.k, self._spread_pair, self._side_a_2d, self._side_b_2d,
+            self._spread_w, plan.coins_cpu.numpy(), b.vals, b.xy, b.rel, b.noise_raw, b.noise)
+        rec = StepRecord(step=step, values=b.vals_t, x=b.x_t, y=b.y_t, coins=plan.coins,
+                         sigma=plan.sigma, sigma_claimed=plan.sigma_claimed, finite=bool(ok),
+                         real_sums=real)
+        if noise_on:
+            rec.release_raw, rec.noise_raw, rec.noise = b.rel_t, b.noise_raw_t, b.noise_t
+            rec.noise_sumsq = float(sumsq)
+        return rec

@@ -89,14 +89,19 @@ class StepPlan:
     n_one_run: int  # one-run canaries included this step
     injected: bool  # False on DDP ranks other than 0
     included: torch.Tensor | None = None  # [n] one-run canaries included (host; private)
-    entry_param: np.ndarray | None = None  # [n_rows] parameter tensor of each row's entry
-    #: [n_rows] where each row's entry goes in its tensor: the flat index (ghost clipping), or
-    #: the position in the tensor's compact canary row (per-sample modes)
+    #: [E] the parameter tensor of each canary entry (a row's entry; a spread row has L)
+    entry_param: np.ndarray | None = None
+    #: [E] each entry's flat index in its (real) tensor
     entry_flat: np.ndarray | None = None
-    entry_index: np.ndarray | None = None  # [n_rows] position in the step's rows buffer
+    #: [E] each entry's position in the step's compact rows buffer (per-sample modes)
+    entry_index: np.ndarray | None = None
     pair_order: np.ndarray | None = None  # [2k] positions of (x_j), then (y_j), in [a, b]
-    #: [entries] the weight of each entry (1 / sqrt(L) on spread rows), None when all are 1
+    #: [E] the weight of each entry (1 / sqrt(L) on spread rows), None when all are 1
     entry_weight: np.ndarray | None = None
+    #: [n_params] entries per parameter tensor: the widths of its compact rows this step
+    entry_counts: np.ndarray | None = None
+    #: [E] the flat index of each column of the compact rows, tensor by tensor
+    column_flat: np.ndarray | None = None
     #: [2k + m] the real examples' clipped sum / C at every canary coordinate, read before the
     #: canaries and the noise (summed over DDP ranks by the adapter before the observation)
     real_sum: torch.Tensor | None = None

@@ -39,7 +39,7 @@ from scipy import stats as sps
 
 from .._validation import as_real, check_alpha, check_positive_int
 from .betting import log_mean_exp
-from .sampling import _Decision, _host, _log_w
+from .sampling import _Decision, _host, fresh_start_log_mass
 
 logger = logging.getLogger(__name__)
 
@@ -72,6 +72,48 @@ def _as_samples(xi: object, name: str = "xi") -> np.ndarray:
         raise ValueError(f"{name} contains non-finite values (e.g. "
                          f"{arr[~np.isfinite(arr)][:3].tolist()})")
     return arr
+
+
+def _as_step_rows(xs: object, name: str = "xi") -> np.ndarray:
+    """Steps x samples: a two-dimensional float64 array of finite values (a cheap check first:
+    one sum)."""
+    arr = np.asarray(xs)
+    if arr.dtype == np.bool_ or arr.dtype.kind not in "iuf":
+        raise TypeError(f"{name} must hold real numbers, got dtype {arr.dtype}")
+    if arr.ndim != 2:
+        raise ValueError(f"{name} must be [steps, samples], got shape {arr.shape}")
+    arr = arr.astype(np.float64, copy=False)
+    with np.errstate(over="ignore", invalid="ignore"):
+        cheap = math.isfinite(float(arr.sum()))
+    if not cheap and not np.all(np.isfinite(arr)):
+        raise ValueError(f"{name} contains non-finite values (e.g. "
+                         f"{arr[~np.isfinite(arr)][:3].tolist()})")
+    return arr
+
+
+def _bit_count(packed: np.ndarray) -> np.ndarray:
+    """Set bits along the last axis of a uint8 array (int64)."""
+    if hasattr(np, "bitwise_count"):  # NumPy >= 2
+        return np.bitwise_count(packed).sum(axis=-1, dtype=np.int64)
+    return _POPCOUNT[packed].sum(axis=-1, dtype=np.int64)
+
+
+_POPCOUNT = np.array([bin(i).count("1") for i in range(256)], dtype=np.uint8)
+
+
+def _component_log_wealth(log_s: np.ndarray, t: int) -> np.ndarray:
+    """Per component (a group, a lag): log of the stake-grid average of its fresh-start
+    wealths after step t, from the started masses ``log_s`` [K, grid]."""
+    return np.logaddexp(log_mean_exp(log_s, axis=-1), -math.log(t + 1.0))
+
+
+def _mixed_log_wealth(log_s: np.ndarray, t0: int) -> np.ndarray:
+    """The decision's log-wealth after each step of a block: the started masses ``log_s``
+    [S, K, grid] after steps t0 + 1 .. t0 + S, averaged over the grid (with the weight of the
+    starts to come) and then over the K components."""
+    t = np.arange(t0 + 1, t0 + log_s.shape[0] + 1, dtype=np.float64)
+    comp = np.logaddexp(log_mean_exp(log_s, axis=-1), -np.log1p(t)[:, None])  # [S, K]
+    return log_mean_exp(comp, axis=-1)
 
 
 class NoiseVarianceTest(_Decision):
@@ -122,47 +164,65 @@ class NoiseVarianceTest(_Decision):
         """One step: noise samples ``xi`` [n] (units of C), their group ids [n], the claimed
         noise multiplier ``sigma`` (xi ~ N(0, sigma^2) under H0). An int ``groups`` puts every
         sample in that group."""
-        x = _as_samples(xi)
+        self.update_steps(_as_samples(xi)[None], groups, sigma)
+        return self
+
+    def update_steps(self, xs: np.ndarray, groups: np.ndarray | int, sigma: float
+                     ) -> np.ndarray:
+        """Several steps at once: ``xs`` [S, n], step by step in row order, the same group ids
+        [n] and claimed noise multiplier for every row. Returns the log-wealth after each step
+        ([S]); the same as S calls of :meth:`update`, in a few vectorised operations."""
+        x = _as_step_rows(xs)
         s = as_real("sigma", sigma)
         if not (s > 0.0) or not math.isfinite(s):
             raise ValueError(f"sigma must be a finite number > 0, got {sigma!r}")
-        if x.size == 0:
+        S, n_x = x.shape
+        if S == 0:
+            return np.zeros(0)
+        if n_x == 0:
             self._as_groups(groups, 0)
-            return self
+            return np.full(S, self.log_wealth)
         G = self.n_groups
+        with np.errstate(over="ignore"):
+            sq = x * x
         if isinstance(groups, (int, np.integer)) and not isinstance(groups, bool):
             gid = int(groups)
             if not 0 <= gid < G:
                 raise ValueError(f"group ids must lie in [0, {G}), got [{gid}]")
             n = np.zeros(G)
-            v = np.zeros(G)
-            n[gid] = x.size
-            with np.errstate(over="ignore"):
-                v[gid] = float((x * x).sum()) / (s * s)
+            n[gid] = n_x
+            single: int | None = gid
         else:
-            n = self._group_counts(groups, x.size)
-            with np.errstate(over="ignore"):
-                if self._single_group is not None:  # bincount into one bin is slow
-                    v = np.zeros(G)
-                    v[self._single_group] = float((x * x).sum()) / (s * s)
-                else:
-                    v = np.bincount(self._groups_cache, weights=x * x, minlength=G) / (s * s)
-        log_e = n[:, None] * self._half_log_r - v[:, None] * self._half_inv  # [G, R]
-        self._t += 1
-        self._log_s = log_e + np.logaddexp(self._log_s, _log_w(self._t))
-        self._count += n.astype(np.int64)
-        self._sumsq += v
+            n = self._group_counts(groups, n_x)
+            single = self._single_group
+        with np.errstate(over="ignore"):
+            if single is not None:  # bincount into one bin is slow
+                v = np.zeros((S, G))
+                v[:, single] = sq.sum(axis=1) / (s * s)
+            else:
+                assert self._groups_cache is not None
+                cells = (np.arange(S)[:, None] * G + self._groups_cache[None, :]).reshape(-1)
+                v = np.bincount(cells, weights=sq.reshape(-1), minlength=S * G).reshape(S, G)
+                v /= s * s
+        log_e = n[None, :, None] * self._half_log_r - v[:, :, None] * self._half_inv  # [S,G,R]
+        t0 = self._t
+        log_s = fresh_start_log_mass(self._log_s.reshape(-1), log_e.reshape(S, -1), t0)
+        log_s = log_s.reshape(S, G, self.ratios.size)
+        self._log_s = log_s[-1].copy()
+        self._t = t0 + S
+        self._count += (S * n).astype(np.int64)
+        self._sumsq += v.sum(axis=0)
         self._sigma = s
-        self._record(self.log_wealth)
-        return self
+        traj = _mixed_log_wealth(log_s, t0)
+        self._record(traj)
+        return traj
 
     @property
     def group_log_wealth(self) -> np.ndarray:
         """log-wealth of each group's e-process, float64 array [n_groups]."""
         if self._t == 0:
             return np.zeros(self.n_groups)
-        started = log_mean_exp(self._log_s, axis=1)
-        return np.logaddexp(started, -math.log(self._t + 1.0))
+        return _component_log_wealth(self._log_s, self._t)
 
     @property
     def log_wealth(self) -> float:
@@ -316,8 +376,8 @@ class NoiseIndependenceTest(_Decision):
         """Forget every step (the configuration is kept)."""
         self._reset_decision()
         self._n: int | None = None
-        # the last `depth` steps: sign bits (True = negative) and, only for rows holding an
-        # exact zero, a mask of the zeros; bool arrays [depth, n]
+        # the last `depth` steps: sign bits (1 = negative) and a mask of the exact zeros
+        # (set only for rows holding one), packed 8 to a byte: uint8 arrays [depth, n / 8]
         self._neg: np.ndarray | None = None
         self._zero: np.ndarray | None = None
         self._has_zero = np.zeros(self._depth, dtype=bool)
@@ -327,55 +387,77 @@ class NoiseIndependenceTest(_Decision):
 
     def update(self, xi: np.ndarray) -> NoiseIndependenceTest:
         """One step: the noise samples ``xi`` [n] at the same coordinates as every step."""
-        x = _as_samples(xi)
+        self.update_steps(_as_samples(xi)[None])
+        return self
+
+    def update_steps(self, xs: np.ndarray) -> np.ndarray:
+        """Several steps at once: ``xs`` [S, n], step by step in row order, the same coordinates
+        in every row. Returns the log-wealth after each step ([S]); the same as S calls of
+        :meth:`update`. The signs are kept as packed bits: one XOR and one bit count per lag
+        and step."""
+        x = _as_step_rows(xs)
+        S, n_x = x.shape
+        if S == 0:
+            return np.zeros(0)
         if self._n is None:
-            if x.size == 0:
+            if n_x == 0:
                 raise ValueError("xi must hold at least one sample")
-            self._n = int(x.size)
-            self._neg = np.zeros((self._depth, self._n), dtype=bool)
-            self._zero = np.zeros((self._depth, self._n), dtype=bool)
-        elif x.size != self._n:
-            raise ValueError(f"xi has {x.size} samples, but earlier steps had {self._n} "
+            self._n = int(n_x)
+            width = -(-self._n // 8)
+            self._neg = np.zeros((self._depth, width), dtype=np.uint8)
+            self._zero = np.zeros((self._depth, width), dtype=np.uint8)
+        elif n_x != self._n:
+            raise ValueError(f"xi has {n_x} samples, but earlier steps had {self._n} "
                              f"(pass the same coordinates at every step)")
         assert self._neg is not None and self._zero is not None
-        neg = x < 0
-        zero = x == 0
-        cur_zero = bool(zero.any())
-        self._t += 1
-        t = self._t
-        L = len(self.lags)
-        P = np.zeros(L)
-        M = np.zeros(L)
-        for i, k in enumerate(self.lags):
-            if k >= t:  # lag k needs step t - k >= 1
-                continue
-            row = (t - k) % self._depth
-            differ = neg ^ self._neg[row]  # s_u = -1 (or a zero on either side)
-            if cur_zero or self._has_zero[row]:
-                live = ~(zero | self._zero[row])
-                M[i] = np.count_nonzero(differ & live)
-                P[i] = np.count_nonzero(live) - M[i]
-            else:
-                M[i] = np.count_nonzero(differ)
-                P[i] = self._n - M[i]
-        slot = t % self._depth
-        self._neg[slot] = neg
-        self._zero[slot] = zero
-        self._has_zero[slot] = cur_zero
-        log_e = P[:, None] * self._log_up + M[:, None] * self._log_down  # [L, stakes]
-        self._log_s = log_e + np.logaddexp(self._log_s, _log_w(t))
-        self._plus += P.astype(np.int64)
-        self._minus += M.astype(np.int64)
-        self._record(self.log_wealth)
-        return self
+        neg = np.packbits(x < 0, axis=1)  # [S, width]; padding bits are 0
+        is_zero = x == 0
+        row_zero = is_zero.any(axis=1)
+        zero = np.packbits(is_zero, axis=1) if row_zero.any() else None
+        t0, depth, L = self._t, self._depth, len(self.lags)
+        # partner of new step s (t = t0 + s + 1) at lag k: step t - k, a row of this block
+        # (index depth + s - k in [ring; block]) or of the ring (slot (t - k) % depth); a step
+        # t - k < 1 does not exist (no evidence: P = M = 0)
+        s_idx = np.arange(S)[None, :]
+        k_idx = self._lag_arr[:, None]
+        exists = t0 + s_idx + 1 - k_idx >= 1  # [L, S]
+        partner = np.where(s_idx >= k_idx, depth + s_idx - k_idx,
+                           (t0 + s_idx + 1 - k_idx) % depth)
+        both_neg = np.concatenate([self._neg, neg])[partner]  # [L, S, width]
+        differ = np.bitwise_xor(both_neg, neg[None])
+        has_zero = np.concatenate([self._has_zero, row_zero])[partner] | row_zero[None]
+        if has_zero.any():
+            zeros_new = zero if zero is not None else np.zeros_like(neg)
+            dead = np.concatenate([self._zero, zeros_new])[partner] | zeros_new[None]
+            M = _bit_count(differ & ~dead)
+            P = self._n - _bit_count(dead) - M
+        else:
+            M = _bit_count(differ)
+            P = self._n - M
+        M = np.where(exists, M, 0).T.astype(np.float64)  # [S, L]
+        P = np.where(exists, P, 0).T.astype(np.float64)
+        for s in range(max(0, S - depth), S):  # the ring keeps the last `depth` steps
+            slot = (t0 + s + 1) % depth
+            self._neg[slot] = neg[s]
+            self._zero[slot] = zero[s] if zero is not None else 0
+            self._has_zero[slot] = row_zero[s]
+        log_e = P[:, :, None] * self._log_up + M[:, :, None] * self._log_down  # [S, L, stakes]
+        log_s = fresh_start_log_mass(self._log_s.reshape(-1), log_e.reshape(S, -1), t0)
+        log_s = log_s.reshape(S, L, self.stakes.size)
+        self._log_s = log_s[-1].copy()
+        self._t = t0 + S
+        self._plus += P.sum(axis=0).astype(np.int64)
+        self._minus += M.sum(axis=0).astype(np.int64)
+        traj = _mixed_log_wealth(log_s, t0)
+        self._record(traj)
+        return traj
 
     @property
     def lag_log_wealth(self) -> np.ndarray:
         """log-wealth of each lag's e-process, float64 array [len(lags)]."""
         if self._t == 0:
             return np.zeros(len(self.lags))
-        started = log_mean_exp(self._log_s, axis=1)
-        return np.logaddexp(started, -math.log(self._t + 1.0))
+        return _component_log_wealth(self._log_s, self._t)
 
     @property
     def log_wealth(self) -> float:
@@ -411,12 +493,23 @@ class NoiseIndependenceTest(_Decision):
             "rejected_at": self._rejected_at,
         }
 
+    def state_dict(self) -> dict[str, Any]:
+        """As the base class's, with the sign and zero rings as bool arrays [depth, n] (the
+        layout checkpoints have always had; they are packed bits in memory)."""
+        sd = super().state_dict()
+        for key, packed in (("neg", self._neg), ("zero", self._zero)):
+            sd[key] = (None if packed is None or self._n is None
+                       else np.unpackbits(packed, axis=1, count=self._n).astype(bool))
+        return sd
+
     def load_state_dict(self, sd: dict[str, Any]) -> None:
         super().load_state_dict(sd)
         if self._n is not None:  # the buffers are None until the first step
             shape = (self._depth, self._n)
-            self._neg = np.array(_host(sd["neg"]), dtype=bool).reshape(shape)
-            self._zero = np.array(_host(sd["zero"]), dtype=bool).reshape(shape)
+            self._neg = np.packbits(np.array(_host(sd["neg"]), dtype=bool).reshape(shape),
+                                    axis=1)
+            self._zero = np.packbits(np.array(_host(sd["zero"]), dtype=bool).reshape(shape),
+                                     axis=1)
 
     def _config(self) -> dict[str, Any]:
         return {"kind": self.kind, "lags": list(self.lags), "alpha": self.alpha,

@@ -76,6 +76,17 @@ def check_step_model(q: object, sigma: object, c: object = 1.0) -> tuple[float, 
     return q_, s_, c_
 
 
+def llr_constants(q: float, sigma: float, c: float = 1.0) -> tuple[float, float, float]:
+    """(scale, shift, log_absent) of :func:`llr_step_score`: the per-step score is
+    logaddexp(log_absent, z * scale + shift), with scale = c / sigma^2, shift = log q -
+    c^2 / (2 sigma^2) and log_absent = log(1 - q) (-inf at q = 1). Validates the model."""
+    q_, s_, c_ = check_step_model(q, sigma, c)
+    scale = c_ / (s_ * s_)
+    shift = math.log(q_) - scale * c_ / 2.0
+    log_absent = math.log1p(-q_) if q_ < 1.0 else -math.inf
+    return scale, shift, log_absent
+
+
 @overload
 def llr_step_score(z: torch.Tensor, q: float, sigma: float, c: float = 1.0) -> torch.Tensor: ...
 @overload
@@ -99,10 +110,8 @@ def llr_step_score(z: Any, q: float, sigma: float, c: float = 1.0) -> Any:
         sigma: noise standard deviation in units of the clipping norm, finite and > 0.
         c: canary norm in units of the clipping norm, finite and > 0.
     """
-    q_, s_, c_ = check_step_model(q, sigma, c)
-    scale = c_ / (s_ * s_)
-    shift = math.log(q_) - scale * c_ / 2.0
-    log_absent = math.log1p(-q_) if q_ < 1.0 else -math.inf
+    scale, shift, log_absent = llr_constants(q, sigma, c)
+    q_ = float(q)
     if isinstance(z, torch.Tensor):
         x = z.to(torch.float64)
         present = x * scale + shift
@@ -115,6 +124,32 @@ def llr_step_score(z: Any, q: float, sigma: float, c: float = 1.0) -> Any:
     if q_ == 1.0:
         return present
     return np.logaddexp(log_absent, present)
+
+
+def accumulate_llr(z: np.ndarray, llr: np.ndarray, q: float, sigma: float, c: float = 1.0,
+                   scratch: tuple[np.ndarray, np.ndarray] | None = None) -> None:
+    """``llr += llr_step_score(z, q, sigma, c)`` in place, for float64 NumPy arrays, without
+    temporaries of z's size when ``scratch`` (two float64 arrays like z) is given: the running
+    one-run score's update at every training step. Evaluated as
+    log_absent + max(d, 0) + log1p(exp(-|d|)) with d = z * scale + shift - log_absent (the same
+    value as the logaddexp of :func:`llr_step_score`, in vectorised passes)."""
+    scale, shift, log_absent = llr_constants(q, sigma, c)
+    d, e = scratch if scratch is not None else (np.empty_like(z), np.empty_like(z))
+    with np.errstate(over="ignore", invalid="ignore"):
+        np.multiply(z, scale, out=d)
+        if log_absent == -math.inf:  # q = 1: the score is the Gaussian log-ratio itself
+            np.add(d, shift, out=d)
+            np.add(llr, d, out=llr)
+            return
+        np.add(d, shift - log_absent, out=d)
+        np.abs(d, out=e)
+        np.negative(e, out=e)
+        np.exp(e, out=e)
+        np.log1p(e, out=e)
+        np.maximum(d, 0.0, out=d)
+        np.add(d, e, out=d)
+        np.add(d, log_absent, out=d)
+        np.add(llr, d, out=llr)
 
 
 def step_score(score: str, z: Any, q: float, sigma: float, c: float = 1.0) -> Any:

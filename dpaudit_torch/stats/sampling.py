@@ -298,9 +298,14 @@ class PoissonBatchTest(_Decision):
 
     def update(self, n: int | np.ndarray | list[int]) -> PoissonBatchTest:
         """Consume the batch sizes of one step (an int) or of several steps (in order)."""
+        self.update_with_trajectory(n)
+        return self
+
+    def update_with_trajectory(self, n: int | np.ndarray | list[int]) -> np.ndarray:
+        """Like :meth:`update`; returns the log-wealth after each of the steps ([n])."""
         sizes = _as_batch_sizes(n, self.n_records)
         if sizes.size == 0:
-            return self
+            return np.zeros(0)
         t0 = self._t
         if self._deterministic:
             bad = sizes != self.n_records
@@ -320,7 +325,7 @@ class PoissonBatchTest(_Decision):
         self._t += int(sizes.size)
         self._total += int(sizes.sum())
         self._record(traj)
-        return self
+        return np.asarray(traj, dtype=np.float64)
 
     @property
     def total(self) -> int:

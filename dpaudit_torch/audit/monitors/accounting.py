@@ -66,7 +66,8 @@ class AccountingMonitor:
         if record.noise is not None and record.finite is not False:
             # device sums: no synchronisation per step; a step flagged non-finite on the device
             # adds nothing (its count is corrected at finalize from the flags)
-            sq = (record.noise * record.noise).sum()
+            sq: torch.Tensor | float = (record.noise_sumsq if record.noise_sumsq is not None
+                                        else torch.dot(record.noise, record.noise))
             if isinstance(record.finite, torch.Tensor):
                 sq = torch.where(record.finite & torch.isfinite(sq), sq, torch.zeros_like(sq))
                 self._xi_flags.append((record.finite, int(record.noise.numel())))

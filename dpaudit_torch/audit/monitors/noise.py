@@ -24,6 +24,7 @@ from typing import Any
 import numpy as np
 import torch
 
+from ...stats.betting import log_mean_exp
 from ..record import StepRecord
 from .base import Evidence, Finding, MonitorContext, register_monitor
 
@@ -33,11 +34,67 @@ __all__ = ["NoiseMonitor"]
 
 #: steps whose raw noise is kept for the floating-point check
 PRECISION_STEPS = 8
+#: at most this many values per step are kept for it (a fixed subset spread over U): a few
+#: hundred suffice for the check, and U holds thousands per tensor
+PRECISION_VALUES = 4096
 
 
-def _log_mean_exp(values: list[float]) -> float:
-    top = max(values)
-    return top + math.log(sum(math.exp(v - top) for v in values) / len(values))
+class _StepRows:
+    """The buffered steps' noise, one row per step, until the next check.
+
+    A record's noise may be a view of the adapter's buffer (overwritten by the next step), so it
+    is copied: CPU rows into one host matrix allocated once and grown only if a check comes
+    late (no allocation of U's size per step), device rows as device copies (no host
+    synchronisation per step; one copy to the host at the check)."""
+
+    def __init__(self) -> None:
+        self.steps: list[int] = []
+        self.flags: list[bool | torch.Tensor] = []
+        self._host: np.ndarray | None = None
+        self._device: list[torch.Tensor] = []
+
+    def __len__(self) -> int:
+        return len(self.steps)
+
+    def append(self, step: int, row: torch.Tensor, flag: bool | torch.Tensor) -> None:
+        i = len(self.steps)
+        if row.device.type == "cpu":
+            u = int(row.numel())
+            if self._host is None or self._host.shape[1] != u or self._host.shape[0] <= i:
+                grown = np.empty((max(8, 2 * i), u))
+                if self._host is not None and self._host.shape[1] == u:
+                    grown[:i] = self._host[:i]
+                self._host = grown
+            np.copyto(self._host[i], row.detach().to(torch.float64).numpy())
+        else:
+            self._device.append(row.detach().clone())
+        self.steps.append(int(step))
+        self.flags.append(flag)
+
+    def copy_rows(self) -> torch.Tensor:
+        """The buffered rows as a CPU tensor [n, u] (a copy; the buffer is unchanged)."""
+        if not self.steps:
+            return torch.zeros(0)
+        if self._device:
+            return torch.stack(self._device).cpu()
+        assert self._host is not None
+        return torch.from_numpy(self._host[:len(self.steps)].copy())
+
+    def take(self) -> tuple[list[int], list[bool | torch.Tensor], np.ndarray | None]:
+        """(steps, flags, rows [n, u] on the host, or None if empty); clears the buffer (the
+        host matrix is kept for the next steps: the rows returned are a copy only for device
+        rows)."""
+        steps, flags, n = self.steps, self.flags, len(self.steps)
+        self.steps, self.flags = [], []
+        if not n:
+            return steps, flags, None
+        if self._device:
+            rows = torch.stack(self._device).cpu().numpy()
+            self._device = []
+        else:
+            assert self._host is not None
+            rows = self._host[:n]
+        return steps, flags, rows
 
 
 @register_monitor("noise")
@@ -67,8 +124,8 @@ class NoiseMonitor:
         self.independence = NoiseIndependenceTest(alpha=alpha)
         if not self.tensor_of.size:
             self.reason_off = "no noise-audit coordinates (noise_coordinates_per_tensor = 0)"
-        self._buffer: list[tuple[int, torch.Tensor]] = []
-        self._flags: list[bool | torch.Tensor] = []
+        self._buffer = _StepRows()
+        self._precision_at: torch.Tensor | None = None  # the subset kept for precision
         self._precision: list[tuple[np.ndarray, np.ndarray]] = []
         #: the claimed noise std (raw units) of each step in ``_precision``; None: unknown
         self._precision_std: list[float | None] = []
@@ -85,40 +142,47 @@ class NoiseMonitor:
         if record.noise is None:
             self.reason_off = ("the noise was not read (no noise claimed, or the adapter cannot "
                                "read the real examples' sum)")
-            self._buffer = []
+            self._buffer = _StepRows()
             return
-        self._buffer.append((record.step, record.noise))
-        self._flags.append(record.finite)
+        self._buffer.append(record.step, record.noise, record.finite)
         if len(self._precision) < PRECISION_STEPS and record.noise_raw is not None \
                 and record.release_raw is not None:
-            self._precision.append((record.noise_raw.detach().cpu().numpy(),
-                                    record.release_raw.detach().cpu().numpy()))
+            if self._precision_at is None:
+                u = int(record.noise_raw.numel())
+                stride = max(1, -(-u // PRECISION_VALUES))
+                self._precision_at = torch.arange(0, u, stride, device=record.noise_raw.device)
+            at = self._precision_at
+            self._precision.append((record.noise_raw.detach()[at].cpu().numpy(),
+                                    record.release_raw.detach()[at].cpu().numpy()))
             std = float(record.noise_std)
             self._precision_std.append(std if std > 0 and math.isfinite(std) else None)
 
     def advance(self) -> Evidence | None:
-        if self.reason_off is not None or not self._buffer:
+        if self.reason_off is not None or not len(self._buffer):
             return None
-        keep = [f is True or bool(f) for f in self._flags]  # drop steps flagged non-finite
-        steps = [s for (s, _), k in zip(self._buffer, keep) if k]
-        xs = (torch.stack([x for (_, x), k in zip(self._buffer, keep) if k]).cpu().numpy()
-              if steps else None)  # one synchronisation per check
-        self._buffer, self._flags = [], []
-        if xs is None:
+        steps, flags, rows = self._buffer.take()  # one synchronisation per check
+        keep = [f is True or bool(f) for f in flags]  # drop steps flagged non-finite
+        if not all(keep):
+            steps = [s for s, k in zip(steps, keep) if k]
+            rows = rows[np.asarray(keep)] if rows is not None else None
+        if not steps or rows is None:
             return None
+        xs = rows
+        # a skipped (non-finite) step carries no evidence: the wealth stays where it was
+        ok = np.isfinite(xs).all(axis=1)
         log_e = np.empty(len(steps))
-        for i, xi in enumerate(xs):
-            ok = np.isfinite(xi)
-            if not ok.all():  # a skipped (non-finite) step carries no evidence
-                log_e[i] = self.log_wealth
-                continue
-            self.by_tensor.update(xi, self.tensor_of, 1.0)
-            self.by_group.update(xi, self.group_of, 1.0)
-            self.independence.update(xi)
-            self.log_wealth = _log_mean_exp([self.by_tensor.log_wealth,
-                                             self.by_group.log_wealth,
-                                             self.independence.log_wealth])
-            log_e[i] = self.log_wealth
+        if ok.any():
+            rows = xs if ok.all() else xs[ok]
+            tensor_lw = self.by_tensor.update_steps(rows, self.tensor_of, 1.0)
+            group_lw = self.by_group.update_steps(rows, self.group_of, 1.0)
+            indep_lw = self.independence.update_steps(rows)
+            mixed = log_mean_exp(np.stack([tensor_lw, group_lw, indep_lw]), axis=0)
+            # the monitor's wealth after each step: the last processed one's, or the old value
+            done = np.cumsum(ok) - 1
+            log_e[:] = np.where(done >= 0, mixed[np.maximum(done, 0)], self.log_wealth)
+            self.log_wealth = float(mixed[-1])
+        else:
+            log_e[:] = self.log_wealth
         return Evidence(steps=steps, log_e=log_e, extra={})
 
     def log_evidence(self) -> float | None:
@@ -201,9 +265,8 @@ class NoiseMonitor:
     def state_dict(self) -> dict[str, Any]:
         return {"by_tensor": self.by_tensor.state_dict(), "by_group": self.by_group.state_dict(),
                 "independence": self.independence.state_dict(),
-                "buffer_steps": [s for s, _ in self._buffer],
-                "buffer": (torch.stack([x for _, x in self._buffer]).cpu() if self._buffer
-                           else torch.zeros(0)),
+                "buffer_steps": list(self._buffer.steps),
+                "buffer": self._buffer.copy_rows(),
                 "precision": [(torch.from_numpy(a), torch.from_numpy(b))
                               for a, b in self._precision],
                 "precision_std": [-1.0 if v is None else v for v in self._precision_std],
@@ -213,9 +276,9 @@ class NoiseMonitor:
         self.by_tensor.load_state_dict(sd["by_tensor"])
         self.by_group.load_state_dict(sd["by_group"])
         self.independence.load_state_dict(sd["independence"])
-        steps = [int(s) for s in sd["buffer_steps"]]
-        self._buffer = [(s, sd["buffer"][i]) for i, s in enumerate(steps)]
-        self._flags = [True] * len(self._buffer)
+        self._buffer = _StepRows()
+        for i, step in enumerate(sd["buffer_steps"]):
+            self._buffer.append(int(step), sd["buffer"][i], True)
         self._precision = [(a.numpy(), b.numpy()) for a, b in sd["precision"]]
         # states saved before the claimed std was kept: unknown (the check runs unfloored)
         stds = [float(v) for v in sd.get("precision_std", [])]

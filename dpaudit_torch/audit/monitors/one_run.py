@@ -23,6 +23,7 @@ import math
 import time
 from typing import Any
 
+import numpy as np
 import torch
 
 from ...registry import methods_of
@@ -37,6 +38,12 @@ __all__ = ["OneRunMonitor", "POWER_REPLICATES", "POWER_SEARCH_REPLICATES"]
 #: refutable epsilon: a few seconds at finalize with 5,000 canaries (docs/one_run.md)
 POWER_REPLICATES = 100
 POWER_SEARCH_REPLICATES = 40
+
+
+def _host_f64(*tensors: torch.Tensor) -> bool:
+    """Whether every tensor is a contiguous float64 CPU tensor (the compiled pass reads it)."""
+    return all(t.device.type == "cpu" and t.dtype == torch.float64 and t.is_contiguous()
+               for t in tensors)
 
 
 @register_monitor("one_run")
@@ -63,18 +70,30 @@ class OneRunMonitor:
         self.details: dict[str, dict[str, Any]] = {}
         self.power: dict[str, Any] = {}
         self._in_mask: torch.Tensor | None = None
+        self._scratch: tuple[np.ndarray, np.ndarray] | None = None
 
     def observe(self, record: StepRecord) -> None:
         if self.m:
-            from ...stats.one_run_scores import llr_step_score
+            from ...stats.one_run_scores import accumulate_llr, llr_step_score
 
             z = record.one_run
-            self.scores["sum"] += z
-            if record.sigma > 0 and math.isfinite(record.sigma):
-                inc = llr_step_score(z, self.sample_rate, record.sigma)
-                if not isinstance(record.finite, bool):  # a dropped step adds nothing
-                    inc = torch.where(record.finite, inc, torch.zeros_like(inc))
-                self.scores["llr"] += inc
+            total, llr = self.scores["sum"], self.scores["llr"]
+            scored = record.sigma > 0 and math.isfinite(record.sigma)
+            if scored and isinstance(record.finite, bool) and _host_f64(z, total, llr):
+                # CPU: in place, in scratch arrays allocated once (nothing of m's size per step)
+                if self._scratch is None:
+                    self._scratch = (np.empty(self.m), np.empty(self.m))
+                zn = z.numpy()
+                np.add(total.numpy(), zn, out=total.numpy())
+                accumulate_llr(zn, llr.numpy(), self.sample_rate, record.sigma,
+                               scratch=self._scratch)
+            else:
+                total += z
+                if scored:
+                    inc = llr_step_score(z, self.sample_rate, record.sigma)
+                    if not isinstance(record.finite, bool):  # a dropped step adds nothing
+                        inc = torch.where(record.finite, inc, torch.zeros_like(inc))
+                    llr += inc
         self.sigmas.add(float(record.sigma))
         self.steps += 1
 

@@ -77,10 +77,7 @@ class SamplingMonitor:
         self._buffer, self._flags = [], []
         if not steps:
             return None
-        log_e = np.empty(sizes.size)
-        for i, n in enumerate(sizes):  # the test's wealth after each step
-            self.test.update(int(n))
-            log_e[i] = self.test.log_wealth
+        log_e = self.test.update_with_trajectory(sizes)  # the wealth after each step
         return Evidence(steps=steps, log_e=log_e, extra={})
 
     def log_evidence(self) -> float | None:

@@ -173,14 +173,15 @@ class SequentialPairsMonitor:
         self.buffer_ok: list[torch.Tensor | bool] = []
 
     def observe(self, record: StepRecord) -> None:
-        self.buffer_x.append(record.x)
-        self.buffer_y.append(record.y)
+        # copies: the record's tensors may be views of the adapter's buffers
+        self.buffer_x.append(record.x.clone())
+        self.buffer_y.append(record.y.clone())
         self.buffer_steps.append(record.step)
         self.buffer_sigma.append(record.sigma)
         self.buffer_ok.append(record.finite)
         if record.real_sums is not None:
             # reduced once per check (interference_summary / _drain), not per step
-            self._w_pending.append((record.real_sums[:2 * self.k], record.finite))
+            self._w_pending.append((record.real_sums[:2 * self.k].clone(), record.finite))
 
     def _flush_interference(self) -> None:
         """W, the real data's clipped sum at both coordinates of every pair (units of C; it was
