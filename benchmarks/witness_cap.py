@@ -50,7 +50,7 @@ def main() -> None:
     ap.add_argument("--seeds", type=int, default=8)
     ap.add_argument("--max-pairs", type=int, default=5000)
     ap.add_argument("--noise", default="0.4,0.5,0.62,0.7")
-    ap.add_argument("--caps", default="256,1024,none")
+    ap.add_argument("--caps", default="128,256,1024,none")
     ap.add_argument("--no-write", action="store_true")
     args = ap.parse_args()
     torch.set_num_threads(1)
@@ -85,14 +85,17 @@ def main() -> None:
             f"with s < 1 (s = 0.5: noise multiplier halved), {args.seeds} seeds, the same "
             f"streams for every test, fed 80 pairs at a time as the hook does, at most "
             f"{args.max_pairs} pairs ('-': not rejected). Where the MMD test rejects within "
-            "~1,500 pairs, the cap changes its pairs to rejection by at most a few pairs (the "
+            "~1,500 pairs, the cap changes its pairs to rejection by a few percent at most (the "
             "witness is held at its norm bound by projections that shrink old terms, so the "
-            "oldest pairs weigh little); at s = 0.7, where it needs ~5,000 pairs, cap 256 loses "
-            "the 2 of 8 rejections that cap 1024 makes by 5,000 pairs. The hockey-stick test "
-            "rejects 4-10x sooner than the MMD test in every case, all 8 seeds at s = 0.7 "
-            "included, and the hook's decision averages the two e-processes, so the late MMD "
-            "rejections never decide. The hook therefore runs the MMD test with "
-            "`max_witness_points=256` (`DEFAULT_TEST_OPTIONS`), a quarter of the kernel work of "
+            "oldest pairs weigh little): cap 128 against 256 is the same at s = 0.4, a few "
+            "pairs later at s = 0.5 and about 3% later at s = 0.62; at s = 0.7, where the MMD "
+            "test needs ~5,000 pairs, the caps of 256 and below lose the 2 of 8 rejections that "
+            "cap 1024 makes by 5,000 pairs. The hockey-stick test rejects 4-10x sooner than the "
+            "MMD test in every case, all 8 seeds at s = 0.7 included, and the hook's decision "
+            "averages the two e-processes, so the late MMD rejections never decide. The hook "
+            "therefore runs the MMD test with `max_witness_points=128` "
+            "(`DEFAULT_TEST_OPTIONS`): its kernel work per pair is half of cap 256's and an "
+            "eighth of "
             "1024.\n\n" + table + "\n")
         write_section("witness_cap", body)
 

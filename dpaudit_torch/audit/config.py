@@ -49,10 +49,12 @@ DEFAULT_NULL_GRID: tuple[float, ...] = (0.25, 0.5, 1.0, 2.0, 3.0)
 #: k_pairs pairs per step (10^5 to 10^6 pairs in a long run); the uncapped MMD witness costs
 #: O(t) per pair, so the auditor caps its support (FIFO, still a valid e-process: see
 #: docs/design.md section 2), which bounds its cost per pair and its memory. On per-step Gaussian
-#: violations the cap 256 rejects within a few pairs of 1024 and of the uncapped test wherever
-#: the MMD test rejects within ~1,500 pairs, and the hockey-stick test rejects 4-10x sooner in
-#: every case, for a quarter of 1024's kernel work (benchmarks/witness_cap.py).
-DEFAULT_TEST_OPTIONS: dict[str, dict[str, Any]] = {"mmd": {"max_witness_points": 256}}
+#: violations the cap 128 rejects within a few percent of the pairs of 256, 1024 and the
+#: uncapped test wherever the MMD test rejects within ~1,500 pairs, and the hockey-stick test
+#: rejects 4-10x sooner in every case, for half of 256's kernel work and an eighth of 1024's
+#: (benchmarks/witness_cap.py). (Resuming a checkpoint written with another cap: pass that cap in
+#: ``test_options``.)
+DEFAULT_TEST_OPTIONS: dict[str, dict[str, Any]] = {"mmd": {"max_witness_points": 128}}
 
 
 def _freeze_options(opts: Mapping[str, Mapping[str, Any]] | None) -> dict[str, dict[str, Any]]:
