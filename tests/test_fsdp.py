@@ -17,9 +17,13 @@ one-run scores and the parameters, 1e-4 on the wealth history.
 Checked: the report says FSDP and the world size; both ranks inject (each the canaries of its
 shard) and observe the same values; identical decisions (``should_stop`` at every step,
 violation and crossing steps) and scores on both ranks and, within the tolerance, equal to the
-single process, for a correct run (not flagged) and a run with no noise (decided at the same
-step on both ranks, also with ``on_violation="raise"``); no parameter is ever unsharded by the
-auditor (the parameters stay DTensors with their shard shapes); a checkpoint written by both
+single process, for a correct run (not flagged), a run with no noise (decided at the same
+step on both ranks and as one process, also with ``on_violation="raise"``) and a run with half
+the noise under ``on_violation="warn"`` (the sequential, noise and accounting monitors' findings);
+for the correct and the half-noise runs the whole report equals one process's, number by number;
+no parameter is ever unsharded by the auditor (FSDP2's own unshards are as many with it as
+without, no DTensor is made whole, the parameters keep their shard shapes); Partial placements,
+uneven splits and a partly unsharded FSDP model are refused; a checkpoint written by both
 ranks at step 1 (pairs still buffered; the "noise-halved" run's violation comes after it) and
 resumed in two NEW processes gives the report of the uninterrupted run; ShardLayout maps uneven
 Shard(0) / Shard(1) splits like DTensor does and refuses what it cannot map; tensor-parallel ghost
@@ -52,7 +56,18 @@ CONFIG: dict[str, Any] = dict(k_pairs=8, m_canaries=40, check_every=2, claimed_e
                               noise_coordinates_per_tensor=64)
 #: (name, bug, steps, on_violation)
 RUNS = [("correct", None, 6, "stop"), ("no-noise", "no-noise", 6, "stop"),
-        ("no-noise-raise", "no-noise", 6, "raise")]
+        ("no-noise-raise", "no-noise", 6, "raise"), ("noise-halved-warn", "noise-halved", 6,
+                                                     "warn")]
+#: report paths that differ between FSDP and one process by construction (the world size, the
+#: optimizer class, the per-rank expected batch size, the sharding, who injects, how the seed
+#: reached every rank), or that are timestamps
+SHARDING_PATHS = ("training.world_size", "training.sharding", "training.optimizer",
+                  "training.expected_batch_size", "created_at", "configuration.optimizer",
+                  "canaries.injecting_rank", "canaries.seed_policy", "seed_policy")
+#: absolute tolerances of report values that count float32 coincidences: the share of noise
+#: values that happen to lie on a low-precision grid moves by a value or two when the summation
+#: order changes (a few in a thousand here, against the 99% a finding needs)
+ABS_TOL = {"audits.noise.precision.float16": 0.01, "audits.noise.precision.bfloat16": 0.01}
 RESUME_BUG, RESUME_STEPS, CUT = "noise-halved", 6, 1
 TOL = 1e-5
 
@@ -116,6 +131,58 @@ def _full_params(model, world: int) -> list[list[float]]:
     return out
 
 
+class _GatherCounter:
+    """Counts, while active, every call that materialises a whole parameter from its shards:
+    ``DTensor.full_tensor`` / ``redistribute`` and FSDP2's own ``unshard`` of a parameter group
+    (which every forward and backward makes; the auditor must add none)."""
+
+    def __init__(self) -> None:
+        from torch.distributed.tensor import DTensor
+
+        targets = [(DTensor, "full_tensor"), (DTensor, "redistribute")]
+        try:
+            from torch.distributed.fsdp._fully_shard._fsdp_param_group import FSDPParamGroup
+
+            targets.append((FSDPParamGroup, "unshard"))
+        except ImportError:  # another torch layout: the DTensor counts still apply
+            pass
+        self.targets = targets
+        self.calls = {f"{c.__name__}.{n}": 0 for c, n in targets}
+        self._saved: list[tuple[type, str, Any]] = []
+
+    def __enter__(self) -> _GatherCounter:
+        for cls, name in self.targets:
+            orig = getattr(cls, name)
+            key = f"{cls.__name__}.{name}"
+
+            def counted(*a: Any, _orig: Any = orig, _key: str = key, **k: Any) -> Any:
+                self.calls[_key] += 1
+                return _orig(*a, **k)
+
+            self._saved.append((cls, name, orig))
+            setattr(cls, name, counted)
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        for cls, name, orig in self._saved:
+            setattr(cls, name, orig)
+        self._saved = []
+
+
+def _unshard_calls(steps: int, rank: int, world: int, audit: bool) -> dict[str, int]:
+    """Whole-parameter gathers during ``steps`` training steps of the correct run, with or
+    without the auditor."""
+    engine, model, opt, dl, X, Y, crit = _build(sharded=True)
+    aud = PrivacyAuditor(engine, opt, dl, **CONFIG) if audit else None
+    with _GatherCounter() as counter:
+        for idx in _batches(steps):
+            _step(model, opt, crit, X, Y, idx, rank, world)
+    if aud is not None:
+        assert aud.step == steps
+        aud.finalize()
+    return counter.calls
+
+
 def _run(name: str, bug: str | None, steps: int, on_violation: str, rank: int, world: int,
          out_dir: Path | None) -> dict[str, Any]:
     engine, model, opt, dl, X, Y, crit = _build(sharded=world > 1)
@@ -149,6 +216,7 @@ def _run(name: str, bug: str | None, steps: int, on_violation: str, rank: int, w
         "params": _full_params(model, world), "training": rep.training,
         "verdict": rep.verdict, "seed_policy": rep.seed_policy,
         "warnings": [w for w in rep.warnings if "internal auditor failure" in w],
+        "report": _strip(rep.to_dict()),
     }
 
 
@@ -276,17 +344,35 @@ def _layout_checks(rank: int, world: int) -> dict[str, Any]:
         owned_count.append(torch.from_numpy(owned.astype(np.int64)))
     counts = torch.cat(owned_count)
     dist.all_reduce(counts)
+    from opacus.optimizers import FSDPOptimizerFastGradientClipping
+    from torch.distributed.tensor import DTensor, Partial
+
     refused = []
     opt = DPOptimizer(torch.optim.SGD([nn.Parameter(p) for p in params[:1]], lr=0.1),
                       noise_multiplier=1.0, max_grad_norm=1.0, expected_batch_size=8)
-    for what in ("optimizer", "mesh"):
+    for what in ("optimizer", "mesh", "partial", "uneven", "partly unsharded"):
         try:
             if what == "optimizer":
                 detect_layout(opt, opt.params, rank, world)
-            else:
+            elif what == "mesh":
                 mesh2 = init_device_mesh("cpu", (1, world))
                 p2 = distribute_tensor(torch.zeros(4, 4), mesh2, [Shard(0), Shard(1)])
                 ShardLayout([p2], rank, world, data_parallel=world, kind="fsdp")
+            elif what == "partial":
+                p3 = DTensor.from_local(torch.zeros(4, 4), mesh, [Partial()], run_check=False)
+                ShardLayout([p3], rank, world, data_parallel=world, kind="fsdp")
+            elif what == "uneven":  # rows 1 / 4 of 5: not the torch.chunk split (3 / 2)
+                rows = 1 if rank == 0 else 4
+                p4 = DTensor.from_local(torch.zeros(rows, 4), mesh, [Shard(0)], run_check=False,
+                                        shape=torch.Size([5, 4]), stride=(4, 1))
+                ShardLayout([p4], rank, world, data_parallel=world, kind="fsdp")
+            else:
+                mixed = [nn.Parameter(distribute_tensor(torch.zeros(4, 4), mesh, [Shard(0)])),
+                         nn.Parameter(torch.zeros(3))]
+                fopt = FSDPOptimizerFastGradientClipping(
+                    torch.optim.SGD(mixed, lr=0.1), noise_multiplier=1.0, max_grad_norm=1.0,
+                    expected_batch_size=8)
+                detect_layout(fopt, fopt.params, rank, world)
         except ValueError as e:
             refused.append(str(e))
     return {"ok": ok, "owned_once": bool((counts == 1).all()), "refused": refused}
@@ -305,7 +391,9 @@ def _worker(rank: int, world: int, port: int, out: str) -> None:
     try:
         out_dir = Path(out) / f"rank{rank}"
         out_dir.mkdir(parents=True, exist_ok=True)
-        res: dict[str, Any] = {"layout": _layout_checks(rank, world)}
+        res: dict[str, Any] = {"layout": _layout_checks(rank, world),
+                               "gathers": {"audited": _unshard_calls(4, rank, world, True),
+                                           "unaudited": _unshard_calls(4, rank, world, False)}}
         for name, bug, steps, on_violation in RUNS:
             res[name] = _run(name, bug, steps, on_violation, rank, world, out_dir)
         res["resume_full"] = _resume_run(rank, world, None, None)
@@ -331,6 +419,40 @@ def _free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return int(s.getsockname()[1])
+
+
+def _monitors(report: dict[str, Any]) -> list[tuple[str, str]]:
+    return sorted((f["monitor"], f["level"]) for f in report["findings"])
+
+
+def _report_diff(a: Any, b: Any, path: str = "", tol: float = 1e-4) -> list[str]:
+    """Paths where two reports differ: numbers beyond ``tol`` (relative, floor 1), anything
+    else exactly; SHARDING_PATHS are skipped."""
+    if path in SHARDING_PATHS:
+        return []
+    if isinstance(a, dict) and isinstance(b, dict):
+        keys = sorted(set(a) | set(b))
+        out = []
+        for k in keys:
+            sub = f"{path}.{k}" if path else str(k)
+            if k not in a or k not in b:
+                if sub not in SHARDING_PATHS:
+                    out.append(f"{sub} (missing)")
+                continue
+            out += _report_diff(a[k], b[k], sub, tol)
+        return out
+    if isinstance(a, list) and isinstance(b, list):
+        if len(a) != len(b):
+            return [f"{path} (length {len(a)} vs {len(b)})"]
+        return [d for i, (x, y) in enumerate(zip(a, b)) for d in _report_diff(x, y, f"{path}[{i}]",
+                                                                             tol)]
+    num = (int, float)
+    if isinstance(a, num) and isinstance(b, num) and not isinstance(a, bool) \
+            and not isinstance(b, bool):
+        if a == b or abs(a - b) <= max(tol * max(1.0, abs(b)), ABS_TOL.get(path, 0.0)):
+            return []
+        return [f"{path} ({a!r} vs {b!r})"]
+    return [] if a == b else [f"{path} ({a!r} vs {b!r})"]
 
 
 def _close(a: list[float], b: list[float], tol: float = TOL) -> bool:
@@ -367,11 +489,18 @@ def test_fsdp_two_ranks_match_single_process(tmp_path):
         for key in ("stops", "raised_at", "violation", "violation_step", "crossed_at",
                     "history", "scores", "params", "verdict"):
             assert a[key] == b[key], (name, key)
+        assert a["report"]["training"]["world_size"] == WORLD
         if bug == "no-noise":
             # without noise the observations are atoms (0 and 1) up to float32 rounding, which
-            # differs between one process and two (partial sums averaged): both must decide
+            # differs between one process and two (partial sums averaged): both decide, at the
+            # same check, and name the same monitors
             assert a["violation"] and single["violation"], name
+            assert a["violation_step"] == single["violation_step"], name
+            assert _monitors(a["report"]) == _monitors(single["report"]), name
         else:
+            # the whole report equals one process's, number by number within the tolerance
+            diff = _report_diff(a["report"], single["report"])
+            assert not diff, (name, diff[:10])
             for key in ("stops", "violation", "violation_step", "crossed_at", "verdict"):
                 assert a[key] == single[key], (name, key)
             for key in single["history"]:
@@ -385,9 +514,17 @@ def test_fsdp_two_ranks_match_single_process(tmp_path):
     for r in (r0, r1):
         lay = r["layout"]
         assert lay["ok"] and lay["owned_once"], lay
-        assert len(lay["refused"]) == 2, lay
+        assert len(lay["refused"]) == 5, lay
         assert "FSDPOptimizerFastGradientClipping" in lay["refused"][0]
         assert "device mesh of shape (1, 2)" in lay["refused"][1]
+        assert "Partial" in lay["refused"][2] and "Shard and Replicate" in lay["refused"][2]
+        assert "uneven sharding" in lay["refused"][3] and "shape [5, 4]" in lay["refused"][3]
+        assert "[1] are not sharded" in lay["refused"][4]
+        # the auditor gathers no parameter: FSDP's own unshards (forward, backward) are as
+        # many with the auditor as without, and no DTensor is ever made whole
+        g = r["gathers"]
+        assert g["audited"] == g["unaudited"], g
+        assert g["audited"]["DTensor.full_tensor"] == g["audited"]["DTensor.redistribute"] == 0
     # on_violation="raise": both ranks raise at the same step, the decision step of "stop"
     assert r0["no-noise-raise"]["raised_at"] == r0["no-noise"]["violation_step"] is not None
     # resume in new processes: the uninterrupted run's report on both ranks

@@ -136,8 +136,9 @@ class ShardLayout:
                 self.shards.append(_TensorShard(shape, None, 0, shape[0] if shape else 1))
                 continue
             if not pl.is_shard():
-                raise ValueError(f"parameter tensor {i} has placement {pl}; the auditor reads "
-                                 f"Shard and Replicate placements only")
+                raise ValueError(f"parameter tensor {i} has placement {type(pl).__name__} "
+                                 f"({pl}); the auditor reads Shard and Replicate placements "
+                                 f"only")
             d = int(pl.dim) % len(shape)
             off, length = _chunk_span(shape[d], self.world, self.rank)
             want = shape[:d] + (length,) + shape[d + 1:]
