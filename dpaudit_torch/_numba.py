@@ -10,8 +10,10 @@ Three things, all decided before the first kernel is compiled:
   ``~/.cache/dpaudit_torch/numba``). A user's own ``NUMBA_CACHE_DIR`` always wins, and so does a
   user's ``NUMBA_CACHE_LOCATOR_CLASSES``. Without any writable place the kernels are compiled
   in memory, in every process (nothing breaks; the first audited steps are slower).
-* **One log message when they compile** (``"compiling the audit kernels, once ..."``, INFO on
-  this module's logger; the ``dpaudit`` command shows it). Loading them from the cache is silent.
+* **One message when they compile** (``"compiling the audit kernels, once ..."``, INFO on
+  this module's logger, which the ``dpaudit`` command shows; where nobody configured logging
+  it is logged at WARNING instead, so that Python's last-resort handler prints it and a script's
+  first seconds are not silent). Loading them from the cache is silent.
 * **Compiling before training** (:func:`warm_up`): the auditor compiles, or loads, every kernel
   for the argument types that the audit will pass, when it is attached, so that the first
   training steps are not the ones that wait for the compiler.
@@ -188,7 +190,9 @@ class _CompileListener(numba_event.Listener):
             return
         if not _state["announced"]:
             _state["announced"] = True
-            logger.info("compiling the audit kernels, once (%s)", cache_choice().describe())
+            # nobody configured logging: WARNING, which Python's last-resort handler prints
+            level = logging.INFO if logger.hasHandlers() else logging.WARNING
+            logger.log(level, "compiling the audit kernels, once (%s)", cache_choice().describe())
         self._started.append(time.perf_counter())
 
     def on_end(self, event: Any) -> None:

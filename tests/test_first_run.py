@@ -99,6 +99,21 @@ def test_compile_message_once_then_silent_from_the_cache(tmp_path: Path) -> None
     assert "compiling" not in second.stderr and "compiled" not in second.stderr
 
 
+def test_compile_message_shown_without_logging_configured(tmp_path: Path) -> None:
+    """A script that never configures logging still sees the one compile message (through
+    Python's last-resort handler), and nothing else from the package."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith("NUMBA_")}
+    env["NUMBA_CACHE_DIR"] = str(tmp_path / "numba")
+    code = "from dpaudit_torch import _numba; print(_numba.warm_up())"
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env,
+                         timeout=300, cwd=tmp_path)
+    assert out.returncode == 0, out.stderr
+    assert int(out.stdout.split()[-1]) > 0
+    lines = [ln for ln in out.stderr.splitlines() if ln.strip()]
+    assert lines and lines[0].startswith("compiling the audit kernels, once"), out.stderr
+    assert len(lines) == 1, out.stderr
+
+
 def test_warm_up_prepares_every_kernel_an_audited_cpu_run_calls(private_setup) -> None:
     """After the auditor's warm-up, training compiles nothing more: the warm-up's argument types
     are exactly the ones the audit passes (else the first steps would compile again)."""

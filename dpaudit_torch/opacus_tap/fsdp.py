@@ -277,8 +277,10 @@ class ShardedGradientReader(GradientReader):
         #: the step's released values gathered over the ranks, per coordinate set (design order)
         self._stash: dict[int, torch.Tensor] = {}
 
+    host_path = False  # the compiled pass reads whole local tensors; shards go through _gather
+
     def _host_arrays(self, tensors: list[torch.Tensor | None]) -> tuple[np.ndarray, ...] | None:
-        return None  # the compiled pass reads whole local tensors; shards go through _gather
+        return None
 
     @torch.no_grad()
     def snapshot(self, plan: StepPlan) -> torch.Tensor:

@@ -29,6 +29,7 @@ from collections.abc import Callable
 import numpy as np
 import torch
 
+from .._buffers import host_copy, host_zeros
 from ..audit.record import StepRecord
 from ..canaries import CanaryDesign
 from ._step_kernels import release_step, snapshot_step
@@ -53,12 +54,12 @@ class _HostBuffers:
         n_c, u = canary.n, 0 if noise is None else noise.n
         self.n_canary, self.n_noise = n_c, u
         parts = [canary] if noise is None else [canary, noise]
-        self.param = np.ascontiguousarray(np.concatenate([c.param_np for c in parts]))
-        self.flat = np.ascontiguousarray(np.concatenate([c.flat_np for c in parts]))
-        self.snap = np.zeros(n_c + u)
-        self.vals = np.zeros(n_c)
-        self.xy = np.zeros(2 * k)
-        self.rel, self.noise_raw, self.noise = np.zeros(u), np.zeros(u), np.zeros(u)
+        self.param = host_copy(np.concatenate([c.param_np for c in parts]))
+        self.flat = host_copy(np.concatenate([c.flat_np for c in parts]))
+        self.snap = host_zeros(n_c + u)
+        self.vals = host_zeros(n_c)
+        self.xy = host_zeros(2 * k)
+        self.rel, self.noise_raw, self.noise = host_zeros(u), host_zeros(u), host_zeros(u)
         t = torch.from_numpy
         self.snap_t, self.vals_t, self.xy_t = t(self.snap), t(self.vals), t(self.xy)
         self.real_t, self.noise_real_t = self.snap_t[:n_c], self.snap_t[n_c:]
@@ -67,27 +68,55 @@ class _HostBuffers:
 
 
 class _CoordinateSet:
-    """A fixed set of (tensor, flat index) coordinates and how to gather them: per tensor the flat
-    indices on the device (tensor-major), the permutation back to the given order, and the host
-    arrays of the compiled pass."""
+    """A fixed set of (tensor, flat index) coordinates and how to gather them: the host arrays of
+    the compiled pass, and (built at their first use: the compiled CPU path never needs them) per
+    tensor the flat indices on the device (tensor-major) and the permutation back to the given
+    order."""
 
     def __init__(self, coord_param: torch.Tensor, coord_flat: torch.Tensor, n_params: int,
                  device: torch.device) -> None:
-        order = torch.argsort(coord_param, stable=True)
-        self.flat: list[torch.Tensor] = []
-        self.which: list[int] = []
-        for i in range(n_params):
-            sel = order[coord_param[order] == i]
-            if sel.numel():
-                self.which.append(i)
-                self.flat.append(coord_flat[sel].to(device))
-        inv = torch.empty_like(order)
-        inv[order] = torch.arange(order.numel())
-        self.perm = inv.to(device)
-        self.pos_param = coord_param[order].to(device)
-        self.param_np = coord_param.numpy().astype(np.int64)
-        self.flat_np = coord_flat.numpy().astype(np.int64)
+        self._param, self._flat, self._n_params, self._device = (coord_param, coord_flat,
+                                                                 n_params, device)
+        self.param_np = host_copy(coord_param.numpy(), np.int64)
+        self.flat_np = host_copy(coord_flat.numpy(), np.int64)
         self.n = int(coord_param.numel())
+        self._torch: tuple[list[int], list[torch.Tensor], torch.Tensor, torch.Tensor] | None = None
+
+    def _index(self) -> tuple[list[int], list[torch.Tensor], torch.Tensor, torch.Tensor]:
+        if self._torch is None:
+            coord_param, coord_flat, device = self._param, self._flat, self._device
+            order = torch.argsort(coord_param, stable=True)
+            which: list[int] = []
+            flat: list[torch.Tensor] = []
+            for i in range(self._n_params):
+                sel = order[coord_param[order] == i]
+                if sel.numel():
+                    which.append(i)
+                    flat.append(coord_flat[sel].to(device))
+            inv = torch.empty_like(order)
+            inv[order] = torch.arange(order.numel())
+            self._torch = (which, flat, inv.to(device), coord_param[order].to(device))
+        return self._torch
+
+    @property
+    def which(self) -> list[int]:
+        """The tensors holding coordinates of the set, in order."""
+        return self._index()[0]
+
+    @property
+    def flat(self) -> list[torch.Tensor]:
+        """Per tensor of :attr:`which`, its coordinates' flat indices (device)."""
+        return self._index()[1]
+
+    @property
+    def perm(self) -> torch.Tensor:
+        """From the tensor-major gather back to the set's order (device)."""
+        return self._index()[2]
+
+    @property
+    def pos_param(self) -> torch.Tensor:
+        """The tensor of each coordinate, in the tensor-major order (device)."""
+        return self._index()[3]
 
 
 class GradientReader:
@@ -104,6 +133,9 @@ class GradientReader:
         noise_coords: (tensor, flat) of the noise-audit coordinates U (docs/design.md section
             11), or None: the released noise is read there as well.
     """
+
+    #: whether this reader can use the compiled CPU pass (a sharded reader cannot)
+    host_path = True
 
     def __init__(self, params: list[torch.nn.Parameter], design: CanaryDesign,
                  device: torch.device, check_finite_every_step: bool,
@@ -129,7 +161,11 @@ class GradientReader:
         self._spread_w = 1.0 / math.sqrt(design.spread_width)
         self._n_extra = design.n_extra
         self._factors: dict[str, tuple[tuple[float, ...], torch.Tensor]] = {}
-        self._bufs: _HostBuffers | None = None  # built at the first compiled read
+        # the compiled CPU path's buffers, allocated now (before training allocates around
+        # them) where that path can run, else at its first use
+        self._bufs: _HostBuffers | None = (
+            _HostBuffers(self._coords, self._noise, self.k)
+            if compiled and self._host and self.host_path else None)
         sa, sb = (np.ascontiguousarray(v, dtype=np.int64) for v in (self._side_a, self._side_b))
         width = sa.shape[1] if sa.ndim == 2 and sa.shape[0] else 1
         self._side_a_2d = sa.reshape(-1, width)

@@ -37,6 +37,7 @@ from typing import Any
 import numpy as np
 from scipy import stats as sps
 
+from .._buffers import host_zeros
 from .._validation import as_real, check_alpha, check_positive_int
 from .betting import log_mean_exp
 from .sampling import _Decision, _host, fresh_start_log_mass
@@ -201,8 +202,9 @@ class NoiseVarianceTest(_Decision):
                 v[:, single] = sq.sum(axis=1) / (s * s)
             else:
                 assert self._groups_cache is not None
-                cells = (np.arange(S)[:, None] * G + self._groups_cache[None, :]).reshape(-1)
-                v = np.bincount(cells, weights=sq.reshape(-1), minlength=S * G).reshape(S, G)
+                v = np.empty((S, G))
+                for i in range(S):  # one bincount per step: no [S, n] index array
+                    v[i] = np.bincount(self._groups_cache, weights=sq[i], minlength=G)
                 v /= s * s
         log_e = n[None, :, None] * self._half_log_r - v[:, :, None] * self._half_inv  # [S,G,R]
         t0 = self._t
@@ -404,8 +406,8 @@ class NoiseIndependenceTest(_Decision):
                 raise ValueError("xi must hold at least one sample")
             self._n = int(n_x)
             width = -(-self._n // 8)
-            self._neg = np.zeros((self._depth, width), dtype=np.uint8)
-            self._zero = np.zeros((self._depth, width), dtype=np.uint8)
+            self._neg = host_zeros((self._depth, width), np.uint8)
+            self._zero = host_zeros((self._depth, width), np.uint8)
         elif n_x != self._n:
             raise ValueError(f"xi has {n_x} samples, but earlier steps had {self._n} "
                              f"(pass the same coordinates at every step)")
@@ -506,10 +508,13 @@ class NoiseIndependenceTest(_Decision):
         super().load_state_dict(sd)
         if self._n is not None:  # the buffers are None until the first step
             shape = (self._depth, self._n)
-            self._neg = np.packbits(np.array(_host(sd["neg"]), dtype=bool).reshape(shape),
-                                    axis=1)
-            self._zero = np.packbits(np.array(_host(sd["zero"]), dtype=bool).reshape(shape),
-                                     axis=1)
+            width = -(-self._n // 8)
+            self._neg = host_zeros((self._depth, width), np.uint8)
+            self._zero = host_zeros((self._depth, width), np.uint8)
+            self._neg[...] = np.packbits(np.array(_host(sd["neg"]), dtype=bool).reshape(shape),
+                                         axis=1)
+            self._zero[...] = np.packbits(np.array(_host(sd["zero"]), dtype=bool).reshape(shape),
+                                          axis=1)
 
     def _config(self) -> dict[str, Any]:
         return {"kind": self.kind, "lags": list(self.lags), "alpha": self.alpha,

@@ -24,6 +24,7 @@ from typing import Any
 import numpy as np
 import torch
 
+from ..._buffers import host_copy, host_zeros
 from ...stats.betting import log_mean_exp
 from ..record import StepRecord
 from .base import Evidence, Finding, MonitorContext, register_monitor
@@ -47,7 +48,8 @@ class _StepRows:
     late (no allocation of U's size per step), device rows as device copies (no host
     synchronisation per step; one copy to the host at the check)."""
 
-    def __init__(self) -> None:
+    def __init__(self, capacity: int = 8) -> None:
+        self.capacity = max(1, int(capacity))
         self.steps: list[int] = []
         self.flags: list[bool | torch.Tensor] = []
         self._host: np.ndarray | None = None
@@ -61,7 +63,7 @@ class _StepRows:
         if row.device.type == "cpu":
             u = int(row.numel())
             if self._host is None or self._host.shape[1] != u or self._host.shape[0] <= i:
-                grown = np.empty((max(8, 2 * i), u))
+                grown = host_zeros((max(self.capacity, 2 * i), u))
                 if self._host is not None and self._host.shape[1] == u:
                     grown[:i] = self._host[:i]
                 self._host = grown
@@ -109,9 +111,9 @@ class NoiseMonitor:
         self.config = ctx.config
         alpha = self.config.alpha
         self.tensor_of = (np.zeros(0, dtype=np.int64) if ctx.noise_tensor is None
-                          else np.asarray(ctx.noise_tensor, dtype=np.int64))
+                          else host_copy(np.asarray(ctx.noise_tensor), np.int64))
         self.group_of = (np.zeros(0, dtype=np.int64) if ctx.noise_group is None
-                         else np.asarray(ctx.noise_group, dtype=np.int64))
+                         else host_copy(np.asarray(ctx.noise_group), np.int64))
         self.tensor_names = list(ctx.tensor_names)
         self.group_names = list(ctx.group_names)
         self.reason_off: str | None = None
@@ -124,7 +126,7 @@ class NoiseMonitor:
         self.independence = NoiseIndependenceTest(alpha=alpha)
         if not self.tensor_of.size:
             self.reason_off = "no noise-audit coordinates (noise_coordinates_per_tensor = 0)"
-        self._buffer = _StepRows()
+        self._buffer = _StepRows(self.config.check_every)
         self._precision_at: torch.Tensor | None = None  # the subset kept for precision
         self._precision: list[tuple[np.ndarray, np.ndarray]] = []
         #: the claimed noise std (raw units) of each step in ``_precision``; None: unknown
@@ -142,7 +144,7 @@ class NoiseMonitor:
         if record.noise is None:
             self.reason_off = ("the noise was not read (no noise claimed, or the adapter cannot "
                                "read the real examples' sum)")
-            self._buffer = _StepRows()
+            self._buffer = _StepRows(self.config.check_every)
             return
         self._buffer.append(record.step, record.noise, record.finite)
         if len(self._precision) < PRECISION_STEPS and record.noise_raw is not None \
@@ -276,7 +278,7 @@ class NoiseMonitor:
         self.by_tensor.load_state_dict(sd["by_tensor"])
         self.by_group.load_state_dict(sd["by_group"])
         self.independence.load_state_dict(sd["independence"])
-        self._buffer = _StepRows()
+        self._buffer = _StepRows(self.config.check_every)
         for i, step in enumerate(sd["buffer_steps"]):
             self._buffer.append(int(step), sd["buffer"][i], True)
         self._precision = [(a.numpy(), b.numpy()) for a, b in sd["precision"]]
