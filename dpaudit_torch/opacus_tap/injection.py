@@ -474,6 +474,8 @@ class Injector(GhostInjection):
             for sp in sparams:
                 sp.grad_sample = None
         flats = torch.from_numpy(col_flat)
+        if flats.device != self.device:  # one small copy per step, not one per tensor
+            flats = flats.to(self.device, non_blocking=True)
         off = 0
         for i, (p, sp) in enumerate(zip(self.params, sparams)):
             c = int(counts[i])
