@@ -304,11 +304,14 @@ def test_tight_null_wealth_does_not_drift_up() -> None:
 # ------------------------------------------------------------------------------ power
 @pytest.mark.parametrize(
     ("name", "eps", "limit"),
-    [("NonDPGaussian1", 0.01, 150), ("NonDPLaplace1", 0.01, 250), ("NonDPGaussian2", 0.1, 150),
-     ("NonDPLaplace2", 0.1, 150), ("NonDPGaussian1", 0.1, 200)],
+    [("NonDPGaussian1", 0.01, 264), ("NonDPLaplace1", 0.01, 331), ("NonDPGaussian2", 0.1, 4776),
+     ("NonDPLaplace2", 0.1, 770), ("NonDPGaussian1", 0.1, 562)],
 )
 def test_power_table1_mechanisms(name: str, eps: float, limit: int) -> None:
-    """Fixed seeds; limits ~2.5x the measured means (docs/statistics.md), all < the paper's."""
+    """Fixed seeds. The limit is the reference this test is built to beat: the mean pairs to
+    reject of the kernel MMD test in Table 1 of Gonzalez et al. (NeurIPS 2025), which every seed
+    must undercut (on average the event test needs 0.008-0.23x of them, docs/benchmarks.md
+    "Table 1"); each stream has 600 pairs, so a seed must also reject within 600."""
     m = mechanisms.get(name, eps)
     times = []
     for seed in range(5):
