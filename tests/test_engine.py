@@ -100,6 +100,18 @@ def test_engine_imports_without_opacus():
             in out.stdout)
 
 
+def test_importing_the_engine_does_not_load_numba():
+    """Numba (and its ~50 MB) loads with the first compiled kernel, not with the package: a
+    process that imports the engine without auditing does not pay for it (benchmarks/scale.py
+    counts it in the audited process)."""
+    code = ("import sys; import dpaudit_torch, dpaudit_torch.audit, dpaudit_torch.report; "
+            "print('numba' in sys.modules)")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                         timeout=120)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.strip() == "False"
+
+
 def test_registries_name_every_part():
     assert set(MONITORS) == {"sequential_pairs", "one_run", "noise", "sampling", "accounting"}
     assert set(TESTERS) == {"mmd", "hockey_stick"}

@@ -25,7 +25,6 @@ import numpy as np
 import torch
 
 from ..._buffers import host_copy, host_zeros
-from ...stats.betting import log_mean_exp
 from ..record import StepRecord
 from .base import Evidence, Finding, MonitorContext, register_monitor
 
@@ -178,6 +177,8 @@ class NoiseMonitor:
             tensor_lw = self.by_tensor.update_steps(rows, self.tensor_of, 1.0)
             group_lw = self.by_group.update_steps(rows, self.group_of, 1.0)
             indep_lw = self.independence.update_steps(rows)
+            from ...stats.betting import log_mean_exp  # here: importing it loads Numba
+
             mixed = log_mean_exp(np.stack([tensor_lw, group_lw, indep_lw]), axis=0)
             # the monitor's wealth after each step: the last processed one's, or the old value
             done = np.cumsum(ok) - 1
