@@ -101,9 +101,9 @@ def test_engine_imports_without_opacus():
 
 
 def test_importing_the_engine_does_not_load_numba():
-    """Numba (and its ~50 MB) loads with the first compiled kernel, not with the package: a
-    process that imports the engine without auditing does not pay for it (benchmarks/scale.py
-    counts it in the audited process)."""
+    """Numba (about 100 MB with its compiled kernels) loads with the first kernel, not with the
+    package: a process that imports the engine without auditing does not pay for it
+    (benchmarks/scale.py counts it in the audited process)."""
     code = ("import sys; import dpaudit_torch, dpaudit_torch.audit, dpaudit_torch.report; "
             "print('numba' in sys.modules)")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,

@@ -59,37 +59,35 @@ def _check_grid(values: Sequence[float], name: str, lo: float, hi: float) -> np.
     return arr
 
 
-def _as_samples(xi: object, name: str = "xi") -> np.ndarray:
-    """A one-dimensional float64 array of finite values (a cheap check first: one sum)."""
-    arr = np.asarray(xi)
+def _finite_floats(x: object, name: str, rows: bool) -> np.ndarray:
+    """A float64 array of finite values (a cheap check first: one sum): one-dimensional
+    (samples), or two-dimensional (steps x samples) when ``rows``."""
+    arr = np.asarray(x)
     if arr.dtype == np.bool_ or arr.dtype.kind not in "iuf":
         raise TypeError(f"{name} must hold real numbers, got dtype {arr.dtype}")
-    if arr.ndim > 1:
+    if rows and arr.ndim != 2:
+        raise ValueError(f"{name} must be [steps, samples], got shape {arr.shape}")
+    if not rows and arr.ndim > 1:
         raise ValueError(f"{name} must be one-dimensional, got shape {arr.shape}")
-    arr = arr.astype(np.float64, copy=False).reshape(-1)
+    arr = arr.astype(np.float64, copy=False)
+    if not rows:
+        arr = arr.reshape(-1)
     with np.errstate(over="ignore", invalid="ignore"):
         cheap = math.isfinite(float(arr.sum()))
     if not cheap and not np.all(np.isfinite(arr)):
         raise ValueError(f"{name} contains non-finite values (e.g. "
                          f"{arr[~np.isfinite(arr)][:3].tolist()})")
     return arr
+
+
+def _as_samples(xi: object, name: str = "xi") -> np.ndarray:
+    """The samples of one step: a one-dimensional float64 array of finite values."""
+    return _finite_floats(xi, name, rows=False)
 
 
 def _as_step_rows(xs: object, name: str = "xi") -> np.ndarray:
-    """Steps x samples: a two-dimensional float64 array of finite values (a cheap check first:
-    one sum)."""
-    arr = np.asarray(xs)
-    if arr.dtype == np.bool_ or arr.dtype.kind not in "iuf":
-        raise TypeError(f"{name} must hold real numbers, got dtype {arr.dtype}")
-    if arr.ndim != 2:
-        raise ValueError(f"{name} must be [steps, samples], got shape {arr.shape}")
-    arr = arr.astype(np.float64, copy=False)
-    with np.errstate(over="ignore", invalid="ignore"):
-        cheap = math.isfinite(float(arr.sum()))
-    if not cheap and not np.all(np.isfinite(arr)):
-        raise ValueError(f"{name} contains non-finite values (e.g. "
-                         f"{arr[~np.isfinite(arr)][:3].tolist()})")
-    return arr
+    """The samples of several steps: a [steps, samples] float64 array of finite values."""
+    return _finite_floats(xs, name, rows=True)
 
 
 def _bit_count(packed: np.ndarray) -> np.ndarray:
