@@ -22,7 +22,7 @@ def plan_step(u: np.ndarray, in_mask: np.ndarray, sample_rate: float, consts: np
               k: int, m: int, n_params: int, spread_rows: np.ndarray, spread_param: np.ndarray,
               spread_flat: np.ndarray, spread_w: float
               ) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray, np.ndarray, np.ndarray,
-                         np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+                         np.ndarray, np.ndarray, np.ndarray]:
     """One logical step's canary plan from k + m uniforms ``u`` (the auditor's own stream).
 
     ``consts`` holds, in order, pair_param, pair_a, pair_b (k each), one_param, one_flat (m
@@ -35,7 +35,7 @@ def plan_step(u: np.ndarray, in_mask: np.ndarray, sample_rate: float, consts: np
     chose), and each entry of a spread row weighs ``spread_w``; every other entry weighs 1.
 
     Returns (coins [k] bool, included [n] int64, then per entry, E = R + spread extras with
-    R = k + n rows: param, flat (its flat index in the real tensor), row, weight, index; then
+    R = k + n rows: param, flat (its flat index in the real tensor), weight, index; then
     counts [n_params] (entries per tensor), col_flat [E], pair_order [2k]).
 
     ``index`` places the entry in the step's *rows buffer*: tensor p's block holds its
@@ -108,7 +108,7 @@ def plan_step(u: np.ndarray, in_mask: np.ndarray, sample_rate: float, consts: np
     for j in range(k):
         pair_order[j] = j if coins[j] else k + j
         pair_order[k + j] = k + j if coins[j] else j
-    return (coins, included, param, flat, row, weight, index, counts, col_flat, pair_order)
+    return (coins, included, param, flat, weight, index, counts, col_flat, pair_order)
 
 
 @kernel(nogil=True)

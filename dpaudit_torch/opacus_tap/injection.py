@@ -224,7 +224,7 @@ class Injector(GhostInjection):
         call (:func:`~dpaudit_torch.opacus_tap._step_kernels.plan_step`) for coins, inclusions
         and the rows' entries (spread canaries included)."""
         opt = self.optimizer
-        (coins, included, e_param, e_flat, e_row, e_weight, e_index, counts, col_flat,
+        (coins, included, e_param, e_flat, e_weight, e_index, counts, col_flat,
          pair_order) = plan_step(
             self.next_uniforms(), self._in_mask_np, self.sample_rate, self._consts, self._k,
             self.design.m_canaries, len(self.params), self._spread_rows, self._spread_param,
