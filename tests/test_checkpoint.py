@@ -186,6 +186,35 @@ if __name__ == "__main__":
         raise SystemExit("usage: test_checkpoint.py resume CKPT OUT")
 
 
+def test_checkpoint_written_under_an_earlier_default_resumes_with_it(monkeypatch):
+    """A release that changes a default tester option (the MMD witness cap: 256, then 128)
+    still resumes the checkpoints of the earlier one, with the option they were written with,
+    and the resumed run's report equals the uninterrupted one's."""
+    import copy
+
+    from dpaudit_torch.audit import config as config_mod
+
+    batches = _batches()
+    monkeypatch.setitem(config_mod.DEFAULT_TEST_OPTIONS, "mmd", {"max_witness_points": 24})
+    s = _setup()
+    aud = PrivacyAuditor(s.engine, s.optimizer, s.loader, seed=4, **CONFIG)
+    _train(s, aud, batches[:CUT])
+    ck = copy.deepcopy(_checkpoint(s, aud))
+    _train(s, aud, batches[CUT:])
+    full = _report_json(aud)
+    monkeypatch.setitem(config_mod.DEFAULT_TEST_OPTIONS, "mmd", {"max_witness_points": 128})
+    r = _setup()
+    r.model.load_state_dict(ck["model"])
+    r.optimizer.load_state_dict(ck["optimizer"])
+    r.engine.accountant.load_state_dict(ck["accountant"])
+    r.optimizer.generator.set_state(ck["noise_rng"])
+    resumed = PrivacyAuditor(r.engine, r.optimizer, r.loader, seed=None, **CONFIG)
+    resumed.load_state_dict(ck["auditor"])
+    assert resumed.monitors["sequential_pairs"].segment.testers["mmd"].max_witness_points == 24
+    _train(r, resumed, batches[CUT:])
+    assert _report_json(resumed) == full
+
+
 def test_checkpoint_of_the_first_state_layout_is_refused_by_version():
     """A checkpoint written by the auditor before the engine was split into monitors (state
     layout version 1, tests/data/auditor_state_v1.pt, made with that release) is refused with a

@@ -26,7 +26,7 @@ import numpy as np
 import torch
 
 from ...registry import tester_class
-from ..config import DEFAULT_NULL_GRID
+from ..config import DEFAULT_NULL_GRID, DEFAULT_TEST_OPTIONS
 from ..record import StepRecord
 from .base import Evidence, Finding, MonitorContext, plain_state, register_monitor
 
@@ -133,7 +133,19 @@ class SequentialPairsMonitor:
             "grid_over_mu": list(DEFAULT_NULL_GRID),
             "epsilons": eps.tolist(), "deltas": dels.tolist()}
 
-    def _new_segment(self, sigma: float, start_step: int) -> Segment:
+    def _defaults_of_state(self, name: str, tester_state: dict[str, Any]) -> dict[str, Any]:
+        """The auditor's own default options of tester ``name`` (``DEFAULT_TEST_OPTIONS``, where
+        the user did not set them) as a checkpoint's tester was built with them: a resumed
+        audit keeps them, so that a default changed by a later release (the MMD witness cap,
+        say) does not orphan the checkpoints of an earlier one. Options the user sets are
+        compared by the auditor's fingerprint instead."""
+        fp = tester_state.get("fingerprint", {}) if isinstance(tester_state, dict) else {}
+        user = self.config.test_options.get(name, {})
+        return {k: fp[f"config_{k}"] for k in DEFAULT_TEST_OPTIONS.get(name, {})
+                if k not in user and f"config_{k}" in fp}
+
+    def _new_segment(self, sigma: float, start_step: int,
+                     saved: dict[str, Any] | None = None) -> Segment:
         pts = self._null_points(sigma)
         if pts is None:
             self._warn(f"noise multiplier {sigma!r}: no per-step Gaussian null to test (no "
@@ -148,6 +160,8 @@ class SequentialPairsMonitor:
         for name in self.tests:
             opts = {"simultaneous": True, "device": self.device,
                     **self.config.tester_options(name)}
+            if saved is not None and name in saved:
+                opts.update(self._defaults_of_state(name, saved[name]))
             with warnings.catch_warnings(record=True) as caught:
                 warnings.simplefilter("always")
                 testers[name] = tester_class(name)(eps, dels, per_test_alpha, **opts)
@@ -402,7 +416,8 @@ class SequentialPairsMonitor:
                              f"pairs does not fit k={self.k}")
         segments: list[Segment] = []
         for seg_sd in sd["segments"]:
-            seg = self._new_segment(float(seg_sd["sigma"]), int(seg_sd["start_step"]))
+            seg = self._new_segment(float(seg_sd["sigma"]), int(seg_sd["start_step"]),
+                                    saved=seg_sd["testers"])
             if set(seg.testers) != set(seg_sd["testers"]):
                 raise ValueError(f"PrivacyAuditor state_dict: segment testers "
                                  f"{sorted(seg_sd['testers'])} vs {sorted(seg.testers)}")
