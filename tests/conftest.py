@@ -5,6 +5,8 @@ Other test files may add fixtures here; keep the ones below backwards compatible
 
 from __future__ import annotations
 
+import subprocess
+import sys
 import warnings
 from dataclasses import dataclass
 from typing import Any
@@ -136,3 +138,12 @@ def expected_presence(rec: Any, design: Any) -> torch.Tensor:
         side = side_a[q] if bool(c[j]) else side_b[q]
         e[torch.as_tensor(side)] = w
     return e
+
+
+def loads_in_fresh_process(statement: str, module: str) -> bool:
+    """Whether running ``statement`` in a fresh interpreter puts ``module`` in sys.modules."""
+    code = f"import sys; {statement}; print({module!r} in sys.modules)"
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                         timeout=120)
+    assert out.returncode == 0, out.stderr
+    return {"True": True, "False": False}[out.stdout.strip()]

@@ -74,9 +74,8 @@ def _checkpoint(s, aud) -> dict[str, Any]:
     }
 
 
-def _resume(ckpt_path: str, out_path: str) -> None:
-    """The resumed process: same configuration, state from the checkpoint, finish, report."""
-    ck = torch.load(ckpt_path, weights_only=False)
+def _restored(ck: dict[str, Any]) -> tuple[Any, PrivacyAuditor]:
+    """A new setup and auditor (same configuration, unseeded) with the checkpoint's states."""
     s = _setup()
     s.model.load_state_dict(ck["model"])
     s.optimizer.load_state_dict(ck["optimizer"])
@@ -84,6 +83,12 @@ def _resume(ckpt_path: str, out_path: str) -> None:
     s.optimizer.generator.set_state(ck["noise_rng"])
     aud = PrivacyAuditor(s.engine, s.optimizer, s.loader, seed=None, **CONFIG)
     aud.load_state_dict(ck["auditor"])
+    return s, aud
+
+
+def _resume(ckpt_path: str, out_path: str) -> None:
+    """The resumed process: same configuration, state from the checkpoint, finish, report."""
+    s, aud = _restored(torch.load(ckpt_path, weights_only=False))
     _train(s, aud, _batches()[CUT:])
     Path(out_path).write_text(_report_json(aud))
 
@@ -203,13 +208,7 @@ def test_checkpoint_written_under_an_earlier_default_resumes_with_it(monkeypatch
     _train(s, aud, batches[CUT:])
     full = _report_json(aud)
     monkeypatch.setitem(config_mod.DEFAULT_TEST_OPTIONS, "mmd", {"max_witness_points": 128})
-    r = _setup()
-    r.model.load_state_dict(ck["model"])
-    r.optimizer.load_state_dict(ck["optimizer"])
-    r.engine.accountant.load_state_dict(ck["accountant"])
-    r.optimizer.generator.set_state(ck["noise_rng"])
-    resumed = PrivacyAuditor(r.engine, r.optimizer, r.loader, seed=None, **CONFIG)
-    resumed.load_state_dict(ck["auditor"])
+    r, resumed = _restored(ck)
     assert resumed.monitors["sequential_pairs"].segment.testers["mmd"].max_witness_points == 24
     _train(r, resumed, batches[CUT:])
     assert _report_json(resumed) == full

@@ -168,7 +168,7 @@ class NoiseMonitor:
             rows = rows[np.asarray(keep)] if rows is not None else None
         if not steps or rows is None:
             return None
-        xs = rows
+        xs = rows  # [steps, U], host
         # a skipped (non-finite) step carries no evidence: the wealth stays where it was
         ok = np.isfinite(xs).all(axis=1)
         log_e = np.empty(len(steps))

@@ -41,7 +41,7 @@ POWER_SEARCH_REPLICATES = 40
 
 
 def _host_f64(*tensors: torch.Tensor) -> bool:
-    """Whether every tensor is a contiguous float64 CPU tensor (the compiled pass reads it)."""
+    """Whether every tensor is a contiguous float64 CPU tensor (updated in place as NumPy)."""
     return all(t.device.type == "cpu" and t.dtype == torch.float64 and t.is_contiguous()
                for t in tensors)
 
