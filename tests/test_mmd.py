@@ -838,3 +838,35 @@ def test_bandwidth_is_scale_invariant_at_extreme_scales(scale: float, dtype: tor
     assert math.isfinite(t.bandwidth) and t.bandwidth > 0
     assert t.bandwidth == pytest.approx(ref.bandwidth * scale, rel=1e-5)
     assert t.rejected_at == ref.rejected_at is not None
+
+
+@pytest.mark.parametrize("cap,d", [(None, 1), (None, 3), (128, 1), (16, 1), (40, 2)])
+def test_host_path_matches_torch_path(cap: int | None, d: int,
+                                      monkeypatch: pytest.MonkeyPatch) -> None:
+    """CPU float64 chunks run in NumPy; the torch code (``force_torch``, what accelerators run)
+    gives the same trajectory (to rounding), the same rejections and the same stored witness.
+    The NumPy run never enters the torch chunk code."""
+    eps = np.linspace(0.2, 6.0, 12)
+    runs = []
+    for force in (False, True):
+        t = SequentialMMDTest(eps, 1e-5, 0.05, max_witness_points=cap, force_torch=force)
+        g = torch.Generator().manual_seed(11)
+        trajs = []
+        with monkeypatch.context() as mp:
+            if not force:
+                def no_torch_chunk(*a: object) -> None:
+                    raise AssertionError("the host path ran the torch chunk code")
+                mp.setattr(SequentialMMDTest, "_stored_part", no_torch_chunk)
+                mp.setattr(SequentialMMDTest, "_witness_values_capped", no_torch_chunk)
+            for _ in range(40):
+                n = int(torch.randint(1, 60, (1,), generator=g))
+                x = torch.randn(n, d, generator=g, dtype=torch.float64) + 1.5
+                y = torch.randn(n, d, generator=g, dtype=torch.float64)
+                trajs.append(t.update_with_trajectory(x, y))
+        runs.append((np.concatenate(trajs), t.grid_rejected_at, t.witness_coefficients(),
+                     t.witness_norm, t.n_stored))
+    (a, rej_a, coef_a, norm_a, n_a), (b, rej_b, coef_b, norm_b, n_b) = runs
+    np.testing.assert_allclose(a, b, rtol=0, atol=1e-11)
+    assert rej_a == rej_b and any(r is not None for r in rej_a)
+    np.testing.assert_allclose(coef_a, coef_b, rtol=1e-12, atol=1e-15)
+    assert norm_a == pytest.approx(norm_b, rel=1e-12) and n_a == n_b

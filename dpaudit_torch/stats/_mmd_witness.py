@@ -67,6 +67,7 @@ class KernelWitness:
     dtype: torch.dtype
     witness_radius: float
     max_witness_points: int | None
+    force_torch: bool
     _out_dev: torch.device
 
     def _reset_witness(self) -> None:
@@ -168,10 +169,18 @@ class KernelWitness:
             sq.clamp_min_(0.0)
         return sq.mul_(-0.5).exp_()
 
+    def _host_path(self, x: torch.Tensor) -> bool:
+        """CPU float64 chunks run in NumPy (:meth:`_witness_values_host`): the same algebra
+        as the torch code, without its per-operation overhead (and NumPy's exponential is the
+        faster one on the CPU); ``force_torch`` keeps the torch code (tests compare both)."""
+        return x.device.type == "cpu" and self.dtype == torch.float64 and not self.force_torch
+
     @torch.no_grad()
     def _witness_values(self, x: torch.Tensor, y: torch.Tensor) -> np.ndarray:
         """Witness values v_t [n] of a chunk (predictable pair by pair); stores the pairs."""
         assert self.bandwidth is not None and self._center is not None
+        if self._host_path(x):
+            return self._witness_values_host(x.numpy(), y.numpy())
         n, d = int(x.shape[0]), int(x.shape[1])
         dev = x.device
         cap = self.max_witness_points
@@ -217,6 +226,133 @@ class KernelWitness:
                              host_np[:, 2:], a_new)
         self._T = T + n
         return v
+
+    # ------------------------------------------------------------------ NumPy host path
+    @staticmethod
+    def _kernel_host(P: np.ndarray, Pn: np.ndarray, Q: np.ndarray, Qn: np.ndarray
+                     ) -> np.ndarray:
+        """:meth:`_kernel` in NumPy (float64): exp(-||p - q||^2 / 2), [len(P), len(Q)]."""
+        if P.shape[1] == 1:
+            sq = np.subtract.outer(P[:, 0], Q[:, 0])
+            np.square(sq, out=sq)
+        else:
+            sq = P @ Q.T
+            sq *= -2.0
+            sq += Pn[:, None]
+            sq += Qn[None, :]
+            np.maximum(sq, 0.0, out=sq)
+        sq *= -0.5
+        return np.exp(sq, out=sq)
+
+    def _stored_part_host(self, Q: np.ndarray, Qn: np.ndarray, n: int, T: int, gram: bool
+                          ) -> tuple[np.ndarray, np.ndarray | None]:
+        """:meth:`_stored_part` in NumPy, on views of the stored state."""
+        r = np.zeros(2 * n)
+        G = np.empty((T, n)) if gram and T else None
+        if T:
+            assert self._X is not None and self._Y is not None and self._a is not None
+            assert self._Xn is not None and self._Yn is not None
+            X, Y, Xn, Yn = (t.numpy() for t in (self._X, self._Y, self._Xn, self._Yn))
+            A = self._a.numpy()
+            B = self._block_rows(n)
+            for b0 in range(0, T, B):
+                b1 = min(T, b0 + B)
+                a = A[b0:b1]
+                kx = self._kernel_host(X[b0:b1], Xn[b0:b1], Q, Qn)
+                ky = self._kernel_host(Y[b0:b1], Yn[b0:b1], Q, Qn)
+                r += a @ kx
+                r -= a @ ky
+                if G is not None:
+                    kx -= ky  # k(x_i, q) - k(y_i, q)
+                    np.subtract(kx[:, :n], kx[:, n:], out=G[b0:b1])
+        return r, G
+
+    def _witness_values_host(self, x: np.ndarray, y: np.ndarray) -> np.ndarray:
+        """:meth:`_witness_values` (and its capped form) for CPU float64 chunks, in NumPy on
+        views of the stored state (the state stays in the test's torch tensors)."""
+        assert self.bandwidth is not None and self._center is not None
+        n, d = int(x.shape[0]), int(x.shape[1])
+        cap = self.max_witness_points
+        T = self._T
+        dropping = cap is not None and T + n > cap
+        E = T + n - cap if dropping and cap is not None else 0
+        if dropping:
+            assert cap is not None and 1 <= E <= n <= cap and E <= T
+        inv_bw = 1.0 / self.bandwidth
+        center = self._center.numpy()
+        zx = (x - center) * inv_bw
+        zy = (y - center) * inv_bw
+        Qs = np.concatenate([zx, zy])  # [2n, d]: the new points
+        Qsn = (Qs * Qs).sum(axis=1)
+        track = cap is not None  # keep fwd for the FIFO drops
+        r, gram = self._stored_part_host(Qs, Qsn, n, T, track)
+        old = r[:n] - r[n:]
+        g2 = 2.0 - 2.0 * np.exp(-0.5 * np.square(zx - zy).sum(axis=1))
+        self._ensure_capacity(min(T + n, cap) if dropping and cap is not None else T + n, d,
+                              torch.device("cpu"))
+        assert self._X is not None and self._Y is not None and self._a is not None
+        assert self._Xn is not None and self._Yn is not None
+        X, Y, Xn, Yn, A = (t.numpy() for t in (self._X, self._Y, self._Xn, self._Yn, self._a))
+        if not dropping:
+            # in-chunk block: Ht[j, i] = h_i(j) = k(x_i,x_j) - k(x_i,y_j) - k(y_i,x_j) + k(y_i,y_j)
+            K = self._kernel_host(Qs, Qsn, Qs, Qsn)
+            H = K[:n, :n] - K[:n, n:] - K[n:, :n] + K[n:, n:]
+            Ht = np.ascontiguousarray(H.T)
+            v, a_new, pending = self._recursion(old, g2, Ht)
+            if pending != 1.0 and T:
+                A[:T] *= pending
+            X[T:T + n] = zx
+            Y[T:T + n] = zy
+            Xn[T:T + n] = Qsn[:n]
+            Yn[T:T + n] = Qsn[n:]
+            A[T:T + n] = a_new
+            if track:
+                self._update_fwd_host(T, gram, pending, np.arange(T, T + n), Ht, a_new)
+            self._T = T + n
+            return v
+        assert cap is not None and self._fwd is not None
+        buf = int(X.shape[0])
+        assert buf == cap or T + n <= buf
+        ev = (self._head + np.arange(E)) % max(buf, 1)
+        ex, ey = X[ev], Y[ev]
+        N = n + E
+        Q = np.concatenate([zx, ex, zy, ey])  # [2N, d]: x parts (new, dropped), then y parts
+        Qn = (Q * Q).sum(axis=1)
+        K = self._kernel_host(Q, Qn, Q, Qn)
+        Hh = K[:N, :N] - K[:N, N:] - K[N:, :N] + K[N:, N:]  # <g_i, g_j>, [new, dropped]
+        g2e = 2.0 - 2.0 * np.exp(-0.5 * np.square(ex - ey).sum(axis=1))
+        a_ev = A[ev].copy()
+        u = self._fwd.numpy()[ev] + np.triu(Hh[n:, n:], 1).T @ a_ev
+        v, a_new, pending = self._recursion_capped(old, g2, u, g2e, a_ev, Hh, n, E)
+        if pending != 1.0:
+            A[:T] *= pending
+        pos = (self._head + T + np.arange(n)) % buf
+        X[pos] = zx
+        Y[pos] = zy
+        Xn[pos] = Qn[:n]
+        Yn[pos] = Qn[N:N + n]
+        A[pos] = a_new
+        self._update_fwd_host(T, gram, pending, pos, Hh[:n, :n], a_new)
+        self._head = (self._head + E) % buf
+        self._T = cap
+        self._n_evicted += E
+        self._since_refresh += E
+        if self._since_refresh >= REFRESH_FACTOR * cap:
+            self._refresh_norm()
+        return v
+
+    def _update_fwd_host(self, T: int, gram: np.ndarray | None, pending: float,
+                         pos: np.ndarray, H_new: np.ndarray, a_new: np.ndarray) -> None:
+        """:meth:`_update_fwd` in NumPy, on a view of the stored state."""
+        assert self._fwd is not None
+        fwd = self._fwd.numpy()
+        if T:
+            f = fwd[:T]
+            if pending != 1.0:
+                f *= pending
+            if gram is not None:
+                f += gram @ a_new
+        fwd[pos] = np.triu(H_new) @ a_new  # H is symmetric
 
     # ------------------------------------------------------------------ capped witness
     def _logical_order(self) -> torch.Tensor | None:

@@ -133,6 +133,9 @@ class SequentialMMDTest(KernelWitness, SequentialTest):
             results do not depend on it beyond floating-point rounding).
         max_witness_points: ``None`` (default: exact, unbounded O(T d) memory) or the largest
             number of pairs the witness keeps (>= 1); the oldest are dropped first (see above).
+        force_torch: CPU float64 chunks normally run in NumPy on views of the stored state (the
+            same algebra, without torch's per-operation overhead); True keeps the torch code
+            that accelerators run (tests compare both paths).
 
     Attributes:
         tau: thresholds, array [len(epsilons)].
@@ -156,7 +159,11 @@ class SequentialMMDTest(KernelWitness, SequentialTest):
         preset: str | None = None,
         chunk_size: int = 512,
         max_witness_points: int | None = None,
+        force_torch: bool = False,
     ) -> None:
+        if not isinstance(force_torch, bool):
+            raise TypeError(f"force_torch must be a bool, got {force_torch!r}")
+        self.force_torch = force_torch
         self.witness_radius = _resolve_radius(witness_radius, preset)
         self.preset = preset
         if isinstance(chunk_size, bool) or not isinstance(chunk_size, (int, np.integer)):
