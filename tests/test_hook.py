@@ -505,9 +505,10 @@ def test_on_step_callback_errors_never_break_training():
 
 @pytest.mark.parametrize("skip", [False, True])
 def test_compiled_observation_matches_torch_path(skip):
-    """On the CPU a step is observed by one compiled pass; forcing the torch path on a twin
-    run (same model, data, noise and auditor seed) gives the same projections, pairs, one-run
-    scores, interference statistics and decisions, exactly."""
+    """On the CPU a step is observed by one compiled pass (and the canaries' clipped sums are
+    added by one); forcing the torch path on a twin run (same model, data, noise and auditor
+    seed) gives the same projections, pairs, one-run scores, interference statistics,
+    decisions and trained parameters, exactly."""
     runs = []
     for compiled in (True, False):
         s = make_private_setup(seed=6)
@@ -521,11 +522,13 @@ def test_compiled_observation_matches_torch_path(skip):
             s.step(x, y)
             projections.append(aud.tap.reader.last_values.clone())
         assert bool(aud.tap.reader.compiled_reads) == compiled
+        assert bool(aud.tap.injector.compiled_adds) == compiled
         pairs = aud.monitors["sequential_pairs"]
         runs.append((torch.stack(projections), aud.monitors["one_run"].scores["sum"].clone(),
                      aud.monitors["one_run"].scores["llr"].clone(),
                      torch.stack(pairs.buffer_x), float(pairs.w_sum), float(pairs.w_sumsq),
-                     pairs.w_count, aud.combined_log_wealth))
+                     pairs.w_count, aud.combined_log_wealth,
+                     *[p.detach().clone() for p in s.model.parameters()]))
     a, b = runs
     for u, v in zip(a, b):
         if isinstance(u, torch.Tensor):

@@ -14,7 +14,7 @@ from numba import types as nt
 
 from .._numba import kernel
 
-__all__ = ["plan_step", "snapshot_step", "release_step"]
+__all__ = ["plan_step", "snapshot_step", "release_step", "add_columns"]
 
 
 @kernel(nogil=True)
@@ -38,11 +38,13 @@ def plan_step(u: np.ndarray, in_mask: np.ndarray, sample_rate: float, consts: np
     R = k + n rows: param, flat (its flat index in the real tensor), weight, index; then
     counts [n_params] (entries per tensor), col_flat [E], pair_order [2k]).
 
-    ``index`` places the entry in the step's *rows buffer*: tensor p's block holds its
-    ``counts[p]`` entries as columns, ``[R, counts[p]]`` row-major, starting at ``R * o_p``
-    (``o_p``: the entries of the tensors before p); an entry's column is its rank among its
-    tensor's entries. ``col_flat[o_p + column]`` is that column's flat index in tensor p, so the
-    clipped column sums go back to the real tensor through it. ``pair_order`` picks, from the
+    ``index`` places the entry in the step's *rows buffer*, one row-major ``[R, E]`` matrix
+    whose columns are grouped by tensor: tensor p's ``counts[p]`` entries are the columns
+    ``o_p .. o_p + counts[p] - 1`` (``o_p``: the entries of the tensors before p; an entry's
+    column within its tensor is its rank among that tensor's entries), so that one ``split``
+    of the matrix gives every tensor's ``[R, counts[p]]`` rows. ``col_flat[o_p + column]`` is
+    that column's flat index in tensor p, so the clipped column sums go back to the real tensor
+    through it. ``pair_order`` picks, from the
     projections at [a_1..a_k, b_1..b_k], the canary's coordinate of each pair (x, first k) and
     the other one (y, last k).
     """
@@ -102,7 +104,7 @@ def plan_step(u: np.ndarray, in_mask: np.ndarray, sample_rate: float, consts: np
     col_flat = np.empty(E, dtype=np.int64)
     for e in range(E):
         p = param[e]
-        index[e] = R * start[p] + row[e] * counts[p] + col[e]
+        index[e] = row[e] * E + start[p] + col[e]
         col_flat[start[p] + col[e]] = flat[e]
     pair_order = np.empty(2 * k, dtype=np.int64)
     for j in range(k):
@@ -185,6 +187,23 @@ def release_step(grads: tuple, coord_param: np.ndarray, coord_flat: np.ndarray,
     return finite, sumsq
 
 
+@kernel(nogil=True)
+def add_columns(dst: tuple, src: tuple, counts: np.ndarray, col_flat: np.ndarray) -> None:
+    """``dst[p][col_flat[o_p + j]] += src[p][j]`` for every tensor p and column j < counts[p]
+    (``o_p``: the columns of the tensors before p): the canaries' clipped column sums added to
+    the real tensors' flat ``summed_grad`` in one pass (CPU, one dtype; the same additions, in
+    the same dtype, as one ``index_add_`` per tensor)."""
+    off = 0
+    for p in range(counts.shape[0]):
+        c = counts[p]
+        if c:
+            d = dst[p]
+            s = src[p]
+            for j in range(c):
+                d[col_flat[off + j]] += s[j]
+        off += c
+
+
 def signatures() -> list[tuple[object, tuple[object, ...]]]:
     """(kernel, argument types) of :func:`plan_step` as the injector calls it, for
     :func:`dpaudit_torch._numba.warm_up`."""
@@ -195,11 +214,12 @@ def signatures() -> list[tuple[object, tuple[object, ...]]]:
 
 def observe_signatures(grad_dtype: object, n_tensors: int
                        ) -> list[tuple[object, tuple[object, ...]]]:
-    """(kernel, argument types) of :func:`snapshot_step` and :func:`release_step` for
-    ``n_tensors`` flat gradients of the Numba dtype ``grad_dtype``."""
+    """(kernel, argument types) of :func:`snapshot_step`, :func:`release_step` and
+    :func:`add_columns` for ``n_tensors`` flat gradients of the Numba dtype ``grad_dtype``."""
     f1, i1, i2 = nt.float64[::1], nt.int64[::1], nt.int64[:, ::1]
     i, f = nt.int64, nt.float64
     grads = nt.UniTuple(nt.Array(grad_dtype, 1, "C"), n_tensors)
     return [(snapshot_step, (grads, i1, i1, f1, i, f1)),
             (release_step, (grads, i1, i1, f1, f1, i, f1, f1, f, i1, i, i1, i2, i2, f,
-                            nt.boolean[::1], f1, f1, f1, f1, f1))]
+                            nt.boolean[::1], f1, f1, f1, f1, f1)),
+            (add_columns, (grads, grads, i1, i1))]

@@ -47,7 +47,7 @@ import numpy as np
 import torch
 
 from ..canaries import CanaryDesign, SecretCoins
-from ._step_kernels import plan_step
+from ._step_kernels import add_columns, plan_step
 from .errors import call_theirs
 from .ghost import GhostInjection
 from .plan import (
@@ -142,6 +142,10 @@ class Injector(GhostInjection):
         self._zero_buf: torch.Tensor | None = None
         self._ghost_values: dict[tuple[float, torch.dtype, torch.device], torch.Tensor] = {}
         self._param_ids = [id(p) for p in params]
+        #: add the canaries' clipped sums in one compiled pass where it can (tests switch it off
+        #: to compare with the torch path)
+        self.compiled_add = True
+        self.compiled_adds = 0  # steps whose canary sums the compiled pass added
         # real examples and micro-batches since the last logical step (ghost: rows unknown)
         self._rows_pending: int | None = None if self.ghost else 0
         self._micro_pending = 0
@@ -310,16 +314,14 @@ class Injector(GhostInjection):
 
     def _row_views(self, rec: StepPlan, dtype: torch.dtype) -> list[torch.Tensor]:
         """Per parameter tensor, the ``[R, counts[p]]`` view of the rows buffer holding this
-        step's canary entries in that tensor (one column per entry; see ``plan_step``)."""
-        counts = rec.entry_counts
-        assert counts is not None
+        step's canary entries in that tensor (one column per entry): the buffer is one
+        ``[R, E]`` matrix with the columns grouped by tensor (see ``plan_step``), split once."""
+        counts, col_flat = rec.entry_counts, rec.column_flat
+        assert counts is not None and col_flat is not None
         R = rec.n_rows
-        buf = self._rows_buffer(R * int(counts.sum()), dtype)
-        views, off = [], 0
-        for c in counts.tolist():
-            views.append(buf[off:off + R * c].view(R, c))
-            off += R * c
-        return views
+        E = col_flat.shape[0]  # one column per entry
+        buf = self._rows_buffer(R * E, dtype)
+        return list(buf[:R * E].view(R, E).split(counts.tolist(), dim=1))
 
     # ------------------------------------------------------------------ the wrappers
     def check_params(self) -> None:
@@ -473,6 +475,8 @@ class Injector(GhostInjection):
         finally:
             for sp in sparams:
                 sp.grad_sample = None
+        if self._add_compiled(rec, sparams, counts, col_flat):
+            return
         flats = torch.from_numpy(col_flat)
         if flats.device != self.device:  # one small copy per step, not one per tensor
             flats = flats.to(self.device, non_blocking=True)
@@ -496,6 +500,28 @@ class Injector(GhostInjection):
                                    add.reshape(-1).to(sg.dtype))
             sp.summed_grad = None
 
+    def _add_compiled(self, rec: StepPlan, sparams: list[torch.nn.Parameter],
+                      counts: np.ndarray, col_flat: np.ndarray) -> bool:
+        """The final addition of :meth:`_shadow_clip` in one compiled pass (CPU, one dtype)
+        through the snapshot's views of the real ``summed_grad``; False where that path does
+        not apply (the torch path then does the same additions)."""
+        if rec.summed_host is None or not self.compiled_add:
+            return False
+        sums, dst = rec.summed_host
+        adds = [sp.summed_grad for sp in sparams]
+        for p, t, a in zip(self.params, sums, adds):
+            # the views must still be those of the tensors the optimizer will use
+            if a is None or getattr(p, "summed_grad", None) is not t:
+                return False
+        src = _host_views(adds)
+        if src is None or src[0].dtype != dst[0].dtype:
+            return False
+        add_columns(dst, src, counts, col_flat)
+        self.compiled_adds += 1
+        for sp in sparams:
+            sp.summed_grad = None
+        return True
+
     def _clip_method(self, shadow: Any) -> Callable[[], Any]:
         """The clipping method the wrapper stands in front of, bound to ``shadow``."""
         if self._had_instance_attr:
@@ -512,6 +538,17 @@ class Injector(GhostInjection):
         self.steps_injected += 1
         if self.on_inject is not None:
             self.on_inject(rec)
+
+
+def _host_views(tensors: list[torch.Tensor]) -> tuple[np.ndarray, ...] | None:
+    """Flat NumPy views of CPU tensors of one NumPy float dtype, all contiguous, else None."""
+    dt = tensors[0].dtype
+    for t in tensors:
+        if t.device.type != "cpu" or t.dtype != dt or t.requires_grad or (
+                not t.is_contiguous()) or dt not in (torch.float32, torch.float64,
+                                                     torch.float16):
+            return None
+    return tuple(t.numpy().reshape(-1) for t in tensors)
 
 
 def _already_processed(params: list[torch.nn.Parameter]) -> bool:

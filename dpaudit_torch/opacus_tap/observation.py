@@ -190,16 +190,20 @@ class GradientReader:
 
     def _host_arrays(self, tensors: list[torch.Tensor | None]) -> tuple[np.ndarray, ...] | None:
         """The flat NumPy views of ``tensors`` if the compiled pass can read them (CPU, one
-        NumPy dtype, none missing), else None."""
+        NumPy dtype, contiguous, none missing), else None. They share memory with the tensors,
+        so a kernel can also write through them."""
         if not (self.compiled and self._host):
             return None
         dt = None
         for t in tensors:
             if t is None or t.device.type != "cpu" or t.dtype not in _NUMPY_FLOATS or (
-                    dt is not None and t.dtype != dt):
+                    dt is not None and t.dtype != dt) or not t.is_contiguous():
                 return None
             dt = t.dtype
-        return tuple(t.detach().reshape(-1).numpy() for t in tensors)  # type: ignore[union-attr]
+        # NumPy views straight from the tensors (a NumPy reshape is far cheaper than torch's
+        # detach + reshape right after a backward pass, when the caches are cold)
+        return tuple((t.detach() if t.requires_grad else t).numpy().reshape(-1)  # type: ignore[union-attr]
+                     for t in tensors)
 
     @torch.no_grad()
     def _gather(self, get: Callable[[int], torch.Tensor | None], scale: torch.Tensor,
@@ -231,6 +235,8 @@ class GradientReader:
         sums = [getattr(p, "summed_grad", None) for p in self.params]
         inv_clip = [1.0 / c if c else math.inf for c in plan.clip]
         host = self._host_arrays(sums)
+        # the injector adds the canaries' sums through these views
+        plan.summed_host = None if host is None else (sums, host)
         if host is not None:
             b = self._buffers()
             snapshot_step(host, b.param, b.flat, np.asarray(inv_clip, dtype=np.float64),

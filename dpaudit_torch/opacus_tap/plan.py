@@ -117,3 +117,7 @@ class StepPlan:
     noise_std: float = 0.0
     #: [u] the real examples' raw sum at the noise-audit coordinates (snapshot)
     noise_real_sum: torch.Tensor | None = None
+    #: (every tensor's ``summed_grad``, their flat NumPy views) as the snapshot read them
+    #: (compiled CPU path only; None otherwise): the canaries' clipped sums are added through
+    #: the views while the tensors are still the optimizer's
+    summed_host: tuple[list[Any], tuple[np.ndarray, ...]] | None = None
