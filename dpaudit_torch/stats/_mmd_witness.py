@@ -228,6 +228,17 @@ class KernelWitness:
         return v
 
     # ------------------------------------------------------------------ NumPy host path
+    def _state_np(self) -> tuple[np.ndarray, ...]:
+        """NumPy views of (centre, X, Y, Xn, Yn, a, fwd) (CPU state; fwd may be absent),
+        cached while the state tensors stay the same objects."""
+        objs = (self._center, self._X, self._Y, self._Xn, self._Yn, self._a, self._fwd)
+        hit = self.__dict__.get("_np_views")
+        if hit is None or any(a is not b for a, b in zip(hit[0], objs)):
+            views = tuple(np.empty(0) if t is None else t.numpy() for t in objs)
+            hit = (objs, views)
+            self._np_views = hit
+        return hit[1]
+
     @staticmethod
     def _kernel_host(P: np.ndarray, Pn: np.ndarray, Q: np.ndarray, Qn: np.ndarray
                      ) -> np.ndarray:
@@ -252,8 +263,7 @@ class KernelWitness:
         if T:
             assert self._X is not None and self._Y is not None and self._a is not None
             assert self._Xn is not None and self._Yn is not None
-            X, Y, Xn, Yn = (t.numpy() for t in (self._X, self._Y, self._Xn, self._Yn))
-            A = self._a.numpy()
+            _, X, Y, Xn, Yn, A, _ = self._state_np()
             B = self._block_rows(n)
             for b0 in range(0, T, B):
                 b1 = min(T, b0 + B)
@@ -279,7 +289,7 @@ class KernelWitness:
         if dropping:
             assert cap is not None and 1 <= E <= n <= cap and E <= T
         inv_bw = 1.0 / self.bandwidth
-        center = self._center.numpy()
+        center = self._state_np()[0]
         zx = (x - center) * inv_bw
         zy = (y - center) * inv_bw
         Qs = np.concatenate([zx, zy])  # [2n, d]: the new points
@@ -292,7 +302,7 @@ class KernelWitness:
                               torch.device("cpu"))
         assert self._X is not None and self._Y is not None and self._a is not None
         assert self._Xn is not None and self._Yn is not None
-        X, Y, Xn, Yn, A = (t.numpy() for t in (self._X, self._Y, self._Xn, self._Yn, self._a))
+        _, X, Y, Xn, Yn, A, fwd = self._state_np()
         if not dropping:
             # in-chunk block: Ht[j, i] = h_i(j) = k(x_i,x_j) - k(x_i,y_j) - k(y_i,x_j) + k(y_i,y_j)
             K = self._kernel_host(Qs, Qsn, Qs, Qsn)
@@ -322,7 +332,7 @@ class KernelWitness:
         Hh = K[:N, :N] - K[:N, N:] - K[N:, :N] + K[N:, N:]  # <g_i, g_j>, [new, dropped]
         g2e = 2.0 - 2.0 * np.exp(-0.5 * np.square(ex - ey).sum(axis=1))
         a_ev = A[ev].copy()
-        u = self._fwd.numpy()[ev] + np.triu(Hh[n:, n:], 1).T @ a_ev
+        u = fwd[ev] + np.triu(Hh[n:, n:], 1).T @ a_ev
         v, a_new, pending = self._recursion_capped(old, g2, u, g2e, a_ev, Hh, n, E)
         if pending != 1.0:
             A[:T] *= pending
@@ -345,7 +355,7 @@ class KernelWitness:
                          pos: np.ndarray, H_new: np.ndarray, a_new: np.ndarray) -> None:
         """:meth:`_update_fwd` in NumPy, on a view of the stored state."""
         assert self._fwd is not None
-        fwd = self._fwd.numpy()
+        fwd = self._state_np()[6]
         if T:
             f = fwd[:T]
             if pending != 1.0:
