@@ -556,3 +556,20 @@ def test_compiled_cpu_path_matches_vectorised(kind: str) -> None:
     da, db = a.diagnostics(), b.diagnostics()
     assert torch.equal(da["cell_counts_x"], db["cell_counts_x"])
     assert torch.equal(da["cell_counts_y"], db["cell_counts_y"])
+
+
+def test_one_dimensional_cells_in_numpy_equal_the_torch_cells() -> None:
+    """The CPU path computes the cells of one-dimensional outputs in NumPy; they are the very
+    integers the torch code gives, including values equal to a grid edge and atoms."""
+    gen = torch.Generator().manual_seed(5)
+    x = torch.cat([torch.randn(300, generator=gen, dtype=torch.float64),
+                   torch.randint(0, 3, (100,), generator=gen).double()])
+    y = torch.randn(400, generator=gen, dtype=torch.float64)
+    t = HockeyStickTest([0.5, 1.0], 1e-5, 0.05)
+    t.update(x, y)  # burn-in and refreshes: grids with atoms
+    assert t._edges is not None
+    edges = t._edges[t._edges.isfinite()]
+    probe = torch.cat([x, y, edges, edges + 1e-12, -edges, torch.tensor([0.0, 1e9, -1e9],
+                                                                       dtype=torch.float64)])
+    v = probe[:, None]
+    assert np.array_equal(t._cells_1d(v), t._cells(t._scores(v)).numpy())

@@ -282,6 +282,11 @@ class HockeyStickTest(EventSetLearner, SequentialTest):
             raise RuntimeError("internal error: a chunk crosses a refresh point")
         dev = x.device
         S, C = self._n_scores, self._n_cells
+        if self._use_compiled(dev) and self._score_fns is None and x.shape[1] == 1:
+            # one-dimensional outputs on the CPU: the automatic scores (the value and its
+            # distance to the centre, exact operations) and their cells in NumPy, the same
+            # integers as the torch code gives, without its per-operation overhead
+            return self._payoffs_compiled(x, y, self._cells_1d(x), self._cells_1d(y))
         cx = self._cells(self._scores(x))  # [n, S] cell of x_i in each score's grid
         cy = self._cells(self._scores(y))
         if self._use_compiled(dev):
@@ -315,8 +320,26 @@ class HockeyStickTest(EventSetLearner, SequentialTest):
         vectorised chunk computation (same payoffs up to floating-point summation order)."""
         return dev.type == "cpu" and not self.force_vectorised
 
-    def _payoffs_compiled(self, x: torch.Tensor, y: torch.Tensor, cx: torch.Tensor,
-                          cy: torch.Tensor) -> np.ndarray:
+    def _cells_1d(self, v: torch.Tensor) -> np.ndarray:
+        """:meth:`_cells` of :meth:`_scores` for one-dimensional CPU outputs ``v`` [n, 1] with
+        the automatic scores, in NumPy: [n, 2] int64."""
+        assert self._edges is not None
+        c = self._score_params["center"]
+        hit = self.__dict__.get("_edges_np")
+        if hit is None or hit[0] is not self._edges or hit[1] is not c:  # refitted
+            hit = (self._edges, c, self._edges.numpy(), float(c.reshape(-1)[0]))
+            self._edges_np = hit
+        edges, center = hit[2], hit[3]
+        col = v.numpy()[:, 0].astype(np.float64, copy=False)
+        out = np.empty((col.shape[0], 2), dtype=np.int64)
+        for i, s in enumerate((col, np.abs(col - center))):
+            left = np.searchsorted(edges[i], s, side="left")  # edges < s
+            right = np.searchsorted(edges[i], s, side="right")  # edges <= s
+            out[:, i] = 2 * left + (right > left)
+        return out
+
+    def _payoffs_compiled(self, x: torch.Tensor, y: torch.Tensor, cx: torch.Tensor | np.ndarray,
+                          cy: torch.Tensor | np.ndarray) -> np.ndarray:
         """Host path of :meth:`_payoffs` (float64): compiled loops over the pairs
         (:mod:`~dpaudit_torch.stats._kernels`; counts updated pair by pair in place) around one
         vectorised exponential of the chunk's log-weights."""
@@ -324,8 +347,10 @@ class HockeyStickTest(EventSetLearner, SequentialTest):
         assert self._cnt_x is not None and self._cnt_y is not None
         cnt_x = self._cnt_x.numpy()  # CPU int64: shares memory with the state tensors
         cnt_y = self._cnt_y.numpy()
-        cxn = np.ascontiguousarray(cx.numpy(), dtype=np.int64)
-        cyn = np.ascontiguousarray(cy.numpy(), dtype=np.int64)
+        cxn = np.ascontiguousarray(cx if isinstance(cx, np.ndarray) else cx.numpy(),
+                                   dtype=np.int64)
+        cyn = np.ascontiguousarray(cy if isinstance(cy, np.ndarray) else cy.numpy(),
+                                   dtype=np.int64)
         kind, score, k = self._cand_np
         G2 = 2 * self.grid_size
         gaps = np.empty((n, kind.size, G2))
