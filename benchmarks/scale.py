@@ -41,7 +41,15 @@ pre-hook and its injection wrapper without the Opacus clipping calls it makes, t
 every allocator, unlike ``tracemalloc``) at the end of phase 2 of the **with** process over that
 of the **without** process, and the same for the peak increase over the resident set right
 before the first step (the memory the steps need); both processes import the same modules
-before the baseline is read. Targets: <= 1.05 for the step time and for the peak resident memory.
+before the baseline is read. One pair cannot resolve 5%: the peak of two processes running
+identical code differed by up to ~7% at 100M (suspected: allocation order changing with
+Python's hash randomisation; file-backed pages count too), so each row runs ``--repeats``
+pairs (default 3), alternating without / with: the first is the timed pair, the others run
+phases 1 and 2 only (the same batches and steps up to the reading of the peak; phase 3 serves
+the step time alone).
+The table gives the median over the pairs of each pair's ratio and the min-max of each side, and
+``RssAnon`` (anonymous resident memory, no file-backed pages) at the reading of the peak.
+Targets: <= 1.05 for the step time and for the peak resident memory (median of the pairs).
 
 Every pair runs (``--allocators``, default both) with glibc's default allocator settings, and with a
 fixed mmap threshold of 64 KiB (``MALLOC_MMAP_THRESHOLD_=65536``: every larger block is mmapped
@@ -51,9 +59,10 @@ freed below a small block that outlives the step stays resident; the second sett
 live memory without that retention.
 
     python benchmarks/scale.py [--sizes 1M,10M,100M] [--modes hooks,ghost] [--warm 5]
-                               [--timed 1M:40,10M:20,100M:5] [--allocators ...] [--quick]
+                               [--timed 1M:40,10M:20,100M:5] [--repeats 3]
+                               [--allocators ...] [--quick]
 
-``--quick`` runs the 1M model with 2 + 3 steps and writes nothing.
+``--quick`` runs the 1M model with 2 + 3 steps and 2 pairs and writes nothing.
 """
 
 from __future__ import annotations
@@ -132,11 +141,11 @@ class TinyLM(nn.Module):
 
 
 def proc_status() -> dict[str, int]:
-    """VmRSS and VmHWM of this process, in bytes."""
+    """VmRSS, VmHWM, RssAnon and RssFile of this process, in bytes."""
     out = {}
     with open("/proc/self/status") as f:
         for line in f:
-            if line.startswith(("VmRSS:", "VmHWM:")):
+            if line.startswith(("VmRSS:", "VmHWM:", "RssAnon:", "RssFile:")):
                 key, val = line.split(":")
                 out[key] = int(val.split()[0]) * 1024
     return out
@@ -145,7 +154,10 @@ def proc_status() -> dict[str, int]:
 # ------------------------------------------------------------------------------------------------
 # child: one process, one setting
 # ------------------------------------------------------------------------------------------------
-def child(size: str, mode: str, audit: bool, warm: int, timed: int, seed: int) -> dict[str, Any]:
+def child(size: str, mode: str, audit: bool, warm: int, timed: int, seed: int,
+          memory_only: bool = False) -> dict[str, Any]:
+    """One process of a pair; ``memory_only``: phases 1 and 2 only (the peak is read at the end
+    of phase 2; phase 3 serves the step time alone)."""
     from opacus import PrivacyEngine
 
     torch.set_num_threads(1)
@@ -216,7 +228,7 @@ def child(size: str, mode: str, audit: bool, warm: int, timed: int, seed: int) -
         switch.turn_off()
         after_attach = proc_status()
     status: list[dict[str, int]] = []
-    for phase in (0, 1, 2):
+    for phase in ((0, 1) if memory_only else (0, 1, 2)):
         if switch is not None:
             if phase == 1:
                 switch.turn_on()
@@ -236,12 +248,17 @@ def child(size: str, mode: str, audit: bool, warm: int, timed: int, seed: int) -
                 if phase == 1 and switch is not None:
                     own.append(sum(switch.acc.values()) - own0)
         status.append(proc_status())
+    if memory_only:
+        status.append(status[-1])
+        times[2], cpu[2] = times[0], cpu[0]
     res = {
         "size": size, "mode": mode, "audit": audit, "n_params": n_params,
         "rss_before_steps": base["VmRSS"], "hwm_before_steps": base["VmHWM"],
         "rss_after_numba": after_numba["VmRSS"], "rss_after_attach": after_attach["VmRSS"],
         "rss_after_phase1": status[0]["VmRSS"], "hwm_after_phase1": status[0]["VmHWM"],
         "hwm_end": status[1]["VmHWM"], "rss_end": status[1]["VmRSS"],
+        "anon_end": status[1].get("RssAnon", 0), "file_end": status[1].get("RssFile", 0),
+        "memory_only": memory_only,
         "hwm_after_phase3": status[2]["VmHWM"], "times": times, "cpu": cpu, "own": own,
         "attach_s": attach_s,
     }
@@ -266,11 +283,13 @@ ALLOCATOR_WORDS = {
 
 
 def run_child(size: str, mode: str, audit: bool, timed: int, args: argparse.Namespace,
-              allocator: str = "glibc default") -> dict[str, Any]:
+              allocator: str = "glibc default", memory_only: bool = False) -> dict[str, Any]:
     cmd = [sys.executable, os.path.abspath(__file__), "--child", "--sizes", size, "--modes", mode,
            "--warm", str(args.warm), "--timed", str(timed), "--seed", str(args.seed)]
     if audit:
         cmd.append("--audit")
+    if memory_only:
+        cmd.append("--memory-only")
     t = time.time()
     env = {**os.environ, **ALLOCATORS[allocator]}
     p = subprocess.run(cmd, capture_output=True, text=True, check=False, env=env)
@@ -295,6 +314,12 @@ def _paired_ratio(r: dict[str, Any], key: str) -> float:
     return statistics.median(y / (0.5 * (x + z)) for x, y, z in zip(a, b, c))
 
 
+def _spread(vals: list[int], scale: float = 2.0**20) -> str:
+    """``median (min-max)`` of ``vals`` / ``scale``, rounded."""
+    return (f"{statistics.median(vals) / scale:.0f} ({min(vals) / scale:.0f}-"
+            f"{max(vals) / scale:.0f})")
+
+
 def _reading(summary: list[dict[str, Any]]) -> str:
     """A few sentences that read the table (ranges over its rows)."""
     if not summary:
@@ -312,8 +337,10 @@ def _reading(summary: list[dict[str, Any]]) -> str:
         f"{rng('floor', summary)})."]
     for alloc in dict.fromkeys(r["alloc"] for r in summary):
         rows = [r for r in summary if r["alloc"] == alloc]
-        out.append(f"Peak resident memory with {alloc}: +{rng('extra_mb', rows, '{:.0f}')} MB "
-                   f"(ratio {rng('peak_ratio', rows)}).")
+        lo, hi = min(r["ratio_lo"] for r in rows), max(r["ratio_hi"] for r in rows)
+        out.append(f"Peak resident memory with {alloc} (median over the pairs of each row): "
+                   f"+{rng('extra_mb', rows, '{:.0f}')} MB (ratio {rng('peak_ratio', rows)}; "
+                   f"single pairs {lo:.3f}-{hi:.3f}).")
     return " ".join(out)
 
 
@@ -343,16 +370,22 @@ def main() -> None:
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--allocators", default=",".join(ALLOCATORS),
                     help="comma-separated: " + ", ".join(ALLOCATORS))
+    ap.add_argument("--repeats", type=int, default=3,
+                    help="without/with pairs per row for the peak memory (the first is the timed "
+                         "pair; the others run phases 1 and 2 only); median and min-max reported")
     ap.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
+    ap.add_argument("--memory-only", action="store_true", help=argparse.SUPPRESS)
     ap.add_argument("--audit", action="store_true", help=argparse.SUPPRESS)
     ap.add_argument("--quick", action="store_true", help="1M, 2 + 3 steps; writes nothing")
     args = ap.parse_args()
     if args.child:
         print(json.dumps(child(args.sizes, args.modes, args.audit, args.warm, int(args.timed),
-                               args.seed)))
+                               args.seed, args.memory_only)))
         return
     if args.quick:
-        args.sizes, args.warm, args.timed = "1M", 2, "3"
+        args.sizes, args.warm, args.timed, args.repeats = "1M", 2, "3", 2
+    if args.repeats < 1:
+        raise SystemExit(f"--repeats must be >= 1, got {args.repeats}")
     if ":" in args.timed:
         args.timed = {k: int(v) for k, v in (kv.split(":") for kv in args.timed.split(","))}
     torch.set_num_threads(1)
@@ -365,16 +398,25 @@ def main() -> None:
     for size, mode, alloc in combos:
         ok, why = fits(size, mode)
         if not ok:
-            rows.append([size, "-", mode, alloc] + ["not run: " + why] + ["-"] * 19)
+            rows.append([size, "-", mode, alloc] + ["not run: " + why] + ["-"] * 21)
             print(f"{size} {mode}: not run ({why})", flush=True)
             continue
         timed = args.timed[size] if isinstance(args.timed, dict) else int(args.timed)
-        a = run_child(size, mode, False, timed, args, alloc)
-        b = run_child(size, mode, True, timed, args, alloc)
-        if "error" in a or "error" in b:
-            err = a.get("error") or b.get("error")
+        # pair 1 is the timed one; pairs 2.. measure the peak again (phases 1 and 2 only, the
+        # same batches and steps up to the peak's reading), alternating without / with
+        pairs = []
+        for r in range(args.repeats):
+            pa = run_child(size, mode, False, timed, args, alloc, memory_only=r > 0)
+            pb = run_child(size, mode, True, timed, args, alloc, memory_only=r > 0)
+            pairs.append((pa, pb))
+            if "error" in pa or "error" in pb:
+                break
+        a, b = pairs[0]
+        bad = next((p for pair in pairs for p in pair if "error" in p), None)
+        if bad is not None:
+            err = bad.get("error")
             last = str(err).strip().splitlines()[-1][-200:]
-            rows.append([size, "-", mode, alloc] + ["failed: " + last] + ["-"] * 19)
+            rows.append([size, "-", mode, alloc] + ["failed: " + last] + ["-"] * 21)
             print(f"{size} {mode}: FAILED {err}", flush=True)
             continue
         med = statistics.median
@@ -384,39 +426,57 @@ def main() -> None:
         t_ratio, c_ratio = _paired_ratio(b, "times"), _paired_ratio(b, "cpu")
         floor = _paired_ratio(a, "cpu")
         mean_ratio = statistics.fmean(b["cpu"][1]) / off(b, "cpu", statistics.fmean)
-        peak_ratio = b["hwm_end"] / a["hwm_end"]
-        inc_a = a["hwm_end"] - a["rss_before_steps"]
-        inc_b = b["hwm_end"] - b["rss_before_steps"]
-        inc_ratio = inc_b / inc_a if inc_a > 0 else math.nan
+        # peak memory: median over the pairs of the pair's ratio; min-max of each side
+        hw_a = [pa["hwm_end"] for pa, _ in pairs]
+        hw_b = [pb["hwm_end"] for _, pb in pairs]
+        ratios = [y / x for x, y in zip(hw_a, hw_b)]
+        peak_ratio = med(ratios)
+        inc_as = [pa["hwm_end"] - pa["rss_before_steps"] for pa, _ in pairs]
+        inc_bs = [pb["hwm_end"] - pb["rss_before_steps"] for _, pb in pairs]
+        inc_a, inc_b = med(inc_as), med(inc_bs)
+        inc_ratio = med(y / x if x > 0 else math.nan for x, y in zip(inc_as, inc_bs))
+        extra = med(y - x for x, y in zip(hw_a, hw_b))
         met_t, met_m = c_ratio <= TARGET, peak_ratio <= TARGET
+
+        withs = [pb for _, pb in pairs]
+        numba_mb = med(pb["rss_after_numba"] - pb["rss_before_steps"] for pb in withs) / mb
+        attach_mb = med(pb["rss_after_attach"] - pb["rss_after_numba"] for pb in withs) / mb
+        steps_mb = med(pb["rss_end"] - pb["rss_after_phase1"] for pb in withs) / mb
         own_ms = 1e3 * med(b["own"])
         own_ratio = 1.0 + med(b["own"]) / c_off
         summary.append({"size": size, "mode": mode, "alloc": alloc, "own_ms": own_ms,
                         "own_ratio": own_ratio, "floor": floor, "c_ratio": c_ratio,
-                        "extra_mb": (b["hwm_end"] - a["hwm_end"]) / mb,
-                        "peak_ratio": peak_ratio})
+                        "extra_mb": extra / mb, "peak_ratio": peak_ratio,
+                        "ratio_lo": min(ratios), "ratio_hi": max(ratios)})
         rows.append([
             size, f"{a['n_params'] / 1e6:.2f}M", mode, alloc, f"{timed}",
             f"{1e3 * c_off:.0f} / {1e3 * t_off:.0f}", f"{1e3 * c_on:.0f} / {1e3 * t_on:.0f}",
             f"{c_ratio:.3f}", f"{t_ratio:.3f}", f"{mean_ratio:.3f}", f"{floor:.3f}",
             "yes" if met_t else "NO", f"{own_ms:.1f}", f"{own_ratio:.4f}",
-            f"{a['hwm_end'] / mb:.0f}",
-            f"{b['hwm_end'] / mb:.0f}", f"{peak_ratio:.3f}", "yes" if met_m else "NO",
+            f"{len(pairs)}", _spread(hw_a), _spread(hw_b),
+            f"{peak_ratio:.3f} ({min(ratios):.3f}-{max(ratios):.3f})",
+            "yes" if met_m else "NO",
+            f"{med(pa['anon_end'] for pa, _ in pairs) / mb:.0f} / "
+            f"{med(pb['anon_end'] for _, pb in pairs) / mb:.0f}",
             f"{inc_a / mb:.0f}", f"{inc_b / mb:.0f}", f"{inc_ratio:.3f}",
-            f"{(b['hwm_end'] - a['hwm_end']) / mb:.0f}",
-            f"{(b['rss_after_numba'] - b['rss_before_steps']) / mb:.0f} / "
-            f"{(b['rss_after_attach'] - b['rss_after_numba']) / mb:.0f} / "
-            f"{(b['rss_end'] - b['rss_after_phase1']) / mb:.0f}",
+            f"{extra / mb:.0f}",
+            f"{numba_mb:.0f} / {attach_mb:.0f} / {steps_mb:.0f}",
             b.get("m_canaries", "-")])
         notes.append(f"{size} {mode} ({alloc}): attach {b['attach_s']:.2f} s; processes "
-                     f"{a['wall_s']:.0f} s + {b['wall_s']:.0f} s; CPU ms per timed step "
+                     f"{' + '.join(str(round(p_['wall_s'])) for pair in pairs for p_ in pair)} s; "
+                     f"peak RSS MB per pair (without, with): "
+                     f"{[(round(x / mb), round(y / mb)) for x, y in zip(hw_a, hw_b)]}; "
+                     f"RssAnon / RssFile MB at the peak's reading, with: "
+                     f"{[(round(pb['anon_end'] / mb), round(pb['file_end'] / mb)) for pb in withs]}"
+                     f"; CPU ms per timed step "
                      f"without auditor {[round(1e3 * x) for x in b['cpu'][0]]}, with "
                      f"{[round(1e3 * x) for x in b['cpu'][1]]}, without again "
                      f"{[round(1e3 * x) for x in b['cpu'][2]]}")
         print(f"{size} {mode} ({alloc}): CPU step {1e3 * c_off:.0f} -> {1e3 * c_on:.0f} ms "
               f"({c_ratio:.3f}; wall {t_ratio:.3f}; floor {floor:.3f}; auditor's own code "
-              f"{own_ms:.1f} ms, {own_ratio:.4f}); peak RSS "
-              f"{a['hwm_end'] / mb:.0f} -> {b['hwm_end'] / mb:.0f} MB ({peak_ratio:.3f}); "
+              f"{own_ms:.1f} ms, {own_ratio:.4f}); peak RSS over {len(pairs)} pairs "
+              f"{_spread(hw_a)} -> {_spread(hw_b)} MB (ratio median {peak_ratio:.3f}, "
+              f"{min(ratios):.3f}-{max(ratios):.3f}); "
               f"increase {inc_a / mb:.0f} -> {inc_b / mb:.0f} MB ({inc_ratio:.3f}) "
               f"({time.time() - t0:.0f}s)", flush=True)
     table = markdown_table(
@@ -426,10 +486,12 @@ def main() -> None:
          "ratio of mean CPU",
          "noise floor (CPU, without: phase 2 / phases 1, 3)", "time <= 1.05",
          "auditor's own CPU ms/step (median)", "1 + own / unaudited step",
-         "peak RSS MB without", "peak RSS MB with", "peak RSS ratio",
-         "memory <= 1.05", "peak increase over setup MB, without", "with",
-         "increase ratio", "peak with - peak without, MB",
-         "auditor's resident MB: Numba import / attach / audited steps",
+         "memory pairs", "peak RSS MB without: median (min-max)",
+         "peak RSS MB with: median (min-max)", "peak RSS ratio: median of pairs (min-max)",
+         "memory <= 1.05 (median)", "RssAnon MB at the peak's reading, without / with (median)",
+         "peak increase over setup MB, without (median)", "with (median)",
+         "increase ratio (median)", "peak with - peak without, MB (median of pairs)",
+         "auditor's resident MB: Numba import / attach / audited steps (median)",
          "one-run canaries m"], rows)
     reading = _reading(summary)
     print(table)
@@ -469,8 +531,17 @@ def main() -> None:
         "resident set (VmHWM, /proc/self/status: every allocator, including torch's) at the "
         "end of the second phase; *increase* = that peak minus the resident set right before the "
         "first step (before the auditor is built; both processes have imported the same "
-        "modules by then). The last columns split what the *with* process gained in resident "
-        "memory: importing Numba (the auditor imports it lazily; the script imports it just "
+        "modules by then). The peak of two processes running identical code varies by several "
+        "percent (suspected: allocation order changing with Python's hash randomisation; "
+        "file-backed pages count too), so every row runs "
+        f"{args.repeats} without / with pairs, alternating: the "
+        "first is the timed pair, the others run the first two phases only (the same batches "
+        "and steps up to the reading of the peak); the memory columns give the median over the "
+        "pairs (of each pair's ratio, for the ratios) and the min-max of each side, and RssAnon "
+        "(anonymous resident memory, without file-backed pages) at the reading of the peak; "
+        "the target applies to the median ratio. The last columns split what the *with* "
+        "process gained in resident memory (medians over the pairs): importing Numba (the "
+        "auditor imports it lazily; the script imports it just "
         "before building it), building the auditor (design, buffers, testers, the compiled "
         "kernels loaded from Numba's disk cache), and the audited phase (the tests' state, "
         "and what the heap keeps after frees). *Allocator*: the pairs run with "

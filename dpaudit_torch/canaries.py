@@ -32,7 +32,13 @@ import numpy as np
 import torch
 
 __all__ = ["CanaryDesign", "allocate", "draw_design", "derive_seeds", "SecretCoins",
-           "draw_noise_coordinates", "add_spread_pairs"]
+           "draw_noise_coordinates", "noise_allotment", "NOISE_COORDINATES_FLOOR",
+           "add_spread_pairs"]
+
+#: under a cap on the noise-audit coordinates (``noise_coordinates_total``) every tensor still
+#: gets at least this many (or all it has): at 256 coordinates a tensor whose noise std is 0.8
+#: of the claimed one gives its variance test about 11 nats of evidence per step
+NOISE_COORDINATES_FLOOR = 256
 
 
 def derive_seeds(seed: int | None) -> tuple[dict[str, int], str]:
@@ -251,21 +257,45 @@ def draw_design(shapes: list[tuple[int, ...]], k_pairs: int, m_canaries: int,
                         pair_b=cat(pb), one_param=cat(op), one_flat=cat(of))
 
 
-def draw_noise_coordinates(design: CanaryDesign, per_tensor: int, generator: torch.Generator
-                           ) -> tuple[torch.Tensor, torch.Tensor]:
+def noise_allotment(available: list[int], per_tensor: int, total: int | None) -> list[int]:
+    """How many noise-audit coordinates each tensor gets: ``min(per_tensor, available[i])``,
+    unless these add up to more than ``total``; then every tensor gets at most a common level,
+    the largest one whose sum stays within ``total`` (small tensors keep all they have, the
+    others are cut to the level), but never fewer than :data:`NOISE_COORDINATES_FLOOR` (or all
+    it has): a model with more than ``total / NOISE_COORDINATES_FLOOR`` tensors exceeds
+    ``total``. ``total`` None: no cap."""
+    avail = [max(0, min(int(per_tensor), int(a))) for a in available]
+    if total is None or sum(avail) <= total:
+        return avail
+    lo, hi = 0, max(avail)  # the largest level L with sum(min(a, L)) <= total
+    while lo < hi:
+        mid = (lo + hi + 1) // 2
+        if sum(min(a, mid) for a in avail) <= total:
+            lo = mid
+        else:
+            hi = mid - 1
+    level = max(lo, min(NOISE_COORDINATES_FLOOR, int(per_tensor)))
+    return [min(a, level) for a in avail]
+
+
+def draw_noise_coordinates(design: CanaryDesign, per_tensor: int, generator: torch.Generator,
+                           total: int | None = None) -> tuple[torch.Tensor, torch.Tensor]:
     """A fixed random subset U of coordinates of every tensor for the noise audit
-    (docs/design.md section 11): up to ``per_tensor`` coordinates of each tensor, none of them a
-    canary coordinate, uniformly at random from ``generator``. Returns (param, flat) int64
-    tensors, tensor-major."""
+    (docs/design.md section 11): up to ``per_tensor`` coordinates of each tensor, and at most
+    ``total`` in all (:func:`noise_allotment`), none of them a canary coordinate, uniformly at
+    random from ``generator``. Returns (param, flat) int64 tensors, tensor-major. Where the cap
+    does not bind the draw is the uncapped one (same coordinates from the same generator)."""
     coord_param, coord_flat = design.coordinates()
     taken: dict[int, set[int]] = {}
     for i, f in zip(coord_param.tolist(), coord_flat.tolist()):
         taken.setdefault(i, set()).add(f)
+    numels = [int(np.prod(shape)) if len(shape) else 1 for shape in design.shapes]
+    wants = noise_allotment([n - len(taken.get(i, ())) for i, n in enumerate(numels)],
+                            per_tensor, total)
     params, flats = [], []
-    for i, shape in enumerate(design.shapes):
-        n = int(np.prod(shape)) if len(shape) else 1
+    for i, n in enumerate(numels):
         busy = taken.get(i, set())
-        want = min(int(per_tensor), n - len(busy))
+        want = wants[i]
         if want <= 0:
             continue
         if n <= 4 * (want + len(busy)) or n <= 1 << 16:

@@ -214,6 +214,36 @@ def test_checkpoint_written_under_an_earlier_default_resumes_with_it(monkeypatch
     assert _report_json(resumed) == full
 
 
+def test_checkpoint_written_before_the_noise_cap_resumes_uncapped():
+    """A checkpoint written before ``noise_coordinates_total`` existed (its fingerprint lacks
+    the key; its noise-audit coordinates were drawn uncapped) resumes into an auditor with the
+    default cap: it continues with the checkpoint's coordinates and reports the setting it was
+    written with (None), and the resumed report equals the uninterrupted one's. A cap set to
+    another value is refused, naming the setting."""
+    import copy
+
+    batches = _batches()
+    s = _setup()
+    aud = PrivacyAuditor(s.engine, s.optimizer, s.loader, seed=6, noise_coordinates_total=None,
+                         **CONFIG)
+    _train(s, aud, batches[:CUT])
+    ck = copy.deepcopy(_checkpoint(s, aud))
+    del ck["auditor"]["config"]["noise_coordinates_total"]  # as the earlier release wrote it
+    _train(s, aud, batches[CUT:])
+    full = _report_json(aud)
+    r, resumed = _restored(copy.deepcopy(ck))
+    assert resumed.config.noise_coordinates_total is None
+    assert torch.equal(resumed.noise_coords[1], ck["auditor"]["noise_coords"]["flat"])
+    _train(r, resumed, batches[CUT:])
+    assert _report_json(resumed) == full
+    other_s = _setup()
+    other = PrivacyAuditor(other_s.engine, other_s.optimizer, other_s.loader, seed=None,
+                           noise_coordinates_total=1000, **CONFIG)
+    with pytest.raises(ValueError, match="noise_coordinates_total"):
+        other.load_state_dict(ck["auditor"])
+    assert other.config.noise_coordinates_total == 1000
+
+
 def test_checkpoint_of_the_first_state_layout_is_refused_by_version():
     """A checkpoint written by the auditor before the engine was split into monitors (state
     layout version 1, tests/data/auditor_state_v1.pt, made with that release) is refused with a

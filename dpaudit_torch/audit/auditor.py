@@ -43,7 +43,7 @@ from ..canaries import (
     draw_design,
     draw_noise_coordinates,
 )
-from .config import AuditConfig
+from .config import DEFAULT_NOISE_COORDINATES_TOTAL, AuditConfig
 from .context import monitor_context
 from .decision import Decision
 from .monitors import DEFAULT_MONITORS, MonitorContext, build_monitors
@@ -195,7 +195,8 @@ class PrivacyAuditor:
                                            design_gen)
         #: the noise-audit coordinates U (drawn after the design, from the same stream)
         self.noise_coords = draw_noise_coordinates(self.design,
-                                                   cfg.noise_coordinates_per_tensor, design_gen)
+                                                   cfg.noise_coordinates_per_tensor, design_gen,
+                                                   cfg.noise_coordinates_total)
         self._coins = SecretCoins(cfg.m_canaries, torch.Generator().manual_seed(seeds["secret"]))
         self.monitors = build_monitors(self._context(self._coins), DEFAULT_MONITORS)
         self.monitors["sequential_pairs"].start(tap.noise_multiplier())
@@ -530,15 +531,39 @@ class PrivacyAuditor:
                              f"the dpaudit_torch release that wrote it, or start a new audit")
         if self._report is not None:
             raise RuntimeError("load_state_dict() into a finalized auditor")
-        mine, theirs = self._fingerprint(), sd["config"]
+        theirs = sd["config"]
+        config = self._config_of_state(theirs)
+        mine = {**config.fingerprint(), **self.tap.fingerprint()}
         diff = sorted(k for k in set(mine) | set(theirs) if mine.get(k) != theirs.get(k))
         if diff:
             raise ValueError(
                 "PrivacyAuditor state_dict was made for a different model or configuration; "
                 "differs in " + ", ".join(f"{k} (state: {theirs.get(k)!r}, this auditor: "
                                           f"{mine.get(k)!r})" for k in diff))
-        self._restore(sd)
+        previous, self.config = self.config, config
+        try:
+            self._restore(sd)
+        except BaseException:
+            self.config = previous
+            raise
+        if config is not previous:
+            logger.info("PrivacyAuditor: the checkpoint was written before "
+                        "noise_coordinates_total existed; resumed with its uncapped noise-audit "
+                        "coordinates (noise_coordinates_total=None)")
         logger.info("PrivacyAuditor resumed at audited step %d", self.step)
+
+    def _config_of_state(self, theirs: dict[str, Any]) -> AuditConfig:
+        """This auditor's configuration as a checkpoint's fingerprint ``theirs`` needs it: a
+        checkpoint written before ``noise_coordinates_total`` existed drew its noise-audit
+        coordinates uncapped; where this auditor has the default cap, it resumes with None (the
+        coordinates themselves come from the checkpoint), so that a later default does not
+        orphan the checkpoints of an earlier release. A cap set to another value is compared
+        as any other setting."""
+        cfg = self.config
+        if "noise_coordinates_total" not in theirs and \
+                cfg.noise_coordinates_total == DEFAULT_NOISE_COORDINATES_TOTAL:
+            return cfg.replace(noise_coordinates_total=None)
+        return cfg
 
     def _restore(self, sd: dict[str, Any]) -> None:
         """Build every part from ``sd`` first (an error leaves this auditor untouched), then

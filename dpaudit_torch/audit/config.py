@@ -20,7 +20,8 @@ from .._validation import check_alpha, check_epsilon, check_positive_int
 from ..registry import TESTERS
 
 __all__ = ["AuditConfig", "ON_VIOLATION", "ON_NONFINITE", "DEFAULT_TEST_OPTIONS",
-           "DEFAULT_NULL_GRID", "DEFAULT_M_CANARIES", "default_m_canaries"]
+           "DEFAULT_NULL_GRID", "DEFAULT_M_CANARIES", "default_m_canaries",
+           "DEFAULT_NOISE_COORDINATES_TOTAL"]
 
 #: what the auditor does once a violation is proven
 ON_VIOLATION = ("stop", "raise", "warn")
@@ -31,6 +32,15 @@ ON_NONFINITE = ("raise", "skip")
 #: the idealized game the Steinke bound a correct run gives grows by 18-78% from 1,000 to 5,000
 #: canaries and by at most 10% more at 10,000 (docs/one_run.md, "How many canaries and steps")
 DEFAULT_M_CANARIES = 5000
+
+
+#: at most this many noise-audit coordinates in all by default (``noise_coordinates_total``): a
+#: model whose allotment of ``noise_coordinates_per_tensor`` adds up to no more (at most 32
+#: tensors of 2,048 coordinates or more) keeps it exactly; a 150-tensor
+#: transformer gets about 440 per tensor instead of 2,048 (about 65,000 coordinates instead of
+#: 300,000, 4-5x less memory for the noise audit), still far more than a variance shortfall on
+#: one tensor needs to be decided at the first check (docs/auditor.md, "Memory")
+DEFAULT_NOISE_COORDINATES_TOTAL = 1 << 16
 
 
 def default_m_canaries(n_coordinates: int, k_pairs: int) -> int:
@@ -94,6 +104,7 @@ class AuditConfig:
     test_options: dict[str, dict[str, Any]] = field(default_factory=dict)
     one_run_score: str = "llr"
     noise_coordinates_per_tensor: int = 2048
+    noise_coordinates_total: int | None = DEFAULT_NOISE_COORDINATES_TOTAL
     spread_pairs: int | None = None
     spread_tensors: int = 4
 
@@ -142,6 +153,9 @@ class AuditConfig:
         put(self, "test_options", _freeze_options(self.test_options))
         put(self, "noise_coordinates_per_tensor", check_positive_int(
             self.noise_coordinates_per_tensor, "noise_coordinates_per_tensor", minimum=0))
+        if self.noise_coordinates_total is not None:
+            put(self, "noise_coordinates_total", check_positive_int(
+                self.noise_coordinates_total, "noise_coordinates_total"))
         if self.spread_pairs is None:  # default: every pair is a spread canary
             put(self, "spread_pairs", self.k_pairs)
         put(self, "spread_pairs", check_positive_int(self.spread_pairs, "spread_pairs",
@@ -198,6 +212,7 @@ class AuditConfig:
             "test_options": repr(sorted((k, sorted(v.items()))
                                         for k, v in self.test_options.items())),
             "noise_coordinates_per_tensor": self.noise_coordinates_per_tensor,
+            "noise_coordinates_total": self.noise_coordinates_total,
             "spread_pairs": self.spread_pairs, "spread_tensors": self.spread_tensors,
         }
 
@@ -214,6 +229,7 @@ class AuditConfig:
                                                     for k, v in self.test_options.items()},
             "one_run_score": self.one_run_score,
             "noise_coordinates_per_tensor": self.noise_coordinates_per_tensor,
+            "noise_coordinates_total": self.noise_coordinates_total,
             "spread_pairs": self.spread_pairs, "spread_tensors": self.spread_tensors,
         }
 

@@ -29,7 +29,7 @@ from collections.abc import Callable
 import numpy as np
 import torch
 
-from .._buffers import host_copy, host_zeros
+from .._buffers import host_zeros
 from ..audit.record import StepRecord
 from ..canaries import CanaryDesign
 from ._step_kernels import release_step, snapshot_step
@@ -54,8 +54,12 @@ class _HostBuffers:
         n_c, u = canary.n, 0 if noise is None else noise.n
         self.n_canary, self.n_noise = n_c, u
         parts = [canary] if noise is None else [canary, noise]
-        self.param = host_copy(np.concatenate([c.param_np for c in parts]))
-        self.flat = host_copy(np.concatenate([c.flat_np for c in parts]))
+        # filled in place: no temporary of the coordinates' size on the C heap
+        self.param, self.flat = host_zeros(n_c + u, np.int64), host_zeros(n_c + u, np.int64)
+        at = 0
+        for c in parts:
+            self.param[at:at + c.n], self.flat[at:at + c.n] = c.param_np, c.flat_np
+            at += c.n
         self.snap = host_zeros(n_c + u)
         self.vals = host_zeros(n_c)
         self.xy = host_zeros(2 * k)
@@ -77,10 +81,19 @@ class _CoordinateSet:
                  device: torch.device) -> None:
         self._param, self._flat, self._n_params, self._device = (coord_param, coord_flat,
                                                                  n_params, device)
-        self.param_np = host_copy(coord_param.numpy(), np.int64)
-        self.flat_np = host_copy(coord_flat.numpy(), np.int64)
         self.n = int(coord_param.numel())
         self._torch: tuple[list[int], list[torch.Tensor], torch.Tensor, torch.Tensor] | None = None
+
+    @property
+    def param_np(self) -> np.ndarray:
+        """The tensor of each coordinate (int64, a view of the given tensor: the compiled
+        pass's buffers hold the one host copy)."""
+        return self._param.numpy().astype(np.int64, copy=False)
+
+    @property
+    def flat_np(self) -> np.ndarray:
+        """The flat index of each coordinate in its tensor (int64 view, as :attr:`param_np`)."""
+        return self._flat.numpy().astype(np.int64, copy=False)
 
     def _index(self) -> tuple[list[int], list[torch.Tensor], torch.Tensor, torch.Tensor]:
         if self._torch is None:

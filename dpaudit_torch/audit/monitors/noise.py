@@ -1,7 +1,8 @@
 """Noise monitor: the released noise on a fixed random subset U of every tensor
 (docs/design.md section 11).
 
-At the coordinates of U (a few thousand per tensor, never a canary coordinate) the adapter reads
+At the coordinates of U (up to ``noise_coordinates_per_tensor`` per tensor, at most
+``noise_coordinates_total`` in all; never a canary coordinate) the adapter reads
 the released noise xi = released x scaling - (real examples' sum), divided by the standard
 deviation a correct implementation uses (noise multiplier x the bound the noise is scaled with),
 so that xi ~ N(0, 1), independent across coordinates and steps. Three anytime-valid tests
