@@ -35,7 +35,8 @@ from numba.core import event as numba_event
 
 logger = logging.getLogger(__name__)
 
-__all__ = ["CacheChoice", "cache_choice", "choose_cache", "kernel", "user_cache_dir", "warm_up"]
+__all__ = ["CacheChoice", "cache_choice", "choose_cache", "njit_kernel", "user_cache_dir",
+           "warm_up"]
 
 #: the package directory and the directories holding compiled kernels
 PACKAGE_DIR = Path(__file__).resolve().parent
@@ -207,17 +208,13 @@ class _CompileListener(numba_event.Listener):
 numba_event.register("numba:compile", _CompileListener())
 
 
-def kernel(**options: Any) -> Callable[[Callable[..., Any]], Any]:
-    """``numba.njit(cache=..., **options)`` for this package's kernels: cached where
-    :func:`cache_choice` says, announced when compiled."""
-    cache = cache_choice().enabled
-
-    def wrap(fn: Callable[..., Any]) -> Any:
-        disp = numba.njit(cache=cache, **options)(fn)
-        _KERNELS.append(disp)
-        return disp
-
-    return wrap
+def njit_kernel(fn: Callable[..., Any], options: dict[str, Any]) -> Any:
+    """``numba.njit(cache=..., **options)(fn)`` for one of this package's kernels (see
+    :class:`dpaudit_torch._compiled.Kernel`): cached where :func:`cache_choice` says, announced
+    when compiled."""
+    disp = numba.njit(cache=cache_choice().enabled, **options)(fn)
+    _KERNELS.append(disp)
+    return disp
 
 
 # ---------------------------------------------------------------------------- warm-up

@@ -28,6 +28,17 @@ def one_thread():
     torch.set_num_threads(n)
 
 
+@pytest.fixture(autouse=True)
+def _compiled_kernels_restored():
+    """An auditor built in Python-kernel mode switches the process's mode
+    (dpaudit_torch/_compiled.py): every test starts and ends in the default, compiled."""
+    from dpaudit_torch._compiled import set_compiled
+
+    set_compiled(True)
+    yield
+    set_compiled(True)
+
+
 @dataclass
 class PrivateSetup:
     engine: Any

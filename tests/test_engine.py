@@ -10,13 +10,14 @@ import textwrap
 import numpy as np
 import pytest
 import torch
-from conftest import loads_in_fresh_process
+from conftest import loads_in_fresh_process, make_private_setup
 
 from dpaudit_torch.audit import (
     MONITORS,
     AuditConfig,
     Decision,
     MonitorContext,
+    PrivacyAuditor,
     StepRecord,
     build_monitors,
 )
@@ -202,3 +203,38 @@ def test_monitor_states_round_trip():
         device="cpu", warn=print, coins=SecretCoins(M + 1, torch.Generator())))
     with pytest.raises(ValueError, match="does not fit"):
         bigger["one_run"].load_state_dict(sd["one_run"])
+
+
+def test_python_kernels_never_load_numba():
+    """In Python-kernel mode (``compiled_kernels=False``, the default from 2^25 coordinates) a
+    whole audit (attach, steps through the first check, finalize) runs without importing Numba:
+    its ~100 MB stay out of the process."""
+    statement = (
+        "import warnings; warnings.simplefilter('ignore'); "
+        "sys.path.insert(0, 'tests'); from conftest import make_private_setup; "
+        "from dpaudit_torch.audit import PrivacyAuditor; s = make_private_setup(seed=1); "
+        "a = PrivacyAuditor(s.engine, s.optimizer, s.loader, seed=0, m_canaries=64, "
+        "compiled_kernels=False); s.train(12); r = a.finalize(); "
+        "assert a.step >= 10 and r.config['compiled_kernels'] is False")
+    assert not loads_in_fresh_process(statement, "numba")
+
+
+def test_kernel_mode_by_model_size(monkeypatch):
+    """``compiled_kernels=None``: compiled below COMPILED_BELOW trainable coordinates, Python
+    from there on; an explicit value wins."""
+    import dpaudit_torch._compiled as comp
+
+    s = make_private_setup(seed=1)
+    a = PrivacyAuditor(s.engine, s.optimizer, s.loader, seed=0, m_canaries=64)
+    assert a.config.compiled_kernels is True and comp.compiled()
+    a.detach()
+    monkeypatch.setattr(comp, "COMPILED_BELOW", 10)
+    a = PrivacyAuditor(s.engine, s.optimizer, s.loader, seed=0, m_canaries=64)
+    assert a.config.compiled_kernels is False and not comp.compiled()
+    a.detach()
+    a = PrivacyAuditor(s.engine, s.optimizer, s.loader, seed=0, m_canaries=64,
+                       compiled_kernels=True)
+    assert a.config.compiled_kernels is True and comp.compiled()
+    a.detach()
+    with pytest.raises(TypeError, match="compiled_kernels"):
+        PrivacyAuditor(s.engine, s.optimizer, s.loader, compiled_kernels="yes")

@@ -151,7 +151,7 @@ class PrivacyAuditor:
                  config: AuditConfig | None = None,
                  on_step: StepCallback | Sequence[StepCallback] | None = None,
                  **settings: Any) -> None:
-        from .._numba import warm_up
+        from .._compiled import COMPILED_BELOW, set_compiled
         from ..opacus_tap import OpacusTap
 
         if delta is not None:
@@ -180,6 +180,11 @@ class PrivacyAuditor:
                 f"the model has {tap.n_coordinates} trainable coordinates, fewer than the "
                 f"{need} canary coordinates requested (2 * k_pairs + m_canaries); lower k_pairs "
                 f"or m_canaries")
+        if cfg.compiled_kernels is None:  # by the model's size (dpaudit_torch/_compiled.py)
+            self.config = cfg = cfg.replace(
+                compiled_kernels=tap.n_coordinates < COMPILED_BELOW)
+        # process-wide: which implementation the host kernels run (never changes a result)
+        set_compiled(bool(cfg.compiled_kernels))
         seeds, self.seed_policy = derive_seeds(cfg.seed)
         if tap.world_size > 1:  # after all validation: a collective every rank reaches
             from ..opacus_tap.ddp import share_seeds
@@ -217,8 +222,11 @@ class PrivacyAuditor:
         self.skipped_nonfinite = 0
         self._nonfinite_flags: list[torch.Tensor] = []  # deferred finiteness since the last check
         self._report: Any = None
-        # compile (once; later: load from Numba's cache) every kernel before the first step
-        warm_up(tap.params, host=self.device.type == "cpu")
+        if cfg.compiled_kernels:
+            from .._numba import warm_up
+
+            # compile (once; later: load from Numba's cache) every kernel before the first step
+            warm_up(tap.params, host=self.device.type == "cpu")
         tap.attach(self, self.observe_hook)
         logger.info("PrivacyAuditor attached: %d pairs, %d one-run canaries, sample rate %.4g, "
                     "noise multiplier %.4g, %s", cfg.k_pairs, cfg.m_canaries, tap.sample_rate,

@@ -83,8 +83,9 @@ class AuditConfig:
     """The settings of one audit (see :class:`~dpaudit_torch.audit.auditor.PrivacyAuditor` for
     the meaning of each). Validated at construction: TypeError / ValueError naming the value.
 
-    ``seed`` and ``device`` are part of the configuration but not of :meth:`fingerprint` (a
-    resumed audit takes its streams from the checkpoint and may live on another device).
+    ``seed``, ``device`` and ``compiled_kernels`` are part of the configuration but not of
+    :meth:`fingerprint` (a resumed audit takes its streams from the checkpoint and may live on
+    another device; the kernels' implementation never changes a result).
     """
 
     delta: float = 1e-5
@@ -107,6 +108,7 @@ class AuditConfig:
     noise_coordinates_total: int | None = DEFAULT_NOISE_COORDINATES_TOTAL
     spread_pairs: int | None = None
     spread_tensors: int = 4
+    compiled_kernels: bool | None = None
 
     def __post_init__(self) -> None:
         put = object.__setattr__  # frozen: normalise the values once, here
@@ -156,6 +158,9 @@ class AuditConfig:
         if self.noise_coordinates_total is not None:
             put(self, "noise_coordinates_total", check_positive_int(
                 self.noise_coordinates_total, "noise_coordinates_total"))
+        if self.compiled_kernels is not None and not isinstance(self.compiled_kernels, bool):
+            raise TypeError(f"compiled_kernels must be True, False or None (by the model's "
+                            f"size), got {self.compiled_kernels!r}")
         if self.spread_pairs is None:  # default: every pair is a spread canary
             put(self, "spread_pairs", self.k_pairs)
         put(self, "spread_pairs", check_positive_int(self.spread_pairs, "spread_pairs",
@@ -231,5 +236,6 @@ class AuditConfig:
             "noise_coordinates_per_tensor": self.noise_coordinates_per_tensor,
             "noise_coordinates_total": self.noise_coordinates_total,
             "spread_pairs": self.spread_pairs, "spread_tensors": self.spread_tensors,
+            "compiled_kernels": self.compiled_kernels,
         }
 

@@ -10,9 +10,8 @@ one pass (measured: 57 us for the NumPy version of ``plan_step`` with cold cache
 from __future__ import annotations
 
 import numpy as np
-from numba import types as nt
 
-from .._numba import kernel
+from .._compiled import kernel
 
 __all__ = ["plan_step", "snapshot_step", "release_step", "add_columns"]
 
@@ -207,6 +206,8 @@ def add_columns(dst: tuple, src: tuple, counts: np.ndarray, col_flat: np.ndarray
 def signatures() -> list[tuple[object, tuple[object, ...]]]:
     """(kernel, argument types) of :func:`plan_step` as the injector calls it, for
     :func:`dpaudit_torch._numba.warm_up`."""
+    from numba import types as nt
+
     i, i1, f = nt.int64, nt.int64[::1], nt.float64
     i3 = nt.int64[:, :, ::1]
     return [(plan_step, (nt.float64[::1], nt.boolean[::1], f, i1, i, i, i, i1, i3, i3, f))]
@@ -216,6 +217,8 @@ def observe_signatures(grad_dtype: object, n_tensors: int
                        ) -> list[tuple[object, tuple[object, ...]]]:
     """(kernel, argument types) of :func:`snapshot_step`, :func:`release_step` and
     :func:`add_columns` for ``n_tensors`` flat gradients of the Numba dtype ``grad_dtype``."""
+    from numba import types as nt
+
     f1, i1, i2 = nt.float64[::1], nt.int64[::1], nt.int64[:, ::1]
     i, f = nt.int64, nt.float64
     grads = nt.UniTuple(nt.Array(grad_dtype, 1, "C"), n_tensors)

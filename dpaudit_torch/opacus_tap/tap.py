@@ -25,6 +25,7 @@ from typing import Any
 
 import torch
 
+from .._compiled import compiled as kernels_compiled
 from ..audit.record import StepRecord
 from ..canaries import CanaryDesign, SecretCoins
 from .accountant import AccountantView
@@ -179,7 +180,8 @@ class OpacusTap:
         old = self.reader  # a rebuild (resume) keeps how the reader was set to read
         self.injector = inj
         finite = old.check_finite_every_step if old is not None else device.type == "cpu"
-        compiled = old.compiled if old is not None else True
+        # the compiled one-pass read runs where the kernels are compiled (not in Python mode)
+        compiled = old.compiled if old is not None else kernels_compiled()
         if self.layout is None:
             self.reader = GradientReader(self.params, design, device,
                                          check_finite_every_step=finite, compiled=compiled,

@@ -17,9 +17,8 @@ from __future__ import annotations
 import math
 
 import numpy as np
-from numba import types as nt
 
-from .._numba import kernel
+from .._compiled import kernel
 
 __all__ = ["ons_run", "mmd_recursion_capped", "hockey_stick_gaps",
            "hockey_stick_finish"]
@@ -38,7 +37,7 @@ def ons_run(payoffs: np.ndarray, lam: np.ndarray, a_sum: np.ndarray, log_wealth:
         for k in range(K):
             p = payoffs[t, k]
             lp = lam[k] * p
-            log_wealth[k] = log_wealth[k] + math.log1p(lp)
+            log_wealth[k] = log_wealth[k] + np.log1p(lp)  # NaN/-inf below -1, also as Python
             z = -p / (1.0 + lp)
             a_sum[k] = a_sum[k] + z * z
             new = lam[k] - c * z / a_sum[k]
@@ -245,6 +244,8 @@ def hockey_stick_finish(cx: np.ndarray, cy: np.ndarray, cand_kind: np.ndarray,
 def signatures() -> list[tuple[object, tuple[object, ...]]]:
     """(kernel, argument types) of every call the sequential tests make (C-contiguous float64
     and int64 arrays, Python ints and floats), for :func:`dpaudit_torch._numba.warm_up`."""
+    from numba import types as nt
+
     f1, f2, f3 = nt.float64[::1], nt.float64[:, ::1], nt.float64[:, :, ::1]
     i1, i2 = nt.int64[::1], nt.int64[:, ::1]
     i, f = nt.int64, nt.float64

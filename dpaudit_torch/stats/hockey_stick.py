@@ -96,6 +96,7 @@ from typing import Any
 import numpy as np
 import torch
 
+from .._compiled import compiled as kernels_compiled
 from .._validation import check_positive_int
 from ._event_sets import EventSetLearner, ScoreFn
 from ._kernels import hockey_stick_finish, hockey_stick_gaps
@@ -316,9 +317,10 @@ class HockeyStickTest(EventSetLearner, SequentialTest):
         return pay.reshape(n, 2 * self.grid_size).cpu().numpy()  # one transfer per chunk
 
     def _use_compiled(self, dev: torch.device) -> bool:
-        """CPU tensors go through the compiled pair-by-pair kernel; accelerators keep the
-        vectorised chunk computation (same payoffs up to floating-point summation order)."""
-        return dev.type == "cpu" and not self.force_vectorised
+        """CPU tensors go through the compiled pair-by-pair kernel; accelerators, and the CPU
+        while the kernels run as Python (:mod:`dpaudit_torch._compiled`), keep the vectorised
+        chunk computation (same payoffs up to floating-point summation order)."""
+        return dev.type == "cpu" and not self.force_vectorised and kernels_compiled()
 
     def _cells_1d(self, v: torch.Tensor) -> np.ndarray:
         """:meth:`_cells` of :meth:`_scores` for one-dimensional CPU outputs ``v`` [n, 1] with
