@@ -30,6 +30,8 @@ from __future__ import annotations
 
 import logging
 import math
+from collections.abc import Callable
+from typing import Any
 
 import numpy as np
 import torch
@@ -51,6 +53,24 @@ NORM_TOL = 1e-9
 #: (one update adds ~1e-16 relative error; 16 * cap updates stay far below NORM_TOL, and the
 #: O(cap^2) recomputation is then ~1% of the test's work)
 REFRESH_FACTOR = 16
+
+
+def _stored_blocks(A: Any, X: Any, Y: Any, Xn: Any, Yn: Any, Q: Any, Qn: Any, n: int, T: int,
+                   B: int, kernel: Callable[..., Any], sub: Callable[..., Any], r: Any,
+                   G: Any) -> None:
+    """The stored pairs' part of the witness at the query points ``Q = [x parts; y parts]``,
+    in blocks of B stored pairs, accumulated into ``r`` (and their Gram block into ``G``): the
+    same loop for NumPy arrays and torch tensors (``kernel`` and ``sub`` of that library)."""
+    for b0 in range(0, T, B):
+        b1 = min(T, b0 + B)
+        a = A[b0:b1]
+        kx = kernel(X[b0:b1], Xn[b0:b1], Q, Qn)
+        ky = kernel(Y[b0:b1], Yn[b0:b1], Q, Qn)
+        r += a @ kx
+        r -= a @ ky
+        if G is not None:
+            kx -= ky  # k(x_i, q) - k(y_i, q)
+            sub(kx[:, :n], kx[:, n:], out=G[b0:b1])
 
 
 class KernelWitness:
@@ -264,17 +284,8 @@ class KernelWitness:
             assert self._X is not None and self._Y is not None and self._a is not None
             assert self._Xn is not None and self._Yn is not None
             _, X, Y, Xn, Yn, A, _ = self._state_np()
-            B = self._block_rows(n)
-            for b0 in range(0, T, B):
-                b1 = min(T, b0 + B)
-                a = A[b0:b1]
-                kx = self._kernel_host(X[b0:b1], Xn[b0:b1], Q, Qn)
-                ky = self._kernel_host(Y[b0:b1], Yn[b0:b1], Q, Qn)
-                r += a @ kx
-                r -= a @ ky
-                if G is not None:
-                    kx -= ky  # k(x_i, q) - k(y_i, q)
-                    np.subtract(kx[:, :n], kx[:, n:], out=G[b0:b1])
+            _stored_blocks(A, X, Y, Xn, Yn, Q, Qn, n, T, self._block_rows(n),
+                           self._kernel_host, np.subtract, r, G)
         return r, G
 
     def _witness_values_host(self, x: np.ndarray, y: np.ndarray) -> np.ndarray:
@@ -343,12 +354,7 @@ class KernelWitness:
         Yn[pos] = Qn[N:N + n]
         A[pos] = a_new
         self._update_fwd_host(T, gram, pending, pos, Hh[:n, :n], a_new)
-        self._head = (self._head + E) % buf
-        self._T = cap
-        self._n_evicted += E
-        self._since_refresh += E
-        if self._since_refresh >= REFRESH_FACTOR * cap:
-            self._refresh_norm()
+        self._advance_ring(E, buf, cap)
         return v
 
     def _update_fwd_host(self, T: int, gram: np.ndarray | None, pending: float,
@@ -365,6 +371,16 @@ class KernelWitness:
         fwd[pos] = np.triu(H_new) @ a_new  # H is symmetric
 
     # ------------------------------------------------------------------ capped witness
+    def _advance_ring(self, E: int, buf: int, cap: int) -> None:
+        """After a chunk that dropped its E oldest pairs: the ring's head, the counts, and the
+        periodic recomputation of ||f||^2."""
+        self._head = (self._head + E) % buf
+        self._T = cap
+        self._n_evicted += E
+        self._since_refresh += E
+        if self._since_refresh >= REFRESH_FACTOR * cap:
+            self._refresh_norm()
+
     def _logical_order(self) -> torch.Tensor | None:
         """Physical slots of the stored pairs, oldest first (None: slots 0..T-1 in order)."""
         if self._head == 0 or self._X is None:
@@ -469,12 +485,7 @@ class KernelWitness:
         a_dev = torch.from_numpy(a_new).to(device=dev, dtype=self.dtype)
         self._a[pos] = a_dev
         self._update_fwd(T, gram, a_dev, pending, pos, Hh[:n, :n], a_new)
-        self._head = (self._head + E) % buf
-        self._T = cap
-        self._n_evicted += E
-        self._since_refresh += E
-        if self._since_refresh >= REFRESH_FACTOR * cap:
-            self._refresh_norm()
+        self._advance_ring(E, buf, cap)
         return v
 
     def _stored_part(self, Q: torch.Tensor, Qn: torch.Tensor, n: int, T: int, gram: bool
@@ -489,17 +500,8 @@ class KernelWitness:
         if T:
             assert self._X is not None and self._Y is not None and self._a is not None
             assert self._Xn is not None and self._Yn is not None
-            B = self._block_rows(n)
-            for b0 in range(0, T, B):
-                b1 = min(T, b0 + B)
-                a = self._a[b0:b1]
-                kx = self._kernel(self._X[b0:b1], self._Xn[b0:b1], Q, Qn)
-                ky = self._kernel(self._Y[b0:b1], self._Yn[b0:b1], Q, Qn)
-                r += a @ kx
-                r -= a @ ky
-                if G is not None:
-                    kx -= ky  # k(x_i, q) - k(y_i, q)
-                    torch.sub(kx[:, :n], kx[:, n:], out=G[b0:b1])
+            _stored_blocks(self._a, self._X, self._Y, self._Xn, self._Yn, Q, Qn, n, T,
+                           self._block_rows(n), self._kernel, torch.sub, r, G)
         return r, G
 
     def _update_fwd(self, T: int, gram: torch.Tensor | None, a_new: torch.Tensor,
