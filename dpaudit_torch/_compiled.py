@@ -14,7 +14,8 @@ transcendental functions. The auditor picks the mode from the model's size
 (:data:`COMPILED_BELOW`, ``AuditConfig.compiled_kernels``): compiled code is what keeps a small
 model's per-step overhead small, and a large model's steps are long enough that the slower
 paths cost a fraction of a percent while the fixed memory is better spent on training. The
-choice is process-wide (it only selects an implementation, never a result).
+choice is process-wide (it only selects an implementation, never a result); an auditor sets it
+while attached and puts the previous mode back at ``detach()`` / ``finalize()``.
 """
 
 from __future__ import annotations

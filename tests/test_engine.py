@@ -221,7 +221,8 @@ def test_python_kernels_never_load_numba():
 
 def test_kernel_mode_by_model_size(monkeypatch):
     """``compiled_kernels=None``: compiled below COMPILED_BELOW trainable coordinates, Python
-    from there on; an explicit value wins."""
+    from there on; an explicit value wins; detach() and finalize() put the process's mode
+    back."""
     import dpaudit_torch._compiled as comp
 
     s = make_private_setup(seed=1)
@@ -231,7 +232,13 @@ def test_kernel_mode_by_model_size(monkeypatch):
     monkeypatch.setattr(comp, "COMPILED_BELOW", 10)
     a = PrivacyAuditor(s.engine, s.optimizer, s.loader, seed=0, m_canaries=64)
     assert a.config.compiled_kernels is False and not comp.compiled()
+    s.train(6)
+    a.finalize()
+    assert comp.compiled()  # the process's mode is back once the audit is over
+    a = PrivacyAuditor(s.engine, s.optimizer, s.loader, seed=0, m_canaries=64)
+    assert not comp.compiled()
     a.detach()
+    assert comp.compiled()
     a = PrivacyAuditor(s.engine, s.optimizer, s.loader, seed=0, m_canaries=64,
                        compiled_kernels=True)
     assert a.config.compiled_kernels is True and comp.compiled()

@@ -152,6 +152,7 @@ class PrivacyAuditor:
                  on_step: StepCallback | Sequence[StepCallback] | None = None,
                  **settings: Any) -> None:
         from .._compiled import COMPILED_BELOW, set_compiled
+        from .._compiled import compiled as kernels_compiled
         from ..opacus_tap import OpacusTap
 
         if delta is not None:
@@ -183,7 +184,9 @@ class PrivacyAuditor:
         if cfg.compiled_kernels is None:  # by the model's size (dpaudit_torch/_compiled.py)
             self.config = cfg = cfg.replace(
                 compiled_kernels=tap.n_coordinates < COMPILED_BELOW)
-        # process-wide: which implementation the host kernels run (never changes a result)
+        # process-wide while attached: which implementation the host kernels run (never changes
+        # a result); detach() / finalize() put back what the process had
+        self._kernels_before = kernels_compiled()
         set_compiled(bool(cfg.compiled_kernels))
         seeds, self.seed_policy = derive_seeds(cfg.seed)
         if tap.world_size > 1:  # after all validation: a collective every rank reaches
@@ -439,10 +442,21 @@ class PrivacyAuditor:
         """Restore every wrapped optimizer attribute and remove the step pre-hook (idempotent).
 
         Observations buffered since the last check are kept; ``finalize`` still works after."""
+        self._detach()
+        self._restore_kernel_mode()
+
+    def _detach(self) -> None:
         if not self.attached:
             return
         self.tap.detach()
         logger.info("PrivacyAuditor detached after %d audited steps", self.step)
+
+    def _restore_kernel_mode(self) -> None:
+        """The kernel implementation the process had before this auditor (its later tests,
+        e.g. a black-box audit, run as before)."""
+        from .._compiled import set_compiled
+
+        set_compiled(getattr(self, "_kernels_before", True))
 
     def finalize(self, detach: bool = True) -> Any:
         """Finish the audit and return an :class:`~dpaudit_torch.report.AuditReport`.
@@ -454,7 +468,7 @@ class PrivacyAuditor:
         if self._report is not None:
             return self._report
         if detach:
-            self.detach()
+            self._detach()  # the kernel mode stays this audit's until the report is made
         self._check()
         if self.decision.violation and not self._raised:
             self._raised = True
@@ -472,6 +486,8 @@ class PrivacyAuditor:
         from .assemble import build_audit_report
 
         self._report = build_audit_report(self, claimed)
+        if detach:
+            self._restore_kernel_mode()
         return self._report
 
     # ------------------------------------------------------------------ checkpoint / resume
