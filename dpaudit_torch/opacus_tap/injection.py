@@ -50,6 +50,7 @@ from ..canaries import CanaryDesign, SecretCoins
 from ._step_kernels import add_columns, plan_step
 from .errors import call_theirs
 from .ghost import GhostInjection
+from .observation import host_views
 from .plan import (
     StepPlan,
     effective_noise_multiplier,
@@ -513,7 +514,7 @@ class Injector(GhostInjection):
             # the views must still be those of the tensors the optimizer will use
             if a is None or getattr(p, "summed_grad", None) is not t:
                 return False
-        src = _host_views(adds)
+        src = host_views(adds)
         if src is None or src[0].dtype != dst[0].dtype:
             return False
         add_columns(dst, src, counts, col_flat)
@@ -538,17 +539,6 @@ class Injector(GhostInjection):
         self.steps_injected += 1
         if self.on_inject is not None:
             self.on_inject(rec)
-
-
-def _host_views(tensors: list[torch.Tensor]) -> tuple[np.ndarray, ...] | None:
-    """Flat NumPy views of CPU tensors of one NumPy float dtype, all contiguous, else None."""
-    dt = tensors[0].dtype
-    for t in tensors:
-        if t.device.type != "cpu" or t.dtype != dt or t.requires_grad or (
-                not t.is_contiguous()) or dt not in (torch.float32, torch.float64,
-                                                     torch.float16):
-            return None
-    return tuple(t.numpy().reshape(-1) for t in tensors)
 
 
 def _already_processed(params: list[torch.nn.Parameter]) -> bool:

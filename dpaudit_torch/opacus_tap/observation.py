@@ -35,10 +35,25 @@ from ..canaries import CanaryDesign
 from ._step_kernels import release_step, snapshot_step
 from .plan import StepPlan
 
-__all__ = ["GradientReader"]
+__all__ = ["GradientReader", "host_views"]
 
 #: gradient dtypes the compiled CPU path reads (NumPy has no bfloat16)
 _NUMPY_FLOATS = (torch.float32, torch.float64, torch.float16)
+
+
+def host_views(tensors: list[torch.Tensor | None]) -> tuple[np.ndarray, ...] | None:
+    """The flat NumPy views of ``tensors`` if a compiled pass can use them (CPU, one NumPy
+    float dtype, contiguous, none missing), else None. They share memory with the tensors, so a
+    kernel can also write through them. (NumPy's reshape: far cheaper than torch's detach and
+    reshape right after a backward pass, when the caches are cold.)"""
+    dt = None
+    for t in tensors:
+        if t is None or t.device.type != "cpu" or t.dtype not in _NUMPY_FLOATS or (
+                dt is not None and t.dtype != dt) or not t.is_contiguous():
+            return None
+        dt = t.dtype
+    return tuple((t.detach() if t.requires_grad else t).numpy().reshape(-1)  # type: ignore[union-attr]
+                 for t in tensors)
 
 
 class _HostBuffers:
@@ -202,21 +217,11 @@ class GradientReader:
         return hit[1]
 
     def _host_arrays(self, tensors: list[torch.Tensor | None]) -> tuple[np.ndarray, ...] | None:
-        """The flat NumPy views of ``tensors`` if the compiled pass can read them (CPU, one
-        NumPy dtype, contiguous, none missing), else None. They share memory with the tensors,
-        so a kernel can also write through them."""
+        """:func:`host_views` of ``tensors`` where this reader runs the compiled pass, else
+        None."""
         if not (self.compiled and self._host):
             return None
-        dt = None
-        for t in tensors:
-            if t is None or t.device.type != "cpu" or t.dtype not in _NUMPY_FLOATS or (
-                    dt is not None and t.dtype != dt) or not t.is_contiguous():
-                return None
-            dt = t.dtype
-        # NumPy views straight from the tensors (a NumPy reshape is far cheaper than torch's
-        # detach + reshape right after a backward pass, when the caches are cold)
-        return tuple((t.detach() if t.requires_grad else t).numpy().reshape(-1)  # type: ignore[union-attr]
-                     for t in tensors)
+        return host_views(tensors)
 
     @torch.no_grad()
     def _gather(self, get: Callable[[int], torch.Tensor | None], scale: torch.Tensor,
