@@ -497,3 +497,31 @@ def test_blocks_refuse_bad_shapes() -> None:
     t.update_steps(np.ones((2, 3)))
     with pytest.raises(ValueError, match="earlier steps had 3"):
         t.update_steps(np.ones((2, 4)))
+
+
+def test_group_sums_equal_samples() -> None:
+    """update_group_sums (a caller's per-group sums of xi^2) gives the wealth of update_steps on
+    the samples; and the noise monitor's one-pass per-tensor / per-group sums give both tests
+    the trajectories of update_steps."""
+    from dpaudit_torch.audit.monitors.noise import _TensorSums
+
+    rng = np.random.default_rng(4)
+    tensor_of = np.repeat(np.arange(5), [7, 40, 3, 90, 11])
+    group_of = np.array([0, 0, 1, 1, 0])[tensor_of]
+    sums = _TensorSums(tensor_of, group_of, 6, 2)  # tensor 5 holds no coordinate
+    assert sums.usable
+    a_t, b_t = NoiseVarianceTest(6), NoiseVarianceTest(6)
+    a_g, b_g = NoiseVarianceTest(2), NoiseVarianceTest(2)
+    for scale in (1.0, 1.0, 0.7):
+        xs = rng.normal(scale=scale, size=(5, tensor_of.size))
+        (ts, tc), (gs, gc) = sums(xs)
+        np.testing.assert_allclose(a_t.update_steps(xs, tensor_of, 1.3),
+                                   b_t.update_group_sums(ts, tc, 1.3), rtol=1e-12, atol=1e-12)
+        np.testing.assert_allclose(a_g.update_steps(xs, group_of, 1.3),
+                                   b_g.update_group_sums(gs, gc, 1.3), rtol=1e-12, atol=1e-12)
+    assert b_t.rejected == a_t.rejected and b_g.rejected == a_g.rejected
+    assert not _TensorSums(tensor_of[::-1].copy(), group_of, 6, 2).usable  # not tensor-major
+    with pytest.raises(ValueError, match="sigma"):
+        b_t.update_group_sums(ts, tc, 0.0)
+    with pytest.raises(ValueError, match="sums must be"):
+        b_t.update_group_sums(gs, gc, 1.0)

@@ -523,9 +523,8 @@ class PrivacyAuditor:
             "coins": {"in": mask, "revealed": revealed},
             "noise_coords": {"param": self.noise_coords[0].clone(),
                              "flat": self.noise_coords[1].clone()},
-            # role coins and inclusions are drawn in blocks of steps: the generator state at the
-            # current block's start and the position in it resume them exactly
-            "mechanics_rng": rng_state, "mechanics_pos": pos,
+            # the generator state at the current block's start and the uniforms used from it
+            "mechanics_rng": rng_state, "mechanics_pos": pos, "mechanics_unit": "uniforms",
             "injector": inj.counters(),
             "monitors": {n: plain_state(m.state_dict()) for n, m in self.monitors.items()},
             "decision": self.decision.state_dict(),
@@ -629,7 +628,9 @@ class PrivacyAuditor:
                        self._on_internal_failure, noise_coords)
         inj, reader = self.tap.injector, self.tap.reader
         assert inj is not None and reader is not None
-        inj.resume_draws(int(sd["mechanics_pos"]))
+        # a state written before the geometric inclusions counted steps of k + m uniforms
+        unit = 1 if sd.get("mechanics_unit") == "uniforms" else cfg.k_pairs + cfg.m_canaries
+        inj.resume_draws(int(sd["mechanics_pos"]) * unit)
         inj.load_counters(sd["injector"])
         reader.reads = int(c["reads"])
         if was_attached:

@@ -17,25 +17,32 @@ __all__ = ["plan_step", "snapshot_step", "release_step", "add_columns"]
 
 
 @kernel(nogil=True)
-def plan_step(u: np.ndarray, in_mask: np.ndarray, sample_rate: float, consts: np.ndarray,
-              k: int, m: int, n_params: int, spread_rows: np.ndarray, spread_param: np.ndarray,
-              spread_flat: np.ndarray, spread_w: float
-              ) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray, np.ndarray, np.ndarray,
-                         np.ndarray, np.ndarray, np.ndarray]:
-    """One logical step's canary plan from k + m uniforms ``u`` (the auditor's own stream).
+def plan_step(draws: np.ndarray, at: int, in_index: np.ndarray, log1m_q: float,
+              consts: np.ndarray, k: int, m: int, n_params: int, spread_rows: np.ndarray,
+              spread_param: np.ndarray, spread_flat: np.ndarray, spread_w: float,
+              scratch: np.ndarray
+              ) -> tuple[int, np.ndarray, np.ndarray, np.ndarray, np.ndarray, np.ndarray,
+                         np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+    """One logical step's canary plan from the auditor's own uniforms ``draws[at:]``.
 
     ``consts`` holds, in order, pair_param, pair_a, pair_b (k each), one_param, one_flat (m
     each): one array, so that the call passes few arguments. Pair j's canary goes to
-    ``pair_a[j]`` when ``u[j] < 1/2`` (the role coin), else to ``pair_b[j]``; one-run canary i
-    is included when it is IN (``in_mask[i]``) and ``u[k + i] < sample_rate`` (Poisson sampling
-    at the data loader's rate). Rows are the k pairs, then the included one-run canaries in
-    index order. A spread pair (row ``spread_rows[s]``) also has an entry at each coordinate of
-    ``spread_param[s, side]`` / ``spread_flat[s, side]`` (side 0: a, 1: b, the one its coin
-    chose), and each entry of a spread row weighs ``spread_w``; every other entry weighs 1.
+    ``pair_a[j]`` when ``draws[at + j] < 1/2`` (the role coin), else to ``pair_b[j]``. Each IN
+    one-run canary (``in_index``: their indices, ascending) is included with the data loader's
+    Poisson rate q, independently: the gaps between included canaries in ``in_index`` are
+    geometric, ``floor(log(1 - u) / log(1 - q))`` for a uniform u (``log1m_q`` = log(1 - q)),
+    so that a step uses k + 1 + (canaries included) uniforms, not one per canary
+    (docs/design.md section 5). ``scratch``: int64 work space of at least ``len(in_index)``.
+    Rows are the k pairs, then the included one-run canaries in index order. A spread pair (row
+    ``spread_rows[s]``) also has an entry at each coordinate of ``spread_param[s, side]`` /
+    ``spread_flat[s, side]`` (side 0: a, 1: b, the one its coin chose), and each entry of a
+    spread row weighs ``spread_w``; every other entry weighs 1.
 
-    Returns (coins [k] bool, included [n] int64, then per entry, E = R + spread extras with
-    R = k + n rows: param, flat (its flat index in the real tensor), weight, index; then
-    counts [n_params] (entries per tensor), col_flat [E], pair_order [2k]).
+    Returns (the position after the uniforms used, or -1 when ``draws`` ran out first: the
+    caller appends more and calls again from ``at``; coins [k] bool, included [n] int64, then
+    per entry, E = R + spread extras with R = k + n rows: param, flat (its flat index in the
+    real tensor), weight, index; then counts [n_params] (entries per tensor), col_flat [E],
+    pair_order [2k]).
 
     ``index`` places the entry in the step's *rows buffer*, one row-major ``[R, E]`` matrix
     whose columns are grouped by tensor: tensor p's ``counts[p]`` entries are the columns
@@ -52,34 +59,45 @@ def plan_step(u: np.ndarray, in_mask: np.ndarray, sample_rate: float, consts: np
     pair_b = consts[2 * k:3 * k]
     one_param = consts[3 * k:3 * k + m]
     one_flat = consts[3 * k + m:3 * k + 2 * m]
+    total = draws.shape[0]
+    n_in = in_index.shape[0]
+    pos = at + k
     n = 0
-    for i in range(m):
-        if in_mask[i] and u[k + i] < sample_rate:
-            n += 1
+    last = -1  # position in in_index of the last canary included
+    while True:
+        if pos >= total:  # out of uniforms: nothing was changed, the caller draws more
+            return (-1, np.empty(0, dtype=np.bool_), np.empty(0, dtype=np.int64),
+                    np.empty(0, dtype=np.int64), np.empty(0, dtype=np.int64), np.ones(0),
+                    np.empty(0, dtype=np.int64), np.empty(0, dtype=np.int64),
+                    np.empty(0, dtype=np.int64), np.empty(0, dtype=np.int64))
+        g = np.log(1.0 - draws[pos]) / log1m_q  # >= 0; +inf or NaN-free for q in (0, 1]
+        pos += 1
+        if not g < n_in - 1 - last:  # past the last IN canary (also g = +inf)
+            break
+        last += int(g) + 1
+        scratch[n] = in_index[last]
+        n += 1
+    included = scratch[:n].copy()
     R = k + n
     n_sp = spread_rows.shape[0]
     L1 = spread_param.shape[2]
     E = R + n_sp * L1
     coins = np.empty(k, dtype=np.bool_)
-    included = np.empty(n, dtype=np.int64)
     param = np.empty(E, dtype=np.int64)
     flat = np.empty(E, dtype=np.int64)
     row = np.empty(E, dtype=np.int64)
     weight = np.ones(E)
     for j in range(k):
-        c = u[j] < 0.5
+        c = draws[at + j] < 0.5
         coins[j] = c
         param[j] = pair_param[j]
         flat[j] = pair_a[j] if c else pair_b[j]
         row[j] = j
-    r = k
-    for i in range(m):
-        if in_mask[i] and u[k + i] < sample_rate:
-            included[r - k] = i
-            param[r] = one_param[i]
-            flat[r] = one_flat[i]
-            row[r] = r
-            r += 1
+    for r in range(k, R):
+        i = included[r - k]
+        param[r] = one_param[i]
+        flat[r] = one_flat[i]
+        row[r] = r
     e = R
     for s in range(n_sp):
         j = spread_rows[s]
@@ -109,7 +127,7 @@ def plan_step(u: np.ndarray, in_mask: np.ndarray, sample_rate: float, consts: np
     for j in range(k):
         pair_order[j] = j if coins[j] else k + j
         pair_order[k + j] = k + j if coins[j] else j
-    return (coins, included, param, flat, weight, index, counts, col_flat, pair_order)
+    return (pos, coins, included, param, flat, weight, index, counts, col_flat, pair_order)
 
 
 @kernel(nogil=True)
@@ -210,7 +228,7 @@ def signatures() -> list[tuple[object, tuple[object, ...]]]:
 
     i, i1, f = nt.int64, nt.int64[::1], nt.float64
     i3 = nt.int64[:, :, ::1]
-    return [(plan_step, (nt.float64[::1], nt.boolean[::1], f, i1, i, i, i, i1, i3, i3, f))]
+    return [(plan_step, (nt.float64[::1], i, i1, f, i1, i, i, i, i1, i3, i3, f, i1))]
 
 
 def observe_signatures(grad_dtype: object, n_tensors: int

@@ -61,7 +61,10 @@ from .plan import (
 
 logger = logging.getLogger(__name__)
 
-__all__ = ["Injector"]
+__all__ = ["Injector", "DRAW_BLOCK"]
+
+#: uniforms of the mechanics stream drawn at once (role coins and inclusions of many steps)
+DRAW_BLOCK = 1 << 16
 
 class Injector(GhostInjection):
     """Wraps the optimizer instance's ``clip_and_accumulate`` (or ``accumulate`` in ghost mode).
@@ -133,13 +136,21 @@ class Injector(GhostInjection):
         self._spread_w = 1.0 / math.sqrt(design.spread_width)
         self._shadow_params: list[torch.nn.Parameter] | None = None
         self._shadow_base: torch.Tensor | None = None  # zeros the shadow parameters view
-        self._in_mask_np = coins.sampling_mask().numpy()  # shares memory with the private coins
-        # uniforms drawn ahead for this many steps (at most ~2^16 numbers)
-        self._draw_block = max(1, min(64, (1 << 16) // (self._k + design.m_canaries)))
+        # the IN one-run canaries (ascending): only they can be included. Secret like the coins
+        # (never logged or reported)
+        self._in_index = np.ascontiguousarray(
+            np.flatnonzero(coins.sampling_mask().numpy()).astype(np.int64))
+        self._in_scratch = np.empty(max(1, self._in_index.size), dtype=np.int64)
+        q = self.sample_rate
+        self._log1m_q = math.log1p(-q) if q < 1.0 else -math.inf
+        # the uniforms of the mechanics stream: one block of DRAW_BLOCK at a time (a step uses
+        # k + 1 + its inclusions); the generator state at the block's start and the position in
+        # it make a checkpoint exact (draw_position / resume_draws)
         self._draws: np.ndarray | None = None
         self._draw_state: torch.Tensor | None = None
         self._draw_pos = 0
         self._resume_pos = 0
+        self._next_states: list[torch.Tensor] = []  # start states of appended blocks
         self._zero_buf: torch.Tensor | None = None
         self._ghost_values: dict[tuple[float, torch.dtype, torch.device], torch.Tensor] = {}
         self._param_ids = [id(p) for p in params]
@@ -225,15 +236,22 @@ class Injector(GhostInjection):
 
     def _plan(self) -> StepPlan:
         """Draw this step's role coins and Poisson inclusions (host) and fill a StepPlan:
-        k + m uniforms from the auditor's own stream (drawn in blocks of steps), one compiled
+        k + 1 + (inclusions) uniforms from the auditor's own stream (drawn in blocks), one compiled
         call (:func:`~dpaudit_torch.opacus_tap._step_kernels.plan_step`) for coins, inclusions
         and the rows' entries (spread canaries included)."""
         opt = self.optimizer
-        (coins, included, e_param, e_flat, e_weight, e_index, counts, col_flat,
-         pair_order) = plan_step(
-            self.next_uniforms(), self._in_mask_np, self.sample_rate, self._consts, self._k,
-            self.design.m_canaries, len(self.params), self._spread_rows, self._spread_param,
-            self._spread_flat, self._spread_w)
+        while True:
+            draws, at = self._uniforms()
+            (pos, coins, included, e_param, e_flat, e_weight, e_index, counts, col_flat,
+             pair_order) = plan_step(
+                draws, at, self._in_index, self._log1m_q, self._consts, self._k,
+                self.design.m_canaries, len(self.params), self._spread_rows, self._spread_param,
+                self._spread_flat, self._spread_w, self._in_scratch)
+            if pos >= 0:
+                break
+            self._more_uniforms()
+        self._draw_pos = pos
+        self._drop_used()
         clip = per_param_clip(opt, len(self.params))
         if self.ghost:
             acc = 1
@@ -270,35 +288,56 @@ class Injector(GhostInjection):
             column_flat=col_flat,
         )
 
-    def next_uniforms(self) -> np.ndarray:
-        """The next step's k + m uniforms. They are drawn from the ``mechanics`` generator for
-        a block of steps at once (one call instead of one per step); the generator state at
-        the block's start and the position in it make a checkpoint exact
-        (:meth:`draw_position`, :meth:`resume_draws`)."""
+    def _uniforms(self) -> tuple[np.ndarray, int]:
+        """(the uniforms drawn so far, the position of the next unused one)."""
         if self._draws is None or self._draw_pos >= self._draws.shape[0]:
             self._draw_state = self.mechanics.get_state()
-            self._draws = torch.rand(self._draw_block, self._k + self.design.m_canaries,
-                                     generator=self.mechanics, dtype=torch.float64).numpy()
+            self._draws = torch.rand(DRAW_BLOCK, generator=self.mechanics,
+                                     dtype=torch.float64).numpy()
             self._draw_pos = self._resume_pos
             self._resume_pos = 0
-        u = self._draws[self._draw_pos]
-        self._draw_pos += 1
-        return u
+        return self._draws, self._draw_pos
+
+    def _more_uniforms(self) -> None:
+        """A step needs more uniforms than the block has left: append the next block (the
+        buffer stays the stream from ``_draw_state``; the used blocks are dropped after the
+        step, :meth:`_drop_used`)."""
+        assert self._draws is not None
+        self._next_states.append(self.mechanics.get_state())
+        nxt = torch.rand(DRAW_BLOCK, generator=self.mechanics, dtype=torch.float64).numpy()
+        self._draws = np.concatenate([self._draws, nxt])
+
+    def _drop_used(self) -> None:
+        """Forget the blocks a step has used up (their successors' start states known)."""
+        while self._next_states and self._draw_pos >= DRAW_BLOCK:
+            assert self._draws is not None
+            self._draws = self._draws[DRAW_BLOCK:]
+            self._draw_state = self._next_states.pop(0)
+            self._draw_pos -= DRAW_BLOCK
+
+    def next_uniforms(self) -> np.ndarray:
+        """The uniforms the next step would start from (a copy; tests compare streams)."""
+        draws, at = self._uniforms()
+        return draws[at:at + self._k + 1].copy()
 
     def draw_position(self) -> tuple[torch.Tensor, int]:
-        """(generator state, steps already used) that reproduce the coming draws exactly."""
+        """(generator state, uniforms already used from it) that reproduce the coming draws
+        exactly."""
         if self._draws is None:
             return self.mechanics.get_state(), self._resume_pos
+        if self._draw_pos >= self._draws.shape[0]:  # all used: the next block starts here
+            return self.mechanics.get_state(), 0
         assert self._draw_state is not None
         return self._draw_state, self._draw_pos
 
-    def resume_draws(self, steps_used: int) -> None:
-        """The generator was just set to a block's start state: skip its first ``steps_used``
-        rows at the next draw."""
-        if not 0 <= int(steps_used) < self._draw_block:
-            raise ValueError(f"draw position {steps_used!r} outside [0, {self._draw_block})")
+    def resume_draws(self, used: int) -> None:
+        """The generator was just set to a block's start state: skip its first ``used``
+        uniforms at the next draw."""
+        if not 0 <= int(used) < DRAW_BLOCK:
+            raise ValueError(f"draw position {used!r} outside [0, {DRAW_BLOCK})")
         self._draws, self._draw_state, self._draw_pos = None, None, 0
-        self._resume_pos = int(steps_used)
+        self._next_states = []
+        self._resume_pos = int(used)
 
     def _rows_buffer(self, size: int, dtype: torch.dtype) -> torch.Tensor:
         """A persistent all-zero buffer of at least ``size`` elements.

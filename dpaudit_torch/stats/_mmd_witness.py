@@ -36,6 +36,7 @@ from typing import Any
 import numpy as np
 import torch
 
+from .._vecmath import exp_
 from ._kernels import mmd_recursion_capped
 
 # the messages read as the MMD test's: users configure the logger "dpaudit_torch.stats.mmd"
@@ -273,7 +274,7 @@ class KernelWitness:
             sq += Qn[None, :]
             np.maximum(sq, 0.0, out=sq)
         sq *= -0.5
-        return np.exp(sq, out=sq)
+        return exp_(sq)
 
     def _stored_part_host(self, Q: np.ndarray, Qn: np.ndarray, n: int, T: int, gram: bool
                           ) -> tuple[np.ndarray, np.ndarray | None]:

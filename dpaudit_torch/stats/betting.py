@@ -26,6 +26,7 @@ import math
 
 import numpy as np
 
+from .._vecmath import exp_
 from ._kernels import ons_run
 
 __all__ = ["ONS_C", "OnlineNewtonStep", "log_mean_exp"]
@@ -39,7 +40,7 @@ def log_mean_exp(a: np.ndarray, axis: int = -1) -> np.ndarray:
     a = np.asarray(a, dtype=np.float64)
     m = a.max(axis=axis, keepdims=True)
     m = np.where(np.isfinite(m), m, 0.0)
-    total = np.exp(a - m).sum(axis=axis, keepdims=True)
+    total = exp_(a - m).sum(axis=axis, keepdims=True)
     out = np.log(total / a.shape[axis]) + m
     return np.squeeze(out, axis=axis)
 

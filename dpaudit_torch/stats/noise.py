@@ -197,17 +197,36 @@ class NoiseVarianceTest(_Decision):
         with np.errstate(over="ignore"):
             if single is not None:  # bincount into one bin is slow
                 v = np.zeros((S, G))
-                v[:, single] = sq.sum(axis=1) / (s * s)
+                v[:, single] = sq.sum(axis=1)
             else:
                 assert self._groups_cache is not None
                 v = np.empty((S, G))
                 for i in range(S):  # one bincount per step: no [S, n] index array
                     v[i] = np.bincount(self._groups_cache, weights=sq[i], minlength=G)
-                v /= s * s
+        return self.update_group_sums(v, n, s)
+
+    def update_group_sums(self, sums: np.ndarray, counts: np.ndarray, sigma: float
+                          ) -> np.ndarray:
+        """:meth:`update_steps` from each step's per-group sums of ``xi ** 2`` (``sums``
+        [S, G], units of C) and the samples per group (``counts`` [G], the same every step):
+        all the test uses of the samples. Lets a caller that sums the samples per finer
+        partition (per tensor, with tensors inside groups) feed several tests from one pass."""
+        s = float(sigma)
+        if not (s > 0.0) or not math.isfinite(s):
+            raise ValueError(f"sigma must be a finite number > 0, got {sigma!r}")
+        n = np.asarray(counts, dtype=np.float64)
+        S = int(sums.shape[0])
+        if sums.ndim != 2 or sums.shape[1] != self.n_groups or n.shape != (self.n_groups,):
+            raise ValueError(f"sums must be [steps, {self.n_groups}] and counts "
+                             f"[{self.n_groups}], got {sums.shape} and {n.shape}")
+        if S == 0:
+            return np.zeros(0)
+        with np.errstate(over="ignore"):
+            v = sums / (s * s)
         log_e = n[None, :, None] * self._half_log_r - v[:, :, None] * self._half_inv  # [S,G,R]
         t0 = self._t
         log_s = fresh_start_log_mass(self._log_s.reshape(-1), log_e.reshape(S, -1), t0)
-        log_s = log_s.reshape(S, G, self.ratios.size)
+        log_s = log_s.reshape(S, self.n_groups, self.ratios.size)
         self._log_s = log_s[-1].copy()
         self._t = t0 + S
         self._count += (S * n).astype(np.int64)

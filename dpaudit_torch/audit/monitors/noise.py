@@ -99,6 +99,41 @@ class _StepRows:
         return steps, flags, rows
 
 
+class _TensorSums:
+    """Per step, the sums of the squared noise per tensor and per group, in one pass over the
+    samples: ``usable`` where the coordinates are tensor-major (each tensor one segment) and
+    every tensor lies in one group."""
+
+    def __init__(self, tensor_of: np.ndarray, group_of: np.ndarray, n_t: int, n_g: int
+                 ) -> None:
+        self.usable = False
+        if not tensor_of.size or group_of.shape != tensor_of.shape or np.any(
+                np.diff(tensor_of) < 0):
+            return
+        self.starts = np.flatnonzero(np.r_[True, np.diff(tensor_of) != 0])
+        self.present = tensor_of[self.starts]
+        to_group = np.full(n_t, -1, dtype=np.int64)
+        to_group[tensor_of] = group_of
+        if np.any(to_group[tensor_of] != group_of):
+            return
+        self.n_t = n_t
+        self.t_counts = np.bincount(tensor_of, minlength=n_t).astype(np.float64)
+        self.g_counts = np.bincount(group_of, minlength=n_g).astype(np.float64)
+        self.members = [np.flatnonzero(to_group == g) for g in range(n_g)]  # group -> tensors
+        self.usable = True
+
+    def __call__(self, rows: np.ndarray) -> tuple[tuple[np.ndarray, np.ndarray],
+                                                  tuple[np.ndarray, np.ndarray]]:
+        with np.errstate(over="ignore"):
+            sq = rows * rows
+        t_sums = np.zeros((rows.shape[0], self.n_t))
+        t_sums[:, self.present] = np.add.reduceat(sq, self.starts, axis=1)
+        g_sums = np.empty((rows.shape[0], len(self.members)))
+        for g, members in enumerate(self.members):  # sums, not a product: inf stays inf
+            g_sums[:, g] = t_sums[:, members].sum(axis=1)
+        return (t_sums, self.t_counts), (g_sums, self.g_counts)
+
+
 @register_monitor("noise")
 class NoiseMonitor:
     """Variance per tensor and per group, independence across steps, precision."""
@@ -123,6 +158,9 @@ class NoiseMonitor:
                   else 1)
         self.by_tensor = NoiseVarianceTest(n_t, alpha)
         self.by_group = NoiseVarianceTest(n_g, alpha)
+        # one pass per check feeds both variance tests: each step's sum of xi^2 per tensor
+        # (segments of the tensor-major coordinates), then per group as sums of its tensors
+        self._sums = _TensorSums(self.tensor_of, self.group_of, n_t, n_g)
         self.independence = NoiseIndependenceTest(alpha=alpha)
         if not self.tensor_of.size:
             self.reason_off = "no noise-audit coordinates (noise_coordinates_per_tensor = 0)"
@@ -175,8 +213,13 @@ class NoiseMonitor:
         log_e = np.empty(len(steps))
         if ok.any():
             rows = xs if ok.all() else xs[ok]
-            tensor_lw = self.by_tensor.update_steps(rows, self.tensor_of, 1.0)
-            group_lw = self.by_group.update_steps(rows, self.group_of, 1.0)
+            if self._sums.usable:
+                (t_sums, t_counts), (g_sums, g_counts) = self._sums(rows)
+                tensor_lw = self.by_tensor.update_group_sums(t_sums, t_counts, 1.0)
+                group_lw = self.by_group.update_group_sums(g_sums, g_counts, 1.0)
+            else:
+                tensor_lw = self.by_tensor.update_steps(rows, self.tensor_of, 1.0)
+                group_lw = self.by_group.update_steps(rows, self.group_of, 1.0)
             indep_lw = self.independence.update_steps(rows)
             from ...stats.betting import log_mean_exp  # here: importing it loads Numba
 

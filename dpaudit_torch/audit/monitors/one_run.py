@@ -38,6 +38,8 @@ __all__ = ["OneRunMonitor", "POWER_REPLICATES", "POWER_SEARCH_REPLICATES"]
 #: refutable epsilon: a few seconds at finalize with 5,000 canaries (docs/one_run.md)
 POWER_REPLICATES = 100
 POWER_SEARCH_REPLICATES = 40
+#: at most this many values of pending steps are kept for the next scoring pass (CPU)
+PENDING_VALUES = 1 << 18
 
 
 def _host_f64(*tensors: torch.Tensor) -> bool:
@@ -62,32 +64,77 @@ class OneRunMonitor:
         self._warn = ctx.warn
         self.methods = methods_of(self.name)
         self.steps = 0
-        self.scores = {s: torch.zeros(self.m, dtype=torch.float64, device=self.device)
-                       for s in ("sum", "llr")}
+        self._scores = {s: torch.zeros(self.m, dtype=torch.float64, device=self.device)
+                        for s in ("sum", "llr")}
         self.sigmas: set[float] = set()  # noise multipliers of the observed steps
         self.score_used: str | None = None
         self.bounds: dict[str, float] = {}
         self.details: dict[str, dict[str, Any]] = {}
         self.power: dict[str, Any] = {}
         self._in_mask: torch.Tensor | None = None
+        # CPU: the values of the steps since the last check, scored together at the check (or
+        # whenever the scores are read): one vectorised pass over a few steps instead of one per
+        # step, the same additions in the same order (docs/auditor.md, "Per-step cost")
+        self._rows = max(1, min(int(self.config.check_every), PENDING_VALUES // max(self.m, 1)))
+        self._pending: np.ndarray | None = None
+        self._pending_sigma: list[float] = []
         self._scratch: tuple[np.ndarray, np.ndarray] | None = None
+
+    @property
+    def scores(self) -> dict[str, torch.Tensor]:
+        """The running scores, ``{"sum": [m], "llr": [m]}`` (float64), up to the last step
+        observed."""
+        self._flush()
+        return self._scores
+
+    @scores.setter
+    def scores(self, value: dict[str, torch.Tensor]) -> None:
+        self._pending_sigma = []
+        self._scores = value
+
+    def _flush(self) -> None:
+        """Score the pending steps: the sum, and the likelihood-ratio score of each run of
+        steps with the same sigma in one vectorised pass, each step added in its order."""
+        n = len(self._pending_sigma)
+        if not n:
+            return
+        from ...stats.one_run_scores import accumulate_llr
+
+        assert self._pending is not None and self._scratch is not None
+        total, llr = self._scores["sum"].numpy(), self._scores["llr"].numpy()
+        sig = self._pending_sigma
+        self._pending_sigma = []
+        for row in self._pending[:n]:
+            np.add(total, row, out=total)
+        i = 0
+        while i < n:
+            j = i + 1
+            while j < n and sig[j] == sig[i]:
+                j += 1
+            accumulate_llr(self._pending[i:j], llr, self.sample_rate, sig[i],
+                           scratch=(self._scratch[0][:j - i], self._scratch[1][:j - i]))
+            i = j
 
     def observe(self, record: StepRecord) -> None:
         if self.m:
-            from ...stats.one_run_scores import accumulate_llr, llr_step_score
+            from ...stats.one_run_scores import llr_step_score
 
             z = record.one_run
-            total, llr = self.scores["sum"], self.scores["llr"]
+            total, llr = self._scores["sum"], self._scores["llr"]
             scored = record.sigma > 0 and math.isfinite(record.sigma)
             if scored and isinstance(record.finite, bool) and _host_f64(z, total, llr):
-                # CPU: in place, in scratch arrays allocated once (nothing of m's size per step)
-                if self._scratch is None:
-                    self._scratch = (np.empty(self.m), np.empty(self.m))
-                zn = z.numpy()
-                np.add(total.numpy(), zn, out=total.numpy())
-                accumulate_llr(zn, llr.numpy(), self.sample_rate, record.sigma,
-                               scratch=self._scratch)
+                # CPU: kept for the next flush, in arrays allocated once (nothing of m's size
+                # per step)
+                if self._pending is None or self._scratch is None:
+                    self._pending = np.empty((self._rows, self.m))
+                    self._scratch = (np.empty((self._rows, self.m)),
+                                     np.empty((self._rows, self.m)))
+                if len(self._pending_sigma) == self._rows:
+                    self._flush()
+                self._pending[len(self._pending_sigma)] = z.numpy()
+                self._pending_sigma.append(float(record.sigma))
             else:
+                self._flush()
                 total += z
                 if scored:
                     inc = llr_step_score(z, self.sample_rate, record.sigma)
@@ -102,6 +149,7 @@ class OneRunMonitor:
         return torch.stack([self.scores["sum"], self.scores["llr"]]).clone()
 
     def advance(self) -> Evidence | None:
+        self._flush()
         return None  # no evidence during training: the game is played once, at the end
 
     def log_evidence(self) -> float | None:
