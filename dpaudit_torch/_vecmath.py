@@ -21,8 +21,9 @@ import torch
 
 __all__ = ["exp_", "log_", "log1p_", "uses_torch"]
 
-#: below this many elements NumPy's lower fixed cost per call wins
-_TORCH_FROM = 256
+#: below this many elements NumPy wins: its first call after a training step costs about 35 us
+#: with cold caches, PyTorch's about 100 us (measured), which only large arrays pay back
+_TORCH_FROM = 1 << 14
 
 
 def _numpy_has_avx512() -> bool:

@@ -136,6 +136,9 @@ class Injector(GhostInjection):
         self._spread_w = 1.0 / math.sqrt(design.spread_width)
         self._shadow_params: list[torch.nn.Parameter] | None = None
         self._shadow_base: torch.Tensor | None = None  # zeros the shadow parameters view
+        # the base's views by size, and the size each shadow parameter holds now
+        self._shadow_views: tuple[torch.Tensor, dict[int, torch.Tensor]] | None = None
+        self._shadow_sizes: list[int] = []
         # the IN one-run canaries (ascending): only they can be included. Secret like the coins
         # (never logged or reported)
         self._in_index = np.ascontiguousarray(
@@ -477,15 +480,26 @@ class Injector(GhostInjection):
         if base is None or base.numel() < need or base.dtype != dtype:
             base = self._shadow_base = torch.zeros(max(need, 64), dtype=dtype,
                                                    device=self.device)
-        for sp, p, c in zip(self._shadow_params, self.params, counts.tolist()):
-            z = base[:c]
+        views, sizes = self._shadow_views, self._shadow_sizes
+        if views is None or views[0] is not base:  # (re)built: every size set again
+            views = self._shadow_views = (base, {})
+            sizes = self._shadow_sizes = [-1] * len(self.params)
+        for i, (sp, p, c) in enumerate(zip(self._shadow_params, self.params, counts.tolist())):
+            if sizes[i] == c:  # still c zeros of the shared base: nothing to do
+                continue
+            z = views[1].get(c)
+            if z is None:
+                z = views[1][c] = base[:c]
             sp.data = z if (z.dtype, z.device) == (p.dtype, p.device) else z.to(p.device,
                                                                                p.dtype)
-        state = {k: (v.clone() if isinstance(v, torch.Tensor) else v)
-                 for k, v in vars(opt).items() if k != self._attr}
+            sizes[i] = c
+        state = dict(vars(opt))
+        state.pop(self._attr, None)
+        for k in [k for k, v in state.items() if isinstance(v, torch.Tensor)]:
+            state[k] = state[k].clone()
         state["original_optimizer"] = _ParamGroups([{"params": self._shadow_params}])
         shadow = object.__new__(type(opt))
-        shadow.__dict__.update(state)
+        shadow.__dict__ = state
         return shadow
 
     def _shadow_clip(self, views: list[torch.Tensor], rec: StepPlan) -> None:

@@ -243,7 +243,6 @@ class GradientReader:
             self._bufs = _HostBuffers(self._coords, self._noise, self.k)
         return self._bufs
 
-    @torch.no_grad()
     def snapshot(self, plan: StepPlan) -> torch.Tensor:
         """S_t / C: the real examples' clipped sum ``p.summed_grad`` at every canary coordinate
         (design order, float64), read before any canary or noise is added (a parameter without
@@ -267,11 +266,12 @@ class GradientReader:
             t = sums[i]
             return t if isinstance(t, torch.Tensor) else torch.zeros_like(self.params[i])
 
-        if self._noise is not None:
-            plan.noise_real_sum = self._gather(get, self._per_entry([1.0] * len(sums), "one",
-                                                                    self._noise),
-                                               "summed_grad", self._noise)
-        return self._gather(get, self._per_entry(inv_clip, "inv_clip"), "summed_grad")
+        with torch.no_grad():  # (the compiled pass above needs no autograd context)
+            if self._noise is not None:
+                plan.noise_real_sum = self._gather(
+                    get, self._per_entry([1.0] * len(sums), "one", self._noise), "summed_grad",
+                    self._noise)
+            return self._gather(get, self._per_entry(inv_clip, "inv_clip"), "summed_grad")
 
     @torch.no_grad()
     def _read_noise(self, plan: StepPlan) -> tuple[torch.Tensor, torch.Tensor] | None:
