@@ -97,8 +97,8 @@ def test_plan_says_when_the_draws_run_out():
 
 
 def test_stream_crosses_blocks_and_resumes_exactly(monkeypatch):
-    """Blocks of 97 uniforms (so that steps cross block ends): the plans of an auditor restored from a state_dict taken at any step are those of the
-    original run."""
+    """Blocks of 97 uniforms (so that steps cross block ends): the plans of an auditor restored
+    from a state_dict taken at any step are those of the original run."""
     monkeypatch.setattr(injection, "DRAW_BLOCK", 97)
     cfg = dict(k_pairs=4, m_canaries=300, check_every=3)
 

@@ -530,8 +530,8 @@ class SequentialTest:
         grid = self._grid_log_wealth(traj)
         self._max_grid_lw = np.maximum(self._max_grid_lw, grid.max(axis=0))
         thr_g = math.log(1.0 / self.per_point_alpha)
-        for g in np.nonzero(self._grid_rejected_at < 0)[0]:
-            hits = np.nonzero(grid[:, g] >= thr_g)[0]
-            if hits.size:
-                self._grid_rejected_at[g] = start + int(hits[0]) + 1
+        hit = grid >= thr_g  # [n, G]: first crossings of the grid points not rejected before
+        new = hit.any(axis=0) & (self._grid_rejected_at < 0)
+        if new.any():
+            self._grid_rejected_at[new] = start + hit.argmax(axis=0)[new] + 1
         return combined

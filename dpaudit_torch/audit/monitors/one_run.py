@@ -74,7 +74,7 @@ class OneRunMonitor:
         self._in_mask: torch.Tensor | None = None
         # CPU: the values of the steps since the last check, scored together at the check (or
         # whenever the scores are read): one vectorised pass over a few steps instead of one per
-        # step, the same additions in the same order (docs/auditor.md, "Per-step cost")
+        # step, the same additions in the same order (docs/auditor.md, "Costs")
         self._rows = max(1, min(int(self.config.check_every), PENDING_VALUES // max(self.m, 1)))
         self._pending: np.ndarray | None = None
         self._pending_sigma: list[float] = []

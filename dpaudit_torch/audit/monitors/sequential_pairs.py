@@ -204,12 +204,14 @@ class SequentialPairsMonitor:
         if not self._w_pending:
             return
         w = torch.stack([v for v, _ in self._w_pending])
-        ok = torch.isfinite(w)
         flags = [f for _, f in self._w_pending]
         self._w_pending = []
         if not all(f is True for f in flags):
-            ok = ok & torch.stack([torch.as_tensor(f, device=w.device) for f in flags])[:, None]
-        w = torch.where(ok, w, torch.zeros_like(w))
+            ok = torch.isfinite(w) & torch.stack(
+                [torch.as_tensor(f, device=w.device) for f in flags])[:, None]
+            w = torch.where(ok, w, torch.zeros_like(w))
+        # else every step was checked finite on the host: its released values were finite, so
+        # were the real sums subtracted from them
         self.w_sum += w.sum()
         self.w_sumsq += (w * w).sum()
         self.w_maxabs = torch.maximum(self.w_maxabs, w.abs().max())
