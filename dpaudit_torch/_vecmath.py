@@ -1,4 +1,4 @@
-"""Element-wise exp / log / log1p of float64 host arrays, in place, by the faster library.
+"""Element-wise exp / log1p of float64 host arrays, in place, by the faster library.
 
 The auditor's host arithmetic (the one-run likelihood-ratio scores, the kernel matrices of the
 MMD witness, the log-mean-exp of the betting wealth) spends most of its time in exponentials and
@@ -11,15 +11,17 @@ number at a time elsewhere; PyTorch's CPU kernels (SLEEF) vectorise them with AV
 These functions write into the array they are given (a NumPy array, float64, any layout) and
 return it. They pick PyTorch when NumPy has no AVX-512 float64 loops on this CPU and the array is
 large enough for the call's fixed cost to pay; both libraries are accurate to about one unit in
-the last place, so the choice changes results only in their last bits, never a decision.
+the last place, so the choice changes results only in their last bits.
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import numpy as np
 import torch
 
-__all__ = ["exp_", "log_", "log1p_", "uses_torch"]
+__all__ = ["exp_", "log1p_", "uses_torch"]
 
 #: below this many elements NumPy wins: its first call after a training step costs about 35 us
 #: with cold caches, PyTorch's about 100 us (measured), which only large arrays pay back
@@ -48,28 +50,20 @@ def _torch_view(a: np.ndarray) -> torch.Tensor | None:
     return torch.from_numpy(a)
 
 
+def _in_place(a: np.ndarray, numpy_fn: Callable[..., np.ndarray], torch_name: str
+              ) -> np.ndarray:
+    t = _torch_view(a)
+    if t is None:
+        return numpy_fn(a, out=a)
+    getattr(t, torch_name)()
+    return a
+
+
 def exp_(a: np.ndarray) -> np.ndarray:
     """``a = exp(a)`` in place; returns ``a``."""
-    t = _torch_view(a)
-    if t is None:
-        return np.exp(a, out=a)
-    t.exp_()
-    return a
-
-
-def log_(a: np.ndarray) -> np.ndarray:
-    """``a = log(a)`` in place; returns ``a``."""
-    t = _torch_view(a)
-    if t is None:
-        return np.log(a, out=a)
-    t.log_()
-    return a
+    return _in_place(a, np.exp, "exp_")
 
 
 def log1p_(a: np.ndarray) -> np.ndarray:
     """``a = log1p(a)`` in place; returns ``a``."""
-    t = _torch_view(a)
-    if t is None:
-        return np.log1p(a, out=a)
-    t.log1p_()
-    return a
+    return _in_place(a, np.log1p, "log1p_")
