@@ -523,7 +523,6 @@ class PrivacyAuditor:
             "coins": {"in": mask, "revealed": revealed},
             "noise_coords": {"param": self.noise_coords[0].clone(),
                              "flat": self.noise_coords[1].clone()},
-            # the generator state at the current block's start and the uniforms used from it
             "mechanics_rng": rng_state, "mechanics_pos": pos, "mechanics_unit": "uniforms",
             "injector": inj.counters(),
             "monitors": {n: plain_state(m.state_dict()) for n, m in self.monitors.items()},
@@ -628,7 +627,7 @@ class PrivacyAuditor:
                        self._on_internal_failure, noise_coords)
         inj, reader = self.tap.injector, self.tap.reader
         assert inj is not None and reader is not None
-        # a state written before the geometric inclusions counted steps of k + m uniforms
+        # (block start's generator state, uniforms used); older states counted steps of k + m
         unit = 1 if sd.get("mechanics_unit") == "uniforms" else cfg.k_pairs + cfg.m_canaries
         inj.resume_draws(int(sd["mechanics_pos"]) * unit)
         inj.load_counters(sd["injector"])
