@@ -221,6 +221,19 @@ def add_columns(dst: tuple, src: tuple, counts: np.ndarray, col_flat: np.ndarray
         off += c
 
 
+@kernel(nogil=True)
+def add_joint(dst: tuple, src: np.ndarray, counts: np.ndarray, col_flat: np.ndarray) -> None:
+    """:func:`add_columns` with every tensor's column sums in one array, tensor after tensor
+    (the canaries clipped as one concatenated shadow tensor): ``dst[p][col_flat[o]] += src[o]``
+    for the columns o of tensor p."""
+    off = 0
+    for p in range(counts.shape[0]):
+        d = dst[p]
+        for j in range(counts[p]):
+            d[col_flat[off + j]] += src[off + j]
+        off += counts[p]
+
+
 def signatures() -> list[tuple[object, tuple[object, ...]]]:
     """(kernel, argument types) of :func:`plan_step` as the injector calls it, for
     :func:`dpaudit_torch._numba.warm_up`."""
@@ -233,8 +246,9 @@ def signatures() -> list[tuple[object, tuple[object, ...]]]:
 
 def observe_signatures(grad_dtype: object, n_tensors: int
                        ) -> list[tuple[object, tuple[object, ...]]]:
-    """(kernel, argument types) of :func:`snapshot_step`, :func:`release_step` and
-    :func:`add_columns` for ``n_tensors`` flat gradients of the Numba dtype ``grad_dtype``."""
+    """(kernel, argument types) of :func:`snapshot_step`, :func:`release_step`,
+    :func:`add_columns` and :func:`add_joint` for ``n_tensors`` flat gradients of the Numba
+    dtype ``grad_dtype``."""
     from numba import types as nt
 
     f1, i1, i2 = nt.float64[::1], nt.int64[::1], nt.int64[:, ::1]
@@ -243,4 +257,5 @@ def observe_signatures(grad_dtype: object, n_tensors: int
     return [(snapshot_step, (grads, i1, i1, f1, i, f1)),
             (release_step, (grads, i1, i1, f1, f1, i, f1, f1, f, i1, i, i1, i2, i2, f,
                             nt.boolean[::1], f1, f1, f1, f1, f1)),
-            (add_columns, (grads, grads, i1, i1))]
+            (add_columns, (grads, grads, i1, i1)),
+            (add_joint, (grads, nt.Array(grad_dtype, 1, "C"), i1, i1))]

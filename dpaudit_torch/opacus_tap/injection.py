@@ -12,7 +12,8 @@ Hook points (Opacus 1.6, ``optimizers/optimizer.py``; see docs/auditor.md):
   parameter tensor, only the coordinates this step's canaries occupy in it, clipped by the
   optimizer class's own ``clip_and_accumulate`` run on a shadow of the optimizer whose
   parameters are those compact tensors, and added to ``p.summed_grad`` at the canary
-  coordinates (docs/design.md section 5, "Compact canary rows"). A clipping bug of the class
+  coordinates (docs/design.md section 5, "Compact canary rows"; Opacus's own joint-norm
+  clipping gets one shadow tensor for all of them, the same sums). A clipping bug of the class
   therefore shows in the canaries, and the memory and the clipping work are R x E numbers
   (E: the step's canary entries, about R), not R x d. The rows live in one persistent all-zero
   buffer: a step writes its entries and sets exactly those back to zero.
@@ -47,7 +48,7 @@ import numpy as np
 import torch
 
 from ..canaries import CanaryDesign, SecretCoins
-from ._step_kernels import add_columns, plan_step
+from ._step_kernels import add_columns, add_joint, plan_step
 from .errors import call_theirs
 from .ghost import GhostInjection
 from .observation import host_views
@@ -56,6 +57,7 @@ from .plan import (
     effective_noise_multiplier,
     is_adaclip,
     is_ghost,
+    joint_norm_clipping,
     per_param_clip,
 )
 
@@ -134,11 +136,16 @@ class Injector(GhostInjection):
         self._spread_param = np.ascontiguousarray(cp[extra])
         self._spread_flat = np.ascontiguousarray(cf[extra])
         self._spread_w = 1.0 / math.sqrt(design.spread_width)
-        self._shadow_params: list[torch.nn.Parameter] | None = None
+        # shadow parameters: one per real tensor (False) or one for all (True, joint clipping)
+        self._shadow_params: dict[bool, list[torch.nn.Parameter]] = {}
         self._shadow_base: torch.Tensor | None = None  # zeros the shadow parameters view
         # the base's views by size, and the size each shadow parameter holds now
         self._shadow_views: tuple[torch.Tensor, dict[int, torch.Tensor]] | None = None
-        self._shadow_sizes: list[int] = []
+        self._shadow_sizes: dict[bool, list[int]] = {}
+        #: clip the canaries as one concatenated shadow tensor where the optimizer's clipping is
+        #: Opacus's own joint-norm code (:func:`~.plan.joint_norm_clipping`; tests switch it off
+        #: to compare with one shadow tensor per real one)
+        self.joint_shadow = layout is None and len({(p.dtype, p.device) for p in params}) <= 1
         # the IN one-run canaries (ascending): only they can be included. Secret like the coins
         # (never logged or reported)
         self._in_index = np.ascontiguousarray(
@@ -355,16 +362,23 @@ class Injector(GhostInjection):
             self._zero_buf = buf
         return buf
 
-    def _row_views(self, rec: StepPlan, dtype: torch.dtype) -> list[torch.Tensor]:
+    def _row_views(self, rec: StepPlan, dtype: torch.dtype, joint: bool = False
+                   ) -> list[torch.Tensor]:
         """Per parameter tensor, the ``[R, counts[p]]`` view of the rows buffer holding this
         step's canary entries in that tensor (one column per entry): the buffer is one
-        ``[R, E]`` matrix with the columns grouped by tensor (see ``plan_step``), split once."""
+        ``[R, E]`` matrix with the columns grouped by tensor (see ``plan_step``), split once;
+        ``joint``: that matrix itself, the only one."""
         counts, col_flat = rec.entry_counts, rec.column_flat
         assert counts is not None and col_flat is not None
         R = rec.n_rows
         E = col_flat.shape[0]  # one column per entry
-        buf = self._rows_buffer(R * E, dtype)
-        return list(buf[:R * E].view(R, E).split(counts.tolist(), dim=1))
+        rows = self._rows_buffer(R * E, dtype)[:R * E].view(R, E)
+        return [rows] if joint else list(rows.split(counts.tolist(), dim=1))
+
+    def _joint(self) -> bool:
+        """Whether this step clips the canaries as one concatenated shadow tensor."""
+        return (self.joint_shadow and not self._had_instance_attr
+                and joint_norm_clipping(self.optimizer))
 
     # ------------------------------------------------------------------ the wrappers
     def check_params(self) -> None:
@@ -436,7 +450,8 @@ class Injector(GhostInjection):
                 ref0 = gs[-1] if isinstance(gs, list) else gs
                 index, which = rec.entry_index, rec.entry_param
                 assert index is not None and which is not None
-                views = self._row_views(rec, ref0.dtype)
+                joint = self._joint()
+                views = self._row_views(rec, ref0.dtype, joint)
                 buf = self._zero_buf
                 assert buf is not None
                 written = torch.from_numpy(index)
@@ -451,7 +466,7 @@ class Injector(GhostInjection):
                         v = v * rec.entry_weight
                     buf.index_copy_(0, written, torch.from_numpy(v).to(device=buf.device,
                                                                         dtype=buf.dtype))
-                self._shadow_clip(views, rec)
+                self._shadow_clip(views, rec, joint)
                 self._count(rec)
             except Exception as e:
                 # the auditor's part failed: the auditor detaches itself, the step raises
@@ -464,27 +479,32 @@ class Injector(GhostInjection):
         self._pending = rec
         return result
 
-    def _shadow(self, counts: np.ndarray, dtype: torch.dtype) -> Any:
-        """A shadow of the optimizer for one clipping call: an object of the optimizer's own
-        class with a copy of its attributes (tensors cloned, so that counters such as adaptive
-        clipping's stay untouched), whose parameters are the compact canary tensors (one per
-        real parameter tensor, in the same order, of the real tensor's dtype and device; tensor
-        p holds ``counts[p]`` zeros: this step's canary entries in it)."""
+    def _shadow(self, counts: np.ndarray, dtype: torch.dtype, joint: bool = False
+                ) -> tuple[Any, list[torch.nn.Parameter]]:
+        """A shadow of the optimizer for one clipping call, and its parameters: an object of the
+        optimizer's own class with a copy of its attributes (tensors cloned, so that counters
+        such as adaptive clipping's stay untouched), whose parameters are the compact canary
+        tensors (one per real parameter tensor, in the same order, of the real tensor's dtype
+        and device; tensor p holds ``counts[p]`` zeros: this step's canary entries in it).
+        ``joint``: one parameter for all of them (``counts`` then has one entry)."""
         opt = self.optimizer
-        if self._shadow_params is None:
-            self._shadow_params = [
+        like = self.params[:1] if joint else self.params
+        sparams = self._shadow_params.get(joint)
+        if sparams is None:
+            sparams = self._shadow_params[joint] = [
                 torch.nn.Parameter(torch.zeros(0, dtype=p.dtype, device=p.device))
-                for p in self.params]
+                for p in like]
         need = int(counts.max()) if counts.size else 0
         base = self._shadow_base
         if base is None or base.numel() < need or base.dtype != dtype:
             base = self._shadow_base = torch.zeros(max(need, 64), dtype=dtype,
                                                    device=self.device)
-        views, sizes = self._shadow_views, self._shadow_sizes
+        views = self._shadow_views
         if views is None or views[0] is not base:  # (re)built: every size set again
             views = self._shadow_views = (base, {})
-            sizes = self._shadow_sizes = [-1] * len(self.params)
-        for i, (sp, p, c) in enumerate(zip(self._shadow_params, self.params, counts.tolist())):
+            self._shadow_sizes = {}
+        sizes = self._shadow_sizes.setdefault(joint, [-1] * len(like))
+        for i, (sp, p, c) in enumerate(zip(sparams, like, counts.tolist())):
             if sizes[i] == c:  # still c zeros of the shared base: nothing to do
                 continue
             z = views[1].get(c)
@@ -497,12 +517,13 @@ class Injector(GhostInjection):
         state.pop(self._attr, None)
         for k in [k for k, v in state.items() if isinstance(v, torch.Tensor)]:
             state[k] = state[k].clone()
-        state["original_optimizer"] = _ParamGroups([{"params": self._shadow_params}])
+        state["original_optimizer"] = _ParamGroups([{"params": sparams}])
         shadow = object.__new__(type(opt))
         shadow.__dict__ = state
-        return shadow
+        return shadow, sparams
 
-    def _shadow_clip(self, views: list[torch.Tensor], rec: StepPlan) -> None:
+    def _shadow_clip(self, views: list[torch.Tensor], rec: StepPlan, joint: bool = False
+                     ) -> None:
         """Clip the compact canary rows with the optimizer's clipping code and add the clipped
         sums to ``p.summed_grad`` at the canary coordinates.
 
@@ -515,12 +536,14 @@ class Injector(GhostInjection):
         shows in the canaries. Not exercised: what a clipping method does differently with the
         real tensors' shapes or identities (the shadow tensors are 1-d and hold only this
         step's canary coordinates), and the final addition to the real ``summed_grad`` (this
-        method's)."""
+        method's). ``joint`` (Opacus's own joint-norm clipping only, which treats the tensors
+        as one concatenated vector): the rows are one shadow tensor of all the step's entries,
+        the same sums in one call instead of a norm and a contraction per tensor."""
         counts, col_flat = rec.entry_counts, rec.column_flat
         assert counts is not None and col_flat is not None
-        shadow = self._shadow(counts, views[0].dtype if views else torch.float32)
-        sparams = self._shadow_params
-        assert sparams is not None
+        dtype = views[0].dtype if views else torch.float32
+        shadow, sparams = self._shadow(
+            np.array([col_flat.shape[0]]) if joint else counts, dtype, joint)
         for sp, rows in zip(sparams, views):
             sp.grad_sample = rows if rows.device == sp.device else rows.to(sp.device)
             sp.summed_grad = None
@@ -529,18 +552,29 @@ class Injector(GhostInjection):
         finally:
             for sp in sparams:
                 sp.grad_sample = None
-        if self._add_compiled(rec, sparams, counts, col_flat):
-            return
+        try:
+            adds = [sp.summed_grad for sp in sparams]
+            if self._add_compiled(rec, adds, counts, col_flat, joint):
+                return
+            if joint:
+                adds = ([None] * len(self.params) if adds[0] is None
+                        else list(adds[0].reshape(-1).split(counts.tolist())))
+            self._add_torch(adds, counts, col_flat)
+        finally:
+            for sp in sparams:
+                sp.summed_grad = None
+
+    def _add_torch(self, adds: list[torch.Tensor | None], counts: np.ndarray,
+                   col_flat: np.ndarray) -> None:
+        """The clipped column sums of every tensor added to ``p.summed_grad`` (torch)."""
         flats = torch.from_numpy(col_flat)
         if flats.device != self.device:  # one small copy per step, not one per tensor
             flats = flats.to(self.device, non_blocking=True)
         off = 0
-        for i, (p, sp) in enumerate(zip(self.params, sparams)):
+        for i, (p, add) in enumerate(zip(self.params, adds)):
             c = int(counts[i])
             if not c:
-                sp.summed_grad = None
                 continue
-            add = sp.summed_grad
             if add is None:
                 raise RuntimeError("the optimizer's clipping left no summed_grad on a canary "
                                    "tensor")
@@ -552,28 +586,29 @@ class Injector(GhostInjection):
             off += c
             sg.view(-1).index_add_(0, flat if flat.device == sg.device else flat.to(sg.device),
                                    add.reshape(-1).to(sg.dtype))
-            sp.summed_grad = None
 
-    def _add_compiled(self, rec: StepPlan, sparams: list[torch.nn.Parameter],
-                      counts: np.ndarray, col_flat: np.ndarray) -> bool:
+    def _add_compiled(self, rec: StepPlan, adds: list[torch.Tensor], counts: np.ndarray,
+                      col_flat: np.ndarray, joint: bool = False) -> bool:
         """The final addition of :meth:`_shadow_clip` in one compiled pass (CPU, one dtype)
         through the snapshot's views of the real ``summed_grad``; False where that path does
         not apply (the torch path then does the same additions)."""
         if rec.summed_host is None or not self.compiled_add:
             return False
         sums, dst = rec.summed_host
-        adds = [sp.summed_grad for sp in sparams]
-        for p, t, a in zip(self.params, sums, adds):
+        if any(a is None for a in adds):
+            return False
+        for p, t in zip(self.params, sums):
             # the views must still be those of the tensors the optimizer will use
-            if a is None or getattr(p, "summed_grad", None) is not t:
+            if getattr(p, "summed_grad", None) is not t:
                 return False
         src = host_views(adds)
         if src is None or src[0].dtype != dst[0].dtype:
             return False
-        add_columns(dst, src, counts, col_flat)
+        if joint:
+            add_joint(dst, src[0], counts, col_flat)
+        else:
+            add_columns(dst, src, counts, col_flat)
         self.compiled_adds += 1
-        for sp in sparams:
-            sp.summed_grad = None
         return True
 
     def _clip_method(self, shadow: Any) -> Callable[[], Any]:

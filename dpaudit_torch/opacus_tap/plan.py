@@ -15,7 +15,7 @@ import numpy as np
 import torch
 
 __all__ = ["StepPlan", "is_ghost", "is_adaclip", "per_param_clip", "effective_noise_multiplier",
-           "opacus_clipped_value", "OPACUS_NORM_EPS"]
+           "opacus_clipped_value", "OPACUS_NORM_EPS", "joint_norm_clipping"]
 
 
 #: the constant Opacus adds to per-sample norms before dividing (``optimizers/optimizer.py``)
@@ -42,6 +42,50 @@ def per_param_clip(optimizer: Any, n_params: int) -> list[float]:
                                f"parameter tensors")
         return vals
     return [float(optimizer.max_grad_norm)] * n_params
+
+
+#: what Opacus's own flat clipping (``DPOptimizer.clip_and_accumulate``) calls on ``self``
+_STOCK_MEMBERS = ("clip_and_accumulate", "_get_flat_grad_sample", "grad_samples", "params")
+_stock: list[tuple[Any, ...]] = []
+
+
+def _stock_members() -> tuple[Any, ...]:
+    """Opacus's own functions behind :data:`_STOCK_MEMBERS` (empty when the class attribute is
+    not code from Opacus's ``optimizers/optimizer.py``, e.g. patched before this import)."""
+    if not _stock:
+        from opacus.optimizers import optimizer as mod
+
+        fns: list[Any] = []
+        for name in _STOCK_MEMBERS:
+            f = mod.DPOptimizer.__dict__.get(name)
+            f = f.fget if isinstance(f, property) else f
+            code = getattr(f, "__code__", None)
+            if code is None or code.co_filename != mod.__file__ or (
+                    f.__qualname__ != f"DPOptimizer.{name}"):
+                fns = []
+                break
+            fns.append(f)
+        _stock.append(tuple(fns))
+    return _stock[0]
+
+
+def joint_norm_clipping(optimizer: Any) -> bool:
+    """True when the optimizer clips with Opacus's own ``DPOptimizer.clip_and_accumulate``:
+    the class attribute and everything that method calls on ``self`` are Opacus's code (not an
+    override, a subclass's or a patch), with one flat bound ``max_grad_norm``. That code clips
+    each sample by the norm of the concatenation of its per-tensor gradients and treats every
+    tensor alike, so clipping the canaries as one concatenated tensor gives the same sums
+    (docs/design.md section 4)."""
+    stock = _stock_members()
+    if not stock:
+        return False
+    cls = type(optimizer)
+    for name, fn in zip(_STOCK_MEMBERS, stock):
+        f = getattr(cls, name, None)
+        if (f.fget if isinstance(f, property) else f) is not fn:
+            return False
+    return getattr(optimizer, "max_grad_norms", None) is None and isinstance(
+        optimizer.max_grad_norm, (int, float))
 
 
 def is_adaclip(optimizer: Any) -> bool:
