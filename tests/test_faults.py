@@ -149,7 +149,7 @@ def test_internal_failure_restores_optimizer_model_untouched(monkeypatch, where)
     b = make_private_setup(sigma=0.0)
     aud = PrivacyAuditor(a.engine, a.optimizer, a.loader, seed=1, **SMALL)
     # fault injection at three points of the auditor's own code inside a step
-    target = {"observation": (GradientReader, "read"), "injection": (Injector, "_row_views"),
+    target = {"observation": (GradientReader, "read"), "injection": (Injector, "_write_rows"),
               "plan": (Injector, "_plan")}[where]
 
     def boom(*_a, **_k):

@@ -88,3 +88,23 @@ def test_per_tensor_clipping_bug_keeps_the_per_tensor_shadow():
     assert not aud.tap.injector._joint()
     s.train(2)
     assert aud.step == 2
+
+
+def test_rows_written_by_torch_equal_rows_written_by_numpy(monkeypatch):
+    """The rows buffer is written through its NumPy view on the CPU and by ``index_copy_``
+    elsewhere (accelerators, dtypes NumPy lacks): forcing the latter on a twin run gives the
+    same run exactly, for the joint and the per-tensor shadow."""
+    from dpaudit_torch.opacus_tap.shadow import ShadowClipping
+
+    base = {j: _twin(j, True) for j in (True, False)}
+    orig = ShadowClipping._rows_buffer
+
+    def torch_only(self, size, dtype):
+        buf = orig(self, size, dtype)
+        self._zero_np = None
+        return buf
+
+    monkeypatch.setattr(ShadowClipping, "_rows_buffer", torch_only)
+    for j in (True, False):
+        for u, v in zip(base[j], _twin(j, True)):
+            assert torch.equal(u, v)

@@ -48,18 +48,17 @@ import numpy as np
 import torch
 
 from ..canaries import CanaryDesign, SecretCoins
-from ._step_kernels import add_columns, add_joint, plan_step
+from ._step_kernels import plan_step
 from .errors import call_theirs
 from .ghost import GhostInjection
-from .observation import host_views
 from .plan import (
     StepPlan,
     effective_noise_multiplier,
     is_adaclip,
     is_ghost,
-    joint_norm_clipping,
     per_param_clip,
 )
+from .shadow import ShadowClipping
 
 logger = logging.getLogger(__name__)
 
@@ -68,7 +67,7 @@ __all__ = ["Injector", "DRAW_BLOCK"]
 #: uniforms of the mechanics stream drawn at once (role coins and inclusions of many steps)
 DRAW_BLOCK = 1 << 16
 
-class Injector(GhostInjection):
+class Injector(GhostInjection, ShadowClipping):
     """Wraps the optimizer instance's ``clip_and_accumulate`` (or ``accumulate`` in ghost mode).
 
     Args:
@@ -162,6 +161,8 @@ class Injector(GhostInjection):
         self._resume_pos = 0
         self._next_states: list[torch.Tensor] = []  # start states of appended blocks
         self._zero_buf: torch.Tensor | None = None
+        self._zero_np: np.ndarray | None = None  # its NumPy view (CPU)
+        self._joint_width = 0  # columns of the joint shadow tensor (only grows)
         self._ghost_values: dict[tuple[float, torch.dtype, torch.device], torch.Tensor] = {}
         self._param_ids = [id(p) for p in params]
         #: add the canaries' clipped sums in one compiled pass where it can (tests switch it off
@@ -349,38 +350,6 @@ class Injector(GhostInjection):
         self._next_states = []
         self._resume_pos = int(used)
 
-    def _rows_buffer(self, size: int, dtype: torch.dtype) -> torch.Tensor:
-        """A persistent all-zero buffer of at least ``size`` elements.
-
-        Each step writes its few canary entries and sets exactly those back to zero after
-        Opacus has read the rows, so no step pays for zeroing the whole buffer. It grows (with
-        some room: the row count varies with the Poisson inclusions) only when a step needs
-        more."""
-        buf = self._zero_buf
-        if buf is None or buf.dtype != dtype or buf.numel() < size:
-            buf = torch.zeros(size + size // 2 + 64, dtype=dtype, device=self.device)
-            self._zero_buf = buf
-        return buf
-
-    def _row_views(self, rec: StepPlan, dtype: torch.dtype, joint: bool = False
-                   ) -> list[torch.Tensor]:
-        """Per parameter tensor, the ``[R, counts[p]]`` view of the rows buffer holding this
-        step's canary entries in that tensor (one column per entry): the buffer is one
-        ``[R, E]`` matrix with the columns grouped by tensor (see ``plan_step``), split once;
-        ``joint``: that matrix itself, the only one."""
-        counts, col_flat = rec.entry_counts, rec.column_flat
-        assert counts is not None and col_flat is not None
-        R = rec.n_rows
-        E = col_flat.shape[0]  # one column per entry
-        rows = self._rows_buffer(R * E, dtype)[:R * E].view(R, E)
-        return [rows] if joint else list(rows.split(counts.tolist(), dim=1))
-
-    def _joint(self) -> bool:
-        """Whether this step clips the canaries as one concatenated shadow tensor."""
-        return (self.joint_shadow and not self._had_instance_attr
-                and joint_norm_clipping(self.optimizer))
-
-    # ------------------------------------------------------------------ the wrappers
     def check_params(self) -> None:
         """ValueError if the optimizer's trainable parameters are not those seen at attach
         (``add_param_group``, or ``requires_grad`` changed): canaries could not be placed or read
@@ -444,28 +413,12 @@ class Injector(GhostInjection):
             # the canaries: one extra micro-batch of compact per-sample rows, clipped by the
             # optimizer's own clipping method (on a shadow of the optimizer), accumulated into
             # p.summed_grad at the canary coordinates
-            written: torch.Tensor | None = None
+            undo: Callable[[], None] | None = None
             try:
                 gs = params[0].grad_sample
                 ref0 = gs[-1] if isinstance(gs, list) else gs
-                index, which = rec.entry_index, rec.entry_param
-                assert index is not None and which is not None
                 joint = self._joint()
-                views = self._row_views(rec, ref0.dtype, joint)
-                buf = self._zero_buf
-                assert buf is not None
-                written = torch.from_numpy(index)
-                if written.device != buf.device:
-                    written = written.to(buf.device, non_blocking=True)
-                clip = rec.clip
-                if rec.entry_weight is None and all(c == clip[0] for c in clip):
-                    buf.index_fill_(0, written, self.canary_norm * clip[0])
-                else:
-                    v = self.canary_norm * np.asarray(clip)[which]
-                    if rec.entry_weight is not None:
-                        v = v * rec.entry_weight
-                    buf.index_copy_(0, written, torch.from_numpy(v).to(device=buf.device,
-                                                                        dtype=buf.dtype))
+                views, undo = self._write_rows(rec, ref0.dtype, joint)
                 self._shadow_clip(views, rec, joint)
                 self._count(rec)
             except Exception as e:
@@ -474,152 +427,10 @@ class Injector(GhostInjection):
                 self._fail(e)
                 raise
             finally:
-                if written is not None and self._zero_buf is not None:
-                    self._zero_buf.index_fill_(0, written, 0.0)  # all zeros again
+                if undo is not None:
+                    undo()  # the rows buffer all zeros again
         self._pending = rec
         return result
-
-    def _shadow(self, counts: np.ndarray, dtype: torch.dtype, joint: bool = False
-                ) -> tuple[Any, list[torch.nn.Parameter]]:
-        """A shadow of the optimizer for one clipping call, and its parameters: an object of the
-        optimizer's own class with a copy of its attributes (tensors cloned, so that counters
-        such as adaptive clipping's stay untouched), whose parameters are the compact canary
-        tensors (one per real parameter tensor, in the same order, of the real tensor's dtype
-        and device; tensor p holds ``counts[p]`` zeros: this step's canary entries in it).
-        ``joint``: one parameter for all of them (``counts`` then has one entry)."""
-        opt = self.optimizer
-        like = self.params[:1] if joint else self.params
-        sparams = self._shadow_params.get(joint)
-        if sparams is None:
-            sparams = self._shadow_params[joint] = [
-                torch.nn.Parameter(torch.zeros(0, dtype=p.dtype, device=p.device))
-                for p in like]
-        need = int(counts.max()) if counts.size else 0
-        base = self._shadow_base
-        if base is None or base.numel() < need or base.dtype != dtype:
-            base = self._shadow_base = torch.zeros(max(need, 64), dtype=dtype,
-                                                   device=self.device)
-        views = self._shadow_views
-        if views is None or views[0] is not base:  # (re)built: every size set again
-            views = self._shadow_views = (base, {})
-            self._shadow_sizes = {}
-        sizes = self._shadow_sizes.setdefault(joint, [-1] * len(like))
-        for i, (sp, p, c) in enumerate(zip(sparams, like, counts.tolist())):
-            if sizes[i] == c:  # still c zeros of the shared base: nothing to do
-                continue
-            z = views[1].get(c)
-            if z is None:
-                z = views[1][c] = base[:c]
-            sp.data = z if (z.dtype, z.device) == (p.dtype, p.device) else z.to(p.device,
-                                                                               p.dtype)
-            sizes[i] = c
-        state = dict(vars(opt))
-        state.pop(self._attr, None)
-        for k in [k for k, v in state.items() if isinstance(v, torch.Tensor)]:
-            state[k] = state[k].clone()
-        state["original_optimizer"] = _ParamGroups([{"params": sparams}])
-        shadow = object.__new__(type(opt))
-        shadow.__dict__ = state
-        return shadow, sparams
-
-    def _shadow_clip(self, views: list[torch.Tensor], rec: StepPlan, joint: bool = False
-                     ) -> None:
-        """Clip the compact canary rows with the optimizer's clipping code and add the clipped
-        sums to ``p.summed_grad`` at the canary coordinates.
-
-        What this exercises of the implementation under audit: its class's
-        ``clip_and_accumulate`` (a subclass's override included), with its current bounds
-        (``max_grad_norm``, per-layer ``max_grad_norms``, adaptive clipping's current bound),
-        its per-sample norm over all parameter tensors (one shadow tensor per real one, in the
-        same order), its clip factor and its accumulation into ``summed_grad``, on the rows'
-        dtype. Each canary is one sample of that call, so a bug in how one sample is clipped
-        shows in the canaries. Not exercised: what a clipping method does differently with the
-        real tensors' shapes or identities (the shadow tensors are 1-d and hold only this
-        step's canary coordinates), and the final addition to the real ``summed_grad`` (this
-        method's). ``joint`` (Opacus's own joint-norm clipping only, which treats the tensors
-        as one concatenated vector): the rows are one shadow tensor of all the step's entries,
-        the same sums in one call instead of a norm and a contraction per tensor."""
-        counts, col_flat = rec.entry_counts, rec.column_flat
-        assert counts is not None and col_flat is not None
-        dtype = views[0].dtype if views else torch.float32
-        shadow, sparams = self._shadow(
-            np.array([col_flat.shape[0]]) if joint else counts, dtype, joint)
-        for sp, rows in zip(sparams, views):
-            sp.grad_sample = rows if rows.device == sp.device else rows.to(sp.device)
-            sp.summed_grad = None
-        try:
-            self._clip_method(shadow)()
-        finally:
-            for sp in sparams:
-                sp.grad_sample = None
-        try:
-            adds = [sp.summed_grad for sp in sparams]
-            if self._add_compiled(rec, adds, counts, col_flat, joint):
-                return
-            if joint:
-                adds = ([None] * len(self.params) if adds[0] is None
-                        else list(adds[0].reshape(-1).split(counts.tolist())))
-            self._add_torch(adds, counts, col_flat)
-        finally:
-            for sp in sparams:
-                sp.summed_grad = None
-
-    def _add_torch(self, adds: list[torch.Tensor | None], counts: np.ndarray,
-                   col_flat: np.ndarray) -> None:
-        """The clipped column sums of every tensor added to ``p.summed_grad`` (torch)."""
-        flats = torch.from_numpy(col_flat)
-        if flats.device != self.device:  # one small copy per step, not one per tensor
-            flats = flats.to(self.device, non_blocking=True)
-        off = 0
-        for i, (p, add) in enumerate(zip(self.params, adds)):
-            c = int(counts[i])
-            if not c:
-                continue
-            if add is None:
-                raise RuntimeError("the optimizer's clipping left no summed_grad on a canary "
-                                   "tensor")
-            sg = getattr(p, "summed_grad", None)
-            if sg is None:
-                sg = torch.zeros_like(p)
-                p.summed_grad = sg
-            flat = flats[off:off + c]
-            off += c
-            sg.view(-1).index_add_(0, flat if flat.device == sg.device else flat.to(sg.device),
-                                   add.reshape(-1).to(sg.dtype))
-
-    def _add_compiled(self, rec: StepPlan, adds: list[torch.Tensor], counts: np.ndarray,
-                      col_flat: np.ndarray, joint: bool = False) -> bool:
-        """The final addition of :meth:`_shadow_clip` in one compiled pass (CPU, one dtype)
-        through the snapshot's views of the real ``summed_grad``; False where that path does
-        not apply (the torch path then does the same additions)."""
-        if rec.summed_host is None or not self.compiled_add:
-            return False
-        sums, dst = rec.summed_host
-        if any(a is None for a in adds):
-            return False
-        for p, t in zip(self.params, sums):
-            # the views must still be those of the tensors the optimizer will use
-            if getattr(p, "summed_grad", None) is not t:
-                return False
-        src = host_views(adds)
-        if src is None or src[0].dtype != dst[0].dtype:
-            return False
-        if joint:
-            add_joint(dst, src[0], counts, col_flat)
-        else:
-            add_columns(dst, src, counts, col_flat)
-        self.compiled_adds += 1
-        return True
-
-    def _clip_method(self, shadow: Any) -> Callable[[], Any]:
-        """The clipping method the wrapper stands in front of, bound to ``shadow``."""
-        if self._had_instance_attr:
-            fn = getattr(self._saved, "__func__", None)
-            if fn is None:
-                raise TypeError(f"the optimizer's {self._attr} is an instance attribute that is "
-                                f"not a method; the auditor cannot run it on its canaries")
-            return fn.__get__(shadow, type(shadow))
-        return getattr(type(shadow), self._attr).__get__(shadow, type(shadow))
 
     def _count(self, rec: StepPlan) -> None:
         self.insertions += rec.n_rows
@@ -637,11 +448,3 @@ def _already_processed(params: list[torch.nn.Parameter]) -> bool:
             if t is None or hasattr(t, "_processed"):
                 return True
     return False
-
-
-class _ParamGroups:
-    """Stands in for the shadow's ``original_optimizer``: Opacus's optimizers reach their
-    parameters through ``self.original_optimizer.param_groups``."""
-
-    def __init__(self, param_groups: list[dict[str, Any]]) -> None:
-        self.param_groups = param_groups

@@ -1,0 +1,270 @@
+"""The canaries' clipping on a shadow of the optimizer (per-sample modes), a mixin of
+:class:`~.injection.Injector`.
+
+The step's canaries are R *compact* rows, holding per parameter tensor only the coordinates
+this step's canaries occupy in it, written into one persistent all-zero buffer; they are clipped
+by the optimizer class's own ``clip_and_accumulate`` run on a shadow of the optimizer whose
+parameters are those compact tensors (one concatenated tensor where the clipping is Opacus's own
+joint-norm code), and the clipped sums are added to ``p.summed_grad`` at the canary coordinates
+(docs/design.md section 5, "Compact canary rows").
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+import numpy as np
+import torch
+
+from ._step_kernels import add_columns, add_joint
+from .observation import host_views
+from .plan import StepPlan, joint_norm_clipping
+
+__all__ = ["ShadowClipping"]
+
+
+class ShadowClipping:
+    """The shadow clipping of :class:`~.injection.Injector` (its attributes, set there)."""
+
+    optimizer: Any
+    params: list[torch.nn.Parameter]
+    device: torch.device
+    canary_norm: float
+    joint_shadow: bool
+    compiled_add: bool
+    compiled_adds: int
+    _attr: str
+    _saved: Any
+    _had_instance_attr: bool
+    _zero_buf: torch.Tensor | None
+    _zero_np: np.ndarray | None
+    _joint_width: int
+    _shadow_params: dict[bool, list[torch.nn.Parameter]]
+    _shadow_base: torch.Tensor | None
+    _shadow_views: tuple[torch.Tensor, dict[int, torch.Tensor]] | None
+    _shadow_sizes: dict[bool, list[int]]
+
+    def _rows_buffer(self, size: int, dtype: torch.dtype) -> torch.Tensor:
+        """A persistent all-zero buffer of at least ``size`` elements (and, on the CPU, its
+        NumPy view in ``_zero_np``).
+
+        Each step writes its few canary entries and sets exactly those back to zero after
+        Opacus has read the rows, so no step pays for zeroing the whole buffer. It grows (with
+        some room: the row count varies with the Poisson inclusions) only when a step needs
+        more."""
+        buf = self._zero_buf
+        if buf is None or buf.dtype != dtype or buf.numel() < size:
+            buf = torch.zeros(size + size // 2 + 64, dtype=dtype, device=self.device)
+            self._zero_buf = buf
+            self._zero_np = (buf.numpy() if buf.device.type == "cpu"
+                             and buf.dtype in (torch.float32, torch.float64) else None)
+        return buf
+
+    def _write_rows(self, rec: StepPlan, dtype: torch.dtype, joint: bool = False
+                    ) -> tuple[list[torch.Tensor], Callable[[], None]]:
+        """Write this step's canary entries into the rows buffer; return the rows, per parameter
+        tensor the ``[R, counts[p]]`` view holding this step's entries in it (one column per
+        entry: one ``[R, E]`` matrix with the columns grouped by tensor, see ``plan_step``,
+        split once), and the function that sets those entries back to zero.
+
+        ``joint``: one ``[R, W]`` matrix, the E columns followed by W - E zero columns (W only
+        grows, so that the one shadow tensor keeps its size from step to step; zero columns
+        change no norm and no sum)."""
+        counts, col_flat = rec.entry_counts, rec.column_flat
+        index, which = rec.entry_index, rec.entry_param
+        assert counts is not None and col_flat is not None
+        assert index is not None and which is not None
+        R = rec.n_rows
+        E = W = col_flat.shape[0]  # one column per entry
+        if joint:
+            if self._joint_width < E:
+                self._joint_width = max(64, 2 * E)
+            W = self._joint_width
+            if E and W != E:
+                index = index + (index // E) * (W - E)
+        buf = self._rows_buffer(R * W, dtype)
+        rows = buf[:R * W].view(R, W)
+        views = [rows] if joint else list(rows.split(counts.tolist(), dim=1))
+        clip = rec.clip
+        uniform = all(c == clip[0] for c in clip)
+        v: float | np.ndarray = self.canary_norm * (clip[0] if uniform
+                                                    else np.asarray(clip)[which])
+        if rec.entry_weight is not None:
+            v = v * rec.entry_weight
+        host = self._zero_np
+        if host is not None:
+            host[index] = v  # in the buffer's dtype, rounded as torch's copy would
+
+            def undo() -> None:
+                host[index] = 0.0
+        else:
+            written = torch.from_numpy(index)
+            if written.device != buf.device:
+                written = written.to(buf.device, non_blocking=True)
+            if isinstance(v, float):
+                buf.index_fill_(0, written, v)
+            else:
+                buf.index_copy_(0, written, torch.from_numpy(v).to(device=buf.device,
+                                                                    dtype=buf.dtype))
+
+            def undo() -> None:
+                buf.index_fill_(0, written, 0.0)
+        return views, undo
+
+    def _joint(self) -> bool:
+        """Whether this step clips the canaries as one concatenated shadow tensor."""
+        return (self.joint_shadow and not self._had_instance_attr
+                and joint_norm_clipping(self.optimizer))
+
+    # ------------------------------------------------------------------ the wrappers
+    def _shadow(self, counts: list[int], dtype: torch.dtype, joint: bool = False
+                ) -> tuple[Any, list[torch.nn.Parameter]]:
+        """A shadow of the optimizer for one clipping call, and its parameters: an object of the
+        optimizer's own class with a copy of its attributes (tensors cloned, so that counters
+        such as adaptive clipping's stay untouched), whose parameters are the compact canary
+        tensors (one per real parameter tensor, in the same order, of the real tensor's dtype
+        and device; tensor p holds ``counts[p]`` zeros: this step's canary entries in it).
+        ``joint``: one parameter for all of them (``counts`` then has one entry)."""
+        opt = self.optimizer
+        like = self.params[:1] if joint else self.params
+        sparams = self._shadow_params.get(joint)
+        if sparams is None:
+            sparams = self._shadow_params[joint] = [
+                torch.nn.Parameter(torch.zeros(0, dtype=p.dtype, device=p.device))
+                for p in like]
+        need = max(counts, default=0)
+        base = self._shadow_base
+        if base is None or base.numel() < need or base.dtype != dtype:
+            base = self._shadow_base = torch.zeros(max(need, 64), dtype=dtype,
+                                                   device=self.device)
+        views = self._shadow_views
+        if views is None or views[0] is not base:  # (re)built: every size set again
+            views = self._shadow_views = (base, {})
+            self._shadow_sizes = {}
+        sizes = self._shadow_sizes.setdefault(joint, [-1] * len(like))
+        for i, (sp, p, c) in enumerate(zip(sparams, like, counts)):
+            if sizes[i] == c:  # still c zeros of the shared base: nothing to do
+                continue
+            z = views[1].get(c)
+            if z is None:
+                z = views[1][c] = base[:c]
+            sp.data = z if (z.dtype, z.device) == (p.dtype, p.device) else z.to(p.device,
+                                                                               p.dtype)
+            sizes[i] = c
+        state = dict(vars(opt))
+        state.pop(self._attr, None)
+        for k in [k for k, v in state.items() if isinstance(v, torch.Tensor)]:
+            state[k] = state[k].clone()
+        state["original_optimizer"] = _ParamGroups([{"params": sparams}])
+        shadow = object.__new__(type(opt))
+        shadow.__dict__ = state
+        return shadow, sparams
+
+    def _shadow_clip(self, views: list[torch.Tensor], rec: StepPlan, joint: bool = False
+                     ) -> None:
+        """Clip the compact canary rows with the optimizer's clipping code and add the clipped
+        sums to ``p.summed_grad`` at the canary coordinates.
+
+        What this exercises of the implementation under audit: its class's
+        ``clip_and_accumulate`` (a subclass's override included), with its current bounds
+        (``max_grad_norm``, per-layer ``max_grad_norms``, adaptive clipping's current bound),
+        its per-sample norm over all parameter tensors (one shadow tensor per real one, in the
+        same order), its clip factor and its accumulation into ``summed_grad``, on the rows'
+        dtype. Each canary is one sample of that call, so a bug in how one sample is clipped
+        shows in the canaries. Not exercised: what a clipping method does differently with the
+        real tensors' shapes or identities (the shadow tensors are 1-d and hold only this
+        step's canary coordinates), and the final addition to the real ``summed_grad`` (this
+        method's). ``joint`` (Opacus's own joint-norm clipping only, which treats the tensors
+        as one concatenated vector): the rows are one shadow tensor of all the step's entries,
+        the same sums in one call instead of a norm and a contraction per tensor."""
+        counts, col_flat = rec.entry_counts, rec.column_flat
+        assert counts is not None and col_flat is not None
+        dtype = views[0].dtype if views else torch.float32
+        shadow, sparams = self._shadow(
+            [int(views[0].shape[1])] if joint else counts.tolist(), dtype, joint)
+        for sp, rows in zip(sparams, views):
+            sp.grad_sample = rows if rows.device == sp.device else rows.to(sp.device)
+            sp.summed_grad = None
+        try:
+            self._clip_method(shadow)()
+        finally:
+            for sp in sparams:
+                sp.grad_sample = None
+        try:
+            adds = [sp.summed_grad for sp in sparams]
+            if self._add_compiled(rec, adds, counts, col_flat, joint):
+                return
+            if joint:
+                adds = ([None] * len(self.params) if adds[0] is None
+                        else list(adds[0].reshape(-1)[:col_flat.shape[0]].split(
+                            counts.tolist())))
+            self._add_torch(adds, counts, col_flat)
+        finally:
+            for sp in sparams:
+                sp.summed_grad = None
+
+    def _add_torch(self, adds: list[torch.Tensor | None], counts: np.ndarray,
+                   col_flat: np.ndarray) -> None:
+        """The clipped column sums of every tensor added to ``p.summed_grad`` (torch)."""
+        flats = torch.from_numpy(col_flat)
+        if flats.device != self.device:  # one small copy per step, not one per tensor
+            flats = flats.to(self.device, non_blocking=True)
+        off = 0
+        for i, (p, add) in enumerate(zip(self.params, adds)):
+            c = int(counts[i])
+            if not c:
+                continue
+            if add is None:
+                raise RuntimeError("the optimizer's clipping left no summed_grad on a canary "
+                                   "tensor")
+            sg = getattr(p, "summed_grad", None)
+            if sg is None:
+                sg = torch.zeros_like(p)
+                p.summed_grad = sg
+            flat = flats[off:off + c]
+            off += c
+            sg.view(-1).index_add_(0, flat if flat.device == sg.device else flat.to(sg.device),
+                                   add.reshape(-1).to(sg.dtype))
+
+    def _add_compiled(self, rec: StepPlan, adds: list[torch.Tensor], counts: np.ndarray,
+                      col_flat: np.ndarray, joint: bool = False) -> bool:
+        """The final addition of :meth:`_shadow_clip` in one compiled pass (CPU, one dtype)
+        through the snapshot's views of the real ``summed_grad``; False where that path does
+        not apply (the torch path then does the same additions)."""
+        if rec.summed_host is None or not self.compiled_add:
+            return False
+        sums, dst = rec.summed_host
+        if any(a is None for a in adds):
+            return False
+        for p, t in zip(self.params, sums):
+            # the views must still be those of the tensors the optimizer will use
+            if getattr(p, "summed_grad", None) is not t:
+                return False
+        src = host_views(adds)
+        if src is None or src[0].dtype != dst[0].dtype:
+            return False
+        if joint:
+            add_joint(dst, src[0], counts, col_flat)
+        else:
+            add_columns(dst, src, counts, col_flat)
+        self.compiled_adds += 1
+        return True
+
+    def _clip_method(self, shadow: Any) -> Callable[[], Any]:
+        """The clipping method the wrapper stands in front of, bound to ``shadow``."""
+        if self._had_instance_attr:
+            fn = getattr(self._saved, "__func__", None)
+            if fn is None:
+                raise TypeError(f"the optimizer's {self._attr} is an instance attribute that is "
+                                f"not a method; the auditor cannot run it on its canaries")
+            return fn.__get__(shadow, type(shadow))
+        return getattr(type(shadow), self._attr).__get__(shadow, type(shadow))
+
+
+class _ParamGroups:
+    """Stands in for the shadow's ``original_optimizer``: Opacus's optimizers reach their
+    parameters through ``self.original_optimizer.param_groups``."""
+
+    def __init__(self, param_groups: list[dict[str, Any]]) -> None:
+        self.param_groups = param_groups
