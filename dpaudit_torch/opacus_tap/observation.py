@@ -38,22 +38,32 @@ from .plan import StepPlan
 __all__ = ["GradientReader", "host_views"]
 
 #: gradient dtypes the compiled CPU path reads (NumPy has no bfloat16)
-_NUMPY_FLOATS = (torch.float32, torch.float64, torch.float16)
+_NUMPY_FLOATS = (np.dtype(np.float32), np.dtype(np.float64), np.dtype(np.float16))
 
 
 def host_views(tensors: list[torch.Tensor | None]) -> tuple[np.ndarray, ...] | None:
     """The flat NumPy views of ``tensors`` if a compiled pass can use them (CPU, one NumPy
     float dtype, contiguous, none missing), else None. They share memory with the tensors, so a
-    kernel can also write through them. (NumPy's reshape: far cheaper than torch's detach and
-    reshape right after a backward pass, when the caches are cold.)"""
-    dt = None
-    for t in tensors:
-        if t is None or t.device.type != "cpu" or t.dtype not in _NUMPY_FLOATS or (
-                dt is not None and t.dtype != dt) or not t.is_contiguous():
+    kernel can also write through them. (One ``Tensor.numpy()`` per tensor, which refuses what
+    is not on the CPU or has no NumPy dtype, and NumPy's checks and reshape: far cheaper than
+    torch's attribute reads, detach and reshape right after a backward pass, when the caches
+    are cold.)"""
+    try:
+        arrs = [t.numpy() if not t.requires_grad else t.detach().numpy()  # type: ignore[union-attr]
+                for t in tensors]
+    except (AttributeError, TypeError, RuntimeError, NotImplementedError):
+        return None  # a missing tensor, not on the CPU, or no NumPy dtype (bfloat16)
+    if not arrs:
+        return ()
+    dt = arrs[0].dtype
+    if dt not in _NUMPY_FLOATS:
+        return None
+    out = []
+    for a in arrs:
+        if a.dtype != dt or not a.flags.c_contiguous:
             return None
-        dt = t.dtype
-    return tuple((t.detach() if t.requires_grad else t).numpy().reshape(-1)  # type: ignore[union-attr]
-                 for t in tensors)
+        out.append(a.reshape(-1))
+    return tuple(out)
 
 
 class _HostBuffers:
