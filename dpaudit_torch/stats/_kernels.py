@@ -21,7 +21,7 @@ import numpy as np
 from .._compiled import kernel
 
 __all__ = ["ons_run", "mmd_recursion_capped", "hockey_stick_gaps",
-           "hockey_stick_finish"]
+           "hockey_stick_finish", "log_mean_exp_rows", "fresh_start_rows"]
 
 
 @kernel(nogil=True, error_model="numpy")
@@ -241,6 +241,54 @@ def hockey_stick_finish(cx: np.ndarray, cy: np.ndarray, cand_kind: np.ndarray,
             out[i, 2 * g + 1] = fy[G + g] - exp_eps[g] * fx[G + g] - deltas[g]
 
 
+@kernel(nogil=True, error_model="numpy")
+def log_mean_exp_rows(a: np.ndarray, out: np.ndarray) -> None:
+    """``out[i] = log(mean_j exp(a[i, j]))`` for a [n, K] array (K >= 1), stable: the row's
+    maximum is taken out first (0 when it is not finite, as :func:`..betting.log_mean_exp`
+    does; NaN propagates)."""
+    n, K = a.shape
+    for i in range(n):
+        m = -np.inf
+        nan = False
+        for j in range(K):
+            v = a[i, j]
+            if v != v:
+                nan = True
+            elif v > m:
+                m = v
+        if nan:
+            out[i] = np.nan
+            continue
+        if not math.isfinite(m):
+            m = 0.0
+        s = 0.0
+        for j in range(K):
+            s += math.exp(a[i, j] - m)
+        out[i] = math.log(s / K) + m
+
+
+@kernel(nogil=True, error_model="numpy")
+def fresh_start_rows(log_s0: np.ndarray, log_e: np.ndarray, t0: int, out: np.ndarray) -> None:
+    """The fresh-start mixture's started mass over a chunk, by its recursion
+    ``S_t = e_t (S_{t-1} + w_t)`` with ``w_t = 1 / (t (t + 1))`` in log space (docs/design.md
+    section 10): ``out[t, k] = log S`` after step ``t0 + t + 1`` for component k, from
+    ``log_s0[k]`` (-inf: nothing started) and ``log_e`` [n, K]."""
+    n, K = log_e.shape
+    for k in range(K):
+        ls = log_s0[k]
+        for t in range(n):
+            step = float(t0 + t + 1)
+            lw = -math.log(step) - math.log1p(step)
+            hi = ls if ls > lw else lw
+            lo = lw if ls > lw else ls
+            if hi == -np.inf:
+                both = -np.inf
+            else:
+                both = hi + math.log1p(math.exp(lo - hi))
+            ls = log_e[t, k] + both
+            out[t, k] = ls
+
+
 def signatures() -> list[tuple[object, tuple[object, ...]]]:
     """(kernel, argument types) of every call the sequential tests make (C-contiguous float64
     and int64 arrays, Python ints and floats), for :func:`dpaudit_torch._numba.warm_up`."""
@@ -254,4 +302,6 @@ def signatures() -> list[tuple[object, tuple[object, ...]]]:
         (mmd_recursion_capped, (f1, f1, f1, f1, f1, f2, i, i, f, f, f, f, f, f, f1, f1, f1)),
         (hockey_stick_gaps, (i2, i2, i1, i1, i, i1, i1, i1, f2, i, f3, f2)),
         (hockey_stick_finish, (i2, i2, i1, i1, i1, f3, f2, f1, f1, f2)),
+        (log_mean_exp_rows, (f2, f1)),
+        (fresh_start_rows, (f1, f2, i, f2)),
     ]

@@ -26,8 +26,9 @@ import math
 
 import numpy as np
 
+from .._compiled import compiled
 from .._vecmath import exp_
-from ._kernels import ons_run
+from ._kernels import log_mean_exp_rows, ons_run
 
 __all__ = ["ONS_C", "OnlineNewtonStep", "log_mean_exp"]
 
@@ -36,8 +37,17 @@ ONS_C: float = 2.0 / (2.0 - math.log(3.0))
 
 
 def log_mean_exp(a: np.ndarray, axis: int = -1) -> np.ndarray:
-    """log(mean(exp(a))) along ``axis``, stable (the wealth of an average of e-processes)."""
+    """log(mean(exp(a))) along ``axis``, stable (the wealth of an average of e-processes).
+
+    Along the last axis with compiled kernels: one compiled pass
+    (:func:`~dpaudit_torch.stats._kernels.log_mean_exp_rows`; the arrays here are small, a few
+    pairs by a few components, so NumPy's dozen calls would cost more than the arithmetic)."""
     a = np.asarray(a, dtype=np.float64)
+    if compiled() and a.ndim >= 1 and axis in (-1, a.ndim - 1) and a.shape[-1] > 0:
+        rows = np.ascontiguousarray(a.reshape(-1, a.shape[-1]))
+        res = np.empty(rows.shape[0])
+        log_mean_exp_rows(rows, res)
+        return res.reshape(a.shape[:-1]) if a.ndim > 1 else res[0]
     m = a.max(axis=axis, keepdims=True)
     m = np.where(np.isfinite(m), m, 0.0)
     total = exp_(a - m).sum(axis=axis, keepdims=True)

@@ -30,7 +30,9 @@ from typing import Any
 import numpy as np
 from scipy import stats as sps
 
+from .._compiled import compiled
 from .._validation import as_real, check_alpha, check_positive_int
+from ._kernels import fresh_start_rows
 from .betting import OnlineNewtonStep
 
 logger = logging.getLogger(__name__)
@@ -63,6 +65,11 @@ def fresh_start_log_mass(log_s0: np.ndarray, log_e: np.ndarray, t0: int) -> np.n
     """
     log_e = np.asarray(log_e, dtype=np.float64)
     n = log_e.shape[0]
+    if compiled() and log_e.ndim == 2:  # the recursion itself, one compiled pass
+        out = np.empty(log_e.shape)
+        fresh_start_rows(np.ascontiguousarray(log_s0, dtype=np.float64).reshape(-1),
+                         np.ascontiguousarray(log_e), int(t0), out)
+        return out
     steps = np.arange(t0 + 1, t0 + n + 1, dtype=np.float64)
     log_w = -np.log(steps) - np.log1p(steps)  # the vectorised _log_w
     cum = np.cumsum(log_e, axis=0)
