@@ -17,6 +17,7 @@ copies whatever it keeps.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any
 
 import torch
 
@@ -70,6 +71,10 @@ class StepRecord:
     noise_sumsq: float | None = None
     #: trailing entries of ``values`` that are the spread pairs' extra coordinates
     n_extra: int = 0
+    #: the compiled CPU path's host buffers that ``values``, ``x``, ``y`` and the noise are
+    #: views of (NumPy arrays ``vals``, ``xy``, ``noise``; valid until the next step), so that a
+    #: monitor can copy what it keeps without torch calls; None on the other paths
+    host: Any = None
 
     @property
     def k(self) -> int:

@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable
+from typing import Any
 
 import numpy as np
 import torch
@@ -77,7 +78,7 @@ class _HostBuffers:
 
     def __init__(self, canary: _CoordinateSet, noise: _CoordinateSet | None, k: int) -> None:
         n_c, u = canary.n, 0 if noise is None else noise.n
-        self.n_canary, self.n_noise = n_c, u
+        self.n_canary, self.n_noise, self.k = n_c, u, k
         parts = [canary] if noise is None else [canary, noise]
         # filled in place: no temporary of the coordinates' size on the C heap
         self.param, self.flat = host_zeros(n_c + u, np.int64), host_zeros(n_c + u, np.int64)
@@ -199,6 +200,7 @@ class GradientReader:
         self._spread_w = 1.0 / math.sqrt(design.spread_width)
         self._n_extra = design.n_extra
         self._factors: dict[str, tuple[tuple[float, ...], torch.Tensor]] = {}
+        self._host_factors: dict[str, tuple[tuple[Any, ...], np.ndarray]] = {}
         # the compiled CPU path's buffers, allocated now (before training allocates around
         # them) where that path can run, else at its first use
         self._bufs: _HostBuffers | None = (
@@ -224,6 +226,25 @@ class GradientReader:
         if hit is None or hit[0] != key:
             hit = (key, torch.tensor(key, dtype=torch.float64).to(self.device)[cs.pos_param])
             self._factors[cache] = hit
+        return hit[1]
+
+    def _per_param(self, what: str, values: list[float], clip: list[float] | None = None
+                   ) -> np.ndarray:
+        """A per-parameter float64 array of the compiled passes, rebuilt only when its inputs
+        change (every step under adaptive clipping): ``inv_clip`` 1 / C_i (inf for C_i = 0),
+        ``unit`` the unit scales, ``denom`` unit scale x C_i."""
+        key = (tuple(values), None if clip is None else tuple(clip))
+        hit = self._host_factors.get(what)
+        if hit is None or hit[0] != key:
+            if what == "inv_clip":
+                arr = np.asarray([1.0 / c if c else math.inf for c in values], dtype=np.float64)
+            elif what == "unit":
+                arr = np.asarray(values, dtype=np.float64)
+            else:
+                assert clip is not None
+                arr = np.asarray([u * c for u, c in zip(values, clip)], dtype=np.float64)
+            hit = (key, arr)
+            self._host_factors[what] = hit
         return hit[1]
 
     def _host_arrays(self, tensors: list[torch.Tensor | None]) -> tuple[np.ndarray, ...] | None:
@@ -260,14 +281,13 @@ class GradientReader:
         in ``plan.noise_real_sum``. On the compiled CPU path both are views of the reader's
         buffers (valid until the next step)."""
         sums = [getattr(p, "summed_grad", None) for p in self.params]
-        inv_clip = [1.0 / c if c else math.inf for c in plan.clip]
         host = self._host_arrays(sums)
         # the injector adds the canaries' sums through these views
         plan.summed_host = None if host is None else (sums, host)
+        inv_clip = self._per_param("inv_clip", plan.clip)
         if host is not None:
             b = self._buffers()
-            snapshot_step(host, b.param, b.flat, np.asarray(inv_clip, dtype=np.float64),
-                          b.n_canary, b.snap)
+            snapshot_step(host, b.param, b.flat, inv_clip, b.n_canary, b.snap)
             if self._noise is not None:
                 plan.noise_real_sum = b.noise_real_t
             return b.real_t
@@ -281,7 +301,8 @@ class GradientReader:
                 plan.noise_real_sum = self._gather(
                     get, self._per_entry([1.0] * len(sums), "one", self._noise), "summed_grad",
                     self._noise)
-            return self._gather(get, self._per_entry(inv_clip, "inv_clip"), "summed_grad")
+            return self._gather(get, self._per_entry(inv_clip.tolist(), "inv_clip"),
+                                "summed_grad")
 
     @torch.no_grad()
     def _read_noise(self, plan: StepPlan) -> tuple[torch.Tensor, torch.Tensor] | None:
@@ -372,17 +393,18 @@ class GradientReader:
                           else nr.to("cpu", torch.float64)).numpy()
         else:
             noise_real = b.noise
-        denom = np.asarray([u * c for u, c in zip(plan.unit_scale, plan.clip)], dtype=np.float64)
+        unit = self._per_param("unit", plan.unit_scale, plan.clip)
+        denom = self._per_param("denom", plan.unit_scale, plan.clip)
         real_np = (real if real.dtype == torch.float64 and real.device.type == "cpu"
                    else real.to("cpu", torch.float64)).numpy()
         ok, sumsq = release_step(
-            grads, b.param, b.flat, np.asarray(plan.unit_scale, dtype=np.float64), denom,
+            grads, b.param, b.flat, unit, denom,
             b.n_canary, real_np, noise_real, 1.0 / plan.noise_std if noise_on else 0.0,
             plan.pair_order, self.k, self._spread_pair, self._side_a_2d, self._side_b_2d,
             self._spread_w, plan.coins_cpu.numpy(), b.vals, b.xy, b.rel, b.noise_raw, b.noise)
         rec = StepRecord(step=step, values=b.vals_t, x=b.x_t, y=b.y_t, coins=plan.coins,
                          sigma=plan.sigma, sigma_claimed=plan.sigma_claimed, finite=bool(ok),
-                         real_sums=real)
+                         real_sums=real, host=b)
         if noise_on:
             rec.release_raw, rec.noise_raw, rec.noise = b.rel_t, b.noise_raw_t, b.noise_t
             rec.noise_sumsq = float(sumsq)

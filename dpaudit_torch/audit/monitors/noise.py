@@ -58,9 +58,14 @@ class _StepRows:
     def __len__(self) -> int:
         return len(self.steps)
 
-    def append(self, step: int, row: torch.Tensor, flag: bool | torch.Tensor) -> None:
+    def append(self, step: int, row: torch.Tensor, flag: bool | torch.Tensor,
+               host: np.ndarray | None = None) -> None:
+        """``host``: the same row as a float64 NumPy array, where the caller has one."""
         i = len(self.steps)
-        if row.device.type == "cpu":
+        if host is not None and self._host is not None and self._host.shape[0] > i \
+                and self._host.shape[1] == host.shape[0]:
+            np.copyto(self._host[i], host)  # the common case: no torch call
+        elif row.device.type == "cpu":
             u = int(row.numel())
             if self._host is None or self._host.shape[1] != u or self._host.shape[0] <= i:
                 grown = host_zeros((max(self.capacity, 2 * i), u))
@@ -184,7 +189,9 @@ class NoiseMonitor:
                                "read the real examples' sum)")
             self._buffer = _StepRows(self.config.check_every)
             return
-        self._buffer.append(record.step, record.noise, record.finite)
+        hv = record.host
+        self._buffer.append(record.step, record.noise, record.finite,
+                            None if hv is None else hv.noise)
         if len(self._precision) < PRECISION_STEPS and record.noise_raw is not None \
                 and record.release_raw is not None:
             if self._precision_at is None:

@@ -92,6 +92,16 @@ class OneRunMonitor:
         self._pending_sigma = []
         self._scores = value
 
+    def _host_scores(self) -> bool:
+        """Whether the running scores are contiguous float64 CPU tensors (checked once per
+        pair of score tensors)."""
+        key = (id(self._scores["sum"]), id(self._scores["llr"]))
+        hit = self.__dict__.get("_host_scores_of")
+        if hit is None or hit[0] != key:
+            hit = (key, _host_f64(self._scores["sum"], self._scores["llr"]))
+            self._host_scores_of = hit
+        return hit[1]
+
     def _flush(self) -> None:
         """Score the pending steps: the sum, and the likelihood-ratio score of each run of
         steps with the same sigma in one vectorised pass, each step added in its order."""
@@ -119,10 +129,17 @@ class OneRunMonitor:
         if self.m:
             from ...stats.one_run_scores import llr_step_score
 
-            z = record.one_run
-            total, llr = self._scores["sum"], self._scores["llr"]
             scored = record.sigma > 0 and math.isfinite(record.sigma)
-            if scored and isinstance(record.finite, bool) and _host_f64(z, total, llr):
+            hv = record.host  # the compiled CPU path's NumPy buffers (no torch call needed)
+            if (scored and hv is not None and isinstance(record.finite, bool)
+                    and self._host_scores()):
+                z_np = hv.vals[2 * hv.k:2 * hv.k + self.m]
+            else:
+                z = record.one_run
+                total, llr = self._scores["sum"], self._scores["llr"]
+                z_np = (z.numpy() if scored and isinstance(record.finite, bool)
+                        and _host_f64(z, total, llr) else None)
+            if z_np is not None:
                 # CPU: kept for the next flush, in arrays allocated once (nothing of m's size
                 # per step)
                 if self._pending is None or self._scratch is None:
@@ -131,7 +148,7 @@ class OneRunMonitor:
                                      np.empty((self._rows, self.m)))
                 if len(self._pending_sigma) == self._rows:
                     self._flush()
-                self._pending[len(self._pending_sigma)] = z.numpy()
+                self._pending[len(self._pending_sigma)] = z_np
                 self._pending_sigma.append(float(record.sigma))
             else:
                 self._flush()
