@@ -234,6 +234,28 @@ def add_joint(dst: tuple, src: np.ndarray, counts: np.ndarray, col_flat: np.ndar
         off += counts[p]
 
 
+@kernel(nogil=True)
+def write_rows(buf: np.ndarray, index: np.ndarray, E: int, W: int, which: np.ndarray,
+               clip: np.ndarray, weight: np.ndarray, scale: float) -> None:
+    """The canary entries of a step into the flat rows buffer, in one pass: entry e (position
+    ``index[e]`` of the ``[R, E]`` rows, moved to row width ``W >= E``) gets
+    ``scale * clip[which[e]] * weight[e]`` (no weight when ``weight`` is empty), computed in
+    float64 and stored in the buffer's dtype; ``scale = 0`` sets the entries back to zero."""
+    pad = W - E
+    has_w = weight.shape[0] > 0
+    for e in range(index.shape[0]):
+        i = index[e]
+        if pad:
+            i += (i // E) * pad
+        if scale == 0.0:
+            buf[i] = 0.0
+        else:
+            v = scale * clip[which[e]]
+            if has_w:
+                v = v * weight[e]
+            buf[i] = v
+
+
 def signatures() -> list[tuple[object, tuple[object, ...]]]:
     """(kernel, argument types) of :func:`plan_step` as the injector calls it, for
     :func:`dpaudit_torch._numba.warm_up`."""
@@ -247,8 +269,8 @@ def signatures() -> list[tuple[object, tuple[object, ...]]]:
 def observe_signatures(grad_dtype: object, n_tensors: int
                        ) -> list[tuple[object, tuple[object, ...]]]:
     """(kernel, argument types) of :func:`snapshot_step`, :func:`release_step`,
-    :func:`add_columns` and :func:`add_joint` for ``n_tensors`` flat gradients of the Numba
-    dtype ``grad_dtype``."""
+    :func:`add_columns`, :func:`add_joint` and :func:`write_rows` for ``n_tensors`` flat
+    gradients of the Numba dtype ``grad_dtype``."""
     from numba import types as nt
 
     f1, i1, i2 = nt.float64[::1], nt.int64[::1], nt.int64[:, ::1]
@@ -258,4 +280,5 @@ def observe_signatures(grad_dtype: object, n_tensors: int
             (release_step, (grads, i1, i1, f1, f1, i, f1, f1, f, i1, i, i1, i2, i2, f,
                             nt.boolean[::1], f1, f1, f1, f1, f1)),
             (add_columns, (grads, grads, i1, i1)),
-            (add_joint, (grads, nt.Array(grad_dtype, 1, "C"), i1, i1))]
+            (add_joint, (grads, nt.Array(grad_dtype, 1, "C"), i1, i1)),
+            (write_rows, (nt.Array(grad_dtype, 1, "C"), i1, i, i, i1, f1, f1, f))]

@@ -163,6 +163,7 @@ class Injector(GhostInjection, ShadowClipping):
         self._zero_buf: torch.Tensor | None = None
         self._zero_np: np.ndarray | None = None  # its NumPy view (CPU)
         self._joint_width = 0  # columns of the joint shadow tensor (only grows)
+        self._clip_cache: dict[Any, Any] = {}  # the bounds as an array (write_rows)
         self._ghost_values: dict[tuple[float, torch.dtype, torch.device], torch.Tensor] = {}
         self._param_ids = [id(p) for p in params]
         #: add the canaries' clipped sums in one compiled pass where it can (tests switch it off

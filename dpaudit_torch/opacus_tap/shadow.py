@@ -17,11 +17,14 @@ from typing import Any
 import numpy as np
 import torch
 
-from ._step_kernels import add_columns, add_joint
+from .._compiled import compiled
+from ._step_kernels import add_columns, add_joint, write_rows
 from .observation import host_views
 from .plan import StepPlan, joint_norm_clipping
 
 __all__ = ["ShadowClipping"]
+
+_NO_WEIGHT = np.zeros(0)  # write_rows: no per-entry weights
 
 
 class ShadowClipping:
@@ -40,6 +43,7 @@ class ShadowClipping:
     _zero_buf: torch.Tensor | None
     _zero_np: np.ndarray | None
     _joint_width: int
+    _clip_cache: dict[Any, Any]
     _shadow_params: dict[bool, list[torch.nn.Parameter]]
     _shadow_base: torch.Tensor | None
     _shadow_views: tuple[torch.Tensor, dict[int, torch.Tensor]] | None
@@ -81,11 +85,23 @@ class ShadowClipping:
             if self._joint_width < E:
                 self._joint_width = max(64, 2 * E)
             W = self._joint_width
-            if E and W != E:
-                index = index + (index // E) * (W - E)
         buf = self._rows_buffer(R * W, dtype)
-        rows = buf[:R * W].view(R, W)
-        views = [rows] if joint else list(rows.split(counts.tolist(), dim=1))
+        host = self._zero_np
+        if joint:  # one fresh view (Opacus marks the rows it clipped as processed)
+            views = [buf.as_strided((R, W), (W, 1))]
+        else:
+            views = list(buf[:R * W].view(R, W).split(counts.tolist(), dim=1))
+        if host is not None and compiled():
+            # one compiled pass writes the entries (and one sets them back to zero)
+            clip_arr = self._clip_array(rec.clip)
+            weight = _NO_WEIGHT if rec.entry_weight is None else rec.entry_weight
+            write_rows(host, rec.entry_index, E, W, which, clip_arr, weight, self.canary_norm)
+
+            def undo_compiled() -> None:
+                write_rows(host, rec.entry_index, E, W, which, clip_arr, weight, 0.0)
+            return views, undo_compiled
+        if E and W != E:
+            index = index + (index // E) * (W - E)
         clip = rec.clip
         uniform = all(c == clip[0] for c in clip)
         v: float | np.ndarray = self.canary_norm * (clip[0] if uniform
@@ -111,6 +127,14 @@ class ShadowClipping:
             def undo() -> None:
                 buf.index_fill_(0, written, 0.0)
         return views, undo
+
+    def _clip_array(self, clip: list[float]) -> np.ndarray:
+        """The per-tensor bounds as a float64 array (rebuilt only when they change)."""
+        key = tuple(clip)
+        hit = self._clip_cache.get("clip")
+        if hit is None or hit[0] != key:
+            hit = self._clip_cache["clip"] = (key, np.asarray(clip, dtype=np.float64))
+        return hit[1]
 
     def _joint(self) -> bool:
         """Whether this step clips the canaries as one concatenated shadow tensor."""
