@@ -398,38 +398,41 @@ class Injector(GhostInjection, ShadowClipping):
         self._count_micro(gs0)
         if not self._ends_logical_step():
             return call_theirs(original, self._attr)
+        adds: list[torch.Tensor | None] | None = None
+        joint = False
+        undo: Callable[[], None] | None = None
         try:
             rec = self._plan()
-        except Exception as e:
-            self._fail(e)
-            raise
-        result = call_theirs(original, self._attr)  # the real examples, as without the auditor
-        self._take_counts(rec)
-        try:
-            rec.real_sum = self.read_real_sum(rec) if self.read_real_sum else None
-        except Exception as e:
-            self._fail(e)
-            raise
-        if self.injects:
-            # the canaries: one extra micro-batch of compact per-sample rows, clipped by the
-            # optimizer's own clipping method (on a shadow of the optimizer), accumulated into
-            # p.summed_grad at the canary coordinates
-            undo: Callable[[], None] | None = None
-            try:
+            if self.injects:
+                # the canaries: one extra micro-batch of compact per-sample rows, clipped by the
+                # optimizer's own clipping method on a shadow of the optimizer (before the real
+                # examples: it reads only the rows and the optimizer's bounds, and leaves the
+                # optimizer's code warm for the real call), their sums kept for p.summed_grad
                 gs = params[0].grad_sample
                 ref0 = gs[-1] if isinstance(gs, list) else gs
                 joint = self._joint()
                 views, undo = self._write_rows(rec, ref0.dtype, joint)
-                self._shadow_clip(views, rec, joint)
+                adds = self._shadow_clip(views, rec, joint)
+        except Exception as e:
+            # the auditor's part failed: the auditor detaches itself, the step raises before
+            # the real examples are clipped (nothing of the step has happened)
+            self._fail(e)
+            raise
+        finally:
+            if undo is not None:
+                undo()  # the rows buffer all zeros again
+        result = call_theirs(original, self._attr)  # the real examples, as without the auditor
+        self._take_counts(rec)
+        try:
+            rec.real_sum = self.read_real_sum(rec) if self.read_real_sum else None
+            if adds is not None:
+                # added at the canary coordinates after the real sum was read there
+                self._add_clipped(rec, adds, joint)
                 self._count(rec)
-            except Exception as e:
-                # the auditor's part failed: the auditor detaches itself, the step raises
-                # before any noise or update
-                self._fail(e)
-                raise
-            finally:
-                if undo is not None:
-                    undo()  # the rows buffer all zeros again
+        except Exception as e:
+            # the step raises before any noise or update
+            self._fail(e)
+            raise
         self._pending = rec
         return result
 

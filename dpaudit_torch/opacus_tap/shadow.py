@@ -186,9 +186,10 @@ class ShadowClipping:
         return shadow, sparams
 
     def _shadow_clip(self, views: list[torch.Tensor], rec: StepPlan, joint: bool = False
-                     ) -> None:
-        """Clip the compact canary rows with the optimizer's clipping code and add the clipped
-        sums to ``p.summed_grad`` at the canary coordinates.
+                     ) -> list[torch.Tensor | None]:
+        """Clip the compact canary rows with the optimizer's clipping code; return the clipped
+        sums it left on the shadow tensors (for :meth:`_add_clipped`, which adds them to
+        ``p.summed_grad`` at the canary coordinates once the real examples are clipped).
 
         What this exercises of the implementation under audit: its class's
         ``clip_and_accumulate`` (a subclass's override included), with its current bounds
@@ -215,18 +216,23 @@ class ShadowClipping:
         finally:
             for sp in sparams:
                 sp.grad_sample = None
-        try:
-            adds = [sp.summed_grad for sp in sparams]
-            if self._add_compiled(rec, adds, counts, col_flat, joint):
-                return
-            if joint:
-                adds = ([None] * len(self.params) if adds[0] is None
-                        else list(adds[0].reshape(-1)[:col_flat.shape[0]].split(
-                            counts.tolist())))
-            self._add_torch(adds, counts, col_flat)
-        finally:
-            for sp in sparams:
-                sp.summed_grad = None
+        adds = [sp.summed_grad for sp in sparams]
+        for sp in sparams:
+            sp.summed_grad = None
+        return adds
+
+    def _add_clipped(self, rec: StepPlan, adds: list[torch.Tensor | None], joint: bool = False
+                     ) -> None:
+        """Add the canaries' clipped sums (:meth:`_shadow_clip`) to ``p.summed_grad`` at the
+        canary coordinates: one compiled pass on the CPU, else one ``index_add_`` per tensor."""
+        counts, col_flat = rec.entry_counts, rec.column_flat
+        assert counts is not None and col_flat is not None
+        if self._add_compiled(rec, adds, counts, col_flat, joint):
+            return
+        if joint:
+            adds = ([None] * len(self.params) if adds[0] is None
+                    else list(adds[0].reshape(-1)[:col_flat.shape[0]].split(counts.tolist())))
+        self._add_torch(adds, counts, col_flat)
 
     def _add_torch(self, adds: list[torch.Tensor | None], counts: np.ndarray,
                    col_flat: np.ndarray) -> None:
