@@ -874,3 +874,24 @@ def test_host_path_matches_torch_path(cap: int | None, d: int,
     assert rej_a == rej_b and any(r is not None for r in rej_a)
     np.testing.assert_allclose(coef_a, coef_b, rtol=1e-12, atol=1e-15)
     assert norm_a == pytest.approx(norm_b, rel=1e-12) and n_a == n_b
+
+
+@pytest.mark.parametrize("d", [1, 3])
+def test_gram_from_three_blocks_equals_the_stacked_kernel(d):
+    """The host witness takes <g_i, g_j> from three N x N kernel blocks: for scalar pairs the
+    very numbers of the blocks of the 2N x 2N kernel matrix (same terms, same order); for
+    vectors equal to rounding."""
+    from dpaudit_torch.stats._mmd_witness import KernelWitness
+
+    rng = np.random.default_rng(d)
+    X, Y = rng.normal(size=(37, d)), rng.normal(size=(37, d)) + 0.3
+    Q = np.concatenate([X, Y])
+    Qn = (Q * Q).sum(axis=1)
+    K = KernelWitness._kernel_host(Q, Qn, Q, Qn)
+    N = X.shape[0]
+    want = K[:N, :N] - K[:N, N:] - K[N:, :N] + K[N:, N:]
+    got = KernelWitness._gram_host(X, Qn[:N], Y, Qn[N:])
+    if d == 1:
+        np.testing.assert_array_equal(got, want)
+    else:
+        np.testing.assert_allclose(got, want, rtol=1e-13, atol=1e-14)

@@ -276,6 +276,20 @@ class KernelWitness:
         sq *= -0.5
         return exp_(sq)
 
+    @classmethod
+    def _gram_host(cls, X: np.ndarray, Xn: np.ndarray, Y: np.ndarray, Yn: np.ndarray
+                   ) -> np.ndarray:
+        """``H[i, j] = <g_i, g_j> = k(x_i, x_j) - k(x_i, y_j) - k(y_i, x_j) + k(y_i, y_j)`` for
+        the pairs (X, Y) [N, d], from three N x N kernel blocks (``k(y_i, x_j)`` is the
+        transpose of the x-y block; the same terms, added in the same order, as the blocks of
+        the 2N x 2N kernel matrix of the stacked points)."""
+        Kxy = cls._kernel_host(X, Xn, Y, Yn)
+        H = cls._kernel_host(X, Xn, X, Xn)
+        H -= Kxy
+        H -= Kxy.T
+        H += cls._kernel_host(Y, Yn, Y, Yn)
+        return H
+
     def _stored_part_host(self, Q: np.ndarray, Qn: np.ndarray, n: int, T: int, gram: bool
                           ) -> tuple[np.ndarray, np.ndarray | None]:
         """:meth:`_stored_part` in NumPy, on views of the stored state."""
@@ -317,8 +331,7 @@ class KernelWitness:
         _, X, Y, Xn, Yn, A, fwd = self._state_np()
         if not dropping:
             # in-chunk block: Ht[j, i] = h_i(j) = k(x_i,x_j) - k(x_i,y_j) - k(y_i,x_j) + k(y_i,y_j)
-            K = self._kernel_host(Qs, Qsn, Qs, Qsn)
-            H = K[:n, :n] - K[:n, n:] - K[n:, :n] + K[n:, n:]
+            H = self._gram_host(zx, Qsn[:n], zy, Qsn[n:])
             Ht = np.ascontiguousarray(H.T)
             v, a_new, pending = self._recursion(old, g2, Ht)
             if pending != 1.0 and T:
@@ -340,8 +353,7 @@ class KernelWitness:
         N = n + E
         Q = np.concatenate([zx, ex, zy, ey])  # [2N, d]: x parts (new, dropped), then y parts
         Qn = (Q * Q).sum(axis=1)
-        K = self._kernel_host(Q, Qn, Q, Qn)
-        Hh = K[:N, :N] - K[:N, N:] - K[N:, :N] + K[N:, N:]  # <g_i, g_j>, [new, dropped]
+        Hh = self._gram_host(Q[:N], Qn[:N], Q[N:], Qn[N:])  # <g_i, g_j>, [new, dropped]
         g2e = 2.0 - 2.0 * np.exp(-0.5 * np.square(ex - ey).sum(axis=1))
         a_ev = A[ev].copy()
         u = fwd[ev] + np.triu(Hh[n:, n:], 1).T @ a_ev
