@@ -49,3 +49,19 @@ def test_fresh_start_matches_numpy(t0):
     got = fresh_start_log_mass(log_s0, log_e, t0)
     want = _numpy_path(fresh_start_log_mass, log_s0, log_e, t0)
     np.testing.assert_allclose(got, want, rtol=1e-12, atol=1e-12)
+
+
+@pytest.mark.parametrize("t0", [0, 5, 10_000])
+def test_fresh_start_mixture_matches_numpy(t0):
+    """The noise tests' started masses and mixed wealth over a block of steps: the compiled pass
+    gives the NumPy path's values."""
+    from dpaudit_torch.stats.noise import _advance_mixed
+
+    rng = np.random.default_rng(t0 + 1)
+    log_e = rng.normal(-0.2, 1.0, (6, 3, 5))
+    log_s0 = np.full((3, 5), -np.inf) if t0 == 0 else rng.normal(-2.0, 1.0, (3, 5))
+    got_s, got_traj = _advance_mixed(log_s0, log_e, t0)
+    want_s, want_traj = _numpy_path(_advance_mixed, log_s0, log_e, t0)
+    np.testing.assert_allclose(got_s, want_s, rtol=1e-12, atol=1e-12)
+    np.testing.assert_allclose(got_traj, want_traj, rtol=1e-12, atol=1e-12)
+    assert np.array_equal(log_s0, log_s0.copy())  # the input is not changed

@@ -21,7 +21,8 @@ import numpy as np
 from .._compiled import kernel
 
 __all__ = ["ons_run", "mmd_recursion_capped", "hockey_stick_gaps",
-           "hockey_stick_finish", "log_mean_exp_rows", "fresh_start_rows"]
+           "hockey_stick_finish", "log_mean_exp_rows", "fresh_start_rows",
+           "fresh_start_mixed"]
 
 
 @kernel(nogil=True, error_model="numpy")
@@ -289,6 +290,51 @@ def fresh_start_rows(log_s0: np.ndarray, log_e: np.ndarray, t0: int, out: np.nda
             out[t, k] = ls
 
 
+@kernel(nogil=True, error_model="numpy")
+def fresh_start_mixed(log_s: np.ndarray, log_e: np.ndarray, t0: int, traj: np.ndarray) -> None:
+    """:func:`fresh_start_rows` for components [K, R] (K groups or lags, R stakes), updating
+    ``log_s`` [K, R] in place over the steps of ``log_e`` [S, K, R], and after each step the
+    mixed log-wealth ``traj[t]``: per component the stake average of its fresh-start wealths
+    (with the weight 1 / (t + 1) of the starts to come), then the average over components
+    (docs/design.md section 11)."""
+    S, K, R = log_e.shape
+    comp = np.empty(K)
+    for t in range(S):
+        step = float(t0 + t + 1)
+        lw = -math.log(step) - math.log1p(step)
+        lt = -math.log1p(step)
+        for k in range(K):
+            m = -np.inf
+            for r in range(R):
+                ls = log_s[k, r]
+                hi = ls if ls > lw else lw
+                lo = lw if ls > lw else ls
+                both = -np.inf if hi == -np.inf else hi + math.log1p(math.exp(lo - hi))
+                ls = log_e[t, k, r] + both
+                log_s[k, r] = ls
+                if ls > m:
+                    m = ls
+            if not math.isfinite(m):
+                m = 0.0
+            acc = 0.0
+            for r in range(R):
+                acc += math.exp(log_s[k, r] - m)
+            a = math.log(acc / R) + m  # the stake average
+            hi = a if a > lt else lt
+            lo = lt if a > lt else a
+            comp[k] = hi + math.log1p(math.exp(lo - hi))
+        m = -np.inf
+        for k in range(K):
+            if comp[k] > m:
+                m = comp[k]
+        if not math.isfinite(m):
+            m = 0.0
+        acc = 0.0
+        for k in range(K):
+            acc += math.exp(comp[k] - m)
+        traj[t] = math.log(acc / K) + m
+
+
 def signatures() -> list[tuple[object, tuple[object, ...]]]:
     """(kernel, argument types) of every call the sequential tests make (C-contiguous float64
     and int64 arrays, Python ints and floats), for :func:`dpaudit_torch._numba.warm_up`."""
@@ -304,4 +350,5 @@ def signatures() -> list[tuple[object, tuple[object, ...]]]:
         (hockey_stick_finish, (i2, i2, i1, i1, i1, f3, f2, f1, f1, f2)),
         (log_mean_exp_rows, (f2, f1)),
         (fresh_start_rows, (f1, f2, i, f2)),
+        (fresh_start_mixed, (f2, f3, i, f1)),
     ]

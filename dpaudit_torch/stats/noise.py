@@ -38,7 +38,9 @@ import numpy as np
 from scipy import stats as sps
 
 from .._buffers import host_zeros
+from .._compiled import compiled
 from .._validation import as_real, check_alpha, check_positive_int
+from ._kernels import fresh_start_mixed
 from .betting import log_mean_exp
 from .sampling import _Decision, _host, fresh_start_log_mass
 
@@ -104,6 +106,21 @@ def _component_log_wealth(log_s: np.ndarray, t: int) -> np.ndarray:
     """Per component (a group, a lag): log of the stake-grid average of its fresh-start
     wealths after step t, from the started masses ``log_s`` [K, grid]."""
     return np.logaddexp(log_mean_exp(log_s, axis=-1), -math.log(t + 1.0))
+
+
+def _advance_mixed(log_s0: np.ndarray, log_e: np.ndarray, t0: int
+                   ) -> tuple[np.ndarray, np.ndarray]:
+    """The started masses after a block of steps ``log_e`` [S, K, R] from ``log_s0`` [K, R], and
+    the decision's log-wealth after each step (:func:`_mixed_log_wealth`): (log_s [K, R] after
+    the block, trajectory [S]). One compiled pass where the kernels are compiled."""
+    S, K, R = log_e.shape
+    if compiled():
+        log_s = np.array(log_s0, dtype=np.float64, order="C").reshape(K, R)
+        traj = np.empty(S)
+        fresh_start_mixed(log_s, np.ascontiguousarray(log_e, dtype=np.float64), int(t0), traj)
+        return log_s, traj
+    all_s = fresh_start_log_mass(log_s0.reshape(-1), log_e.reshape(S, -1), t0).reshape(S, K, R)
+    return all_s[-1].copy(), _mixed_log_wealth(all_s, t0)
 
 
 def _mixed_log_wealth(log_s: np.ndarray, t0: int) -> np.ndarray:
@@ -225,14 +242,11 @@ class NoiseVarianceTest(_Decision):
             v = sums / (s * s)
         log_e = n[None, :, None] * self._half_log_r - v[:, :, None] * self._half_inv  # [S,G,R]
         t0 = self._t
-        log_s = fresh_start_log_mass(self._log_s.reshape(-1), log_e.reshape(S, -1), t0)
-        log_s = log_s.reshape(S, self.n_groups, self.ratios.size)
-        self._log_s = log_s[-1].copy()
+        self._log_s, traj = _advance_mixed(self._log_s, log_e, t0)
         self._t = t0 + S
         self._count += (S * n).astype(np.int64)
         self._sumsq += v.sum(axis=0)
         self._sigma = s
-        traj = _mixed_log_wealth(log_s, t0)
         self._record(traj)
         return traj
 
@@ -433,7 +447,7 @@ class NoiseIndependenceTest(_Decision):
         is_zero = x == 0
         row_zero = is_zero.any(axis=1)
         zero = np.packbits(is_zero, axis=1) if row_zero.any() else None
-        t0, depth, L = self._t, self._depth, len(self.lags)
+        t0, depth = self._t, self._depth
         # partner of new step s (t = t0 + s + 1) at lag k: step t - k, a row of this block
         # (index depth + s - k in [ring; block]) or of the ring (slot (t - k) % depth); a step
         # t - k < 1 does not exist (no evidence: P = M = 0)
@@ -461,13 +475,10 @@ class NoiseIndependenceTest(_Decision):
             self._zero[slot] = zero[s] if zero is not None else 0
             self._has_zero[slot] = row_zero[s]
         log_e = P[:, :, None] * self._log_up + M[:, :, None] * self._log_down  # [S, L, stakes]
-        log_s = fresh_start_log_mass(self._log_s.reshape(-1), log_e.reshape(S, -1), t0)
-        log_s = log_s.reshape(S, L, self.stakes.size)
-        self._log_s = log_s[-1].copy()
+        self._log_s, traj = _advance_mixed(self._log_s, log_e, t0)
         self._t = t0 + S
         self._plus += P.sum(axis=0).astype(np.int64)
         self._minus += M.sum(axis=0).astype(np.int64)
-        traj = _mixed_log_wealth(log_s, t0)
         self._record(traj)
         return traj
 
