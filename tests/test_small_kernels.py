@@ -60,8 +60,9 @@ def test_fresh_start_mixture_matches_numpy(t0):
     rng = np.random.default_rng(t0 + 1)
     log_e = rng.normal(-0.2, 1.0, (6, 3, 5))
     log_s0 = np.full((3, 5), -np.inf) if t0 == 0 else rng.normal(-2.0, 1.0, (3, 5))
+    before = log_s0.copy()
     got_s, got_traj = _advance_mixed(log_s0, log_e, t0)
+    np.testing.assert_array_equal(log_s0, before)  # the input is not changed
     want_s, want_traj = _numpy_path(_advance_mixed, log_s0, log_e, t0)
     np.testing.assert_allclose(got_s, want_s, rtol=1e-12, atol=1e-12)
     np.testing.assert_allclose(got_traj, want_traj, rtol=1e-12, atol=1e-12)
-    assert np.array_equal(log_s0, log_s0.copy())  # the input is not changed
