@@ -66,3 +66,29 @@ def test_fresh_start_mixture_matches_numpy(t0):
     want_s, want_traj = _numpy_path(_advance_mixed, log_s0, log_e, t0)
     np.testing.assert_allclose(got_s, want_s, rtol=1e-12, atol=1e-12)
     np.testing.assert_allclose(got_traj, want_traj, rtol=1e-12, atol=1e-12)
+
+
+@pytest.mark.parametrize("name", ["mmd", "hockey_stick"])
+def test_record_chunk_matches_numpy(name):
+    """A tester's book-keeping of its chunks (combined wealth, first crossings, running
+    maxima): the compiled pass and the NumPy path give the same state and trajectories."""
+    import torch
+
+    from dpaudit_torch.registry import tester_class
+
+    def run() -> tuple:
+        t = tester_class(name)([0.5, 1.0, 2.0], [1e-5] * 3, 0.05, simultaneous=True)
+        rng = np.random.default_rng(3)
+        trajs = []
+        for _ in range(6):  # a mechanism far from private: crossings happen
+            x = torch.as_tensor(rng.normal(3.0, 1.0, 40))
+            y = torch.as_tensor(rng.normal(0.0, 1.0, 40))
+            trajs.append(t.update_with_trajectory(x, y))
+        return (np.concatenate(trajs), t.grid_rejected_at, t.rejected_at,
+                t.max_log_wealth.numpy(), t._max_combined_lw)
+
+    got, want = run(), _numpy_path(run)
+    np.testing.assert_allclose(got[0], want[0], rtol=1e-12, atol=1e-12)
+    assert got[1] == want[1] and got[2] == want[2] and got[2] is not None
+    np.testing.assert_allclose(got[3], want[3], rtol=1e-12, atol=1e-12)
+    assert got[4] == pytest.approx(want[4], rel=1e-12)

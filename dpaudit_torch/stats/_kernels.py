@@ -22,7 +22,7 @@ from .._compiled import kernel
 
 __all__ = ["ons_run", "mmd_recursion_capped", "hockey_stick_gaps",
            "hockey_stick_finish", "log_mean_exp_rows", "fresh_start_rows",
-           "fresh_start_mixed"]
+           "fresh_start_mixed", "record_chunk"]
 
 
 @kernel(nogil=True, error_model="numpy")
@@ -335,6 +335,57 @@ def fresh_start_mixed(log_s: np.ndarray, log_e: np.ndarray, t0: int, traj: np.nd
         traj[t] = math.log(acc / K) + m
 
 
+@kernel(nogil=True, error_model="numpy")
+def record_chunk(traj: np.ndarray, c: int, thr: float, thr_g: float, start: int,
+                 grid_rejected_at: np.ndarray, max_grid_lw: np.ndarray,
+                 combined: np.ndarray) -> tuple[int, float]:
+    """The book-keeping of a chunk's log-wealth trajectory ``traj`` [n, G * c] (grid point g
+    owns components g * c .. g * c + c - 1): ``combined[i]``, the log of the average wealth
+    after pair i; per grid point its average, whose running maximum ``max_grid_lw`` and first
+    crossing of ``thr_g`` (pairs consumed, from ``start``; only where ``grid_rejected_at`` is
+    still -1) are updated in place. Returns (the first i with ``combined[i] >= thr``, or -1;
+    the chunk's largest ``combined``)."""
+    n, K = traj.shape
+    G = K // c
+    first = -1
+    top = -np.inf
+    for i in range(n):
+        m = -np.inf
+        for j in range(K):
+            if traj[i, j] > m:
+                m = traj[i, j]
+        if not math.isfinite(m):
+            m = 0.0
+        acc = 0.0
+        for j in range(K):
+            acc += math.exp(traj[i, j] - m)
+        v = math.log(acc / K) + m
+        combined[i] = v
+        if v > top or v != v:
+            top = v
+        if first < 0 and v >= thr:
+            first = i
+        for g in range(G):
+            if c == 1:
+                w = traj[i, g]
+            else:
+                m = -np.inf
+                for j in range(g * c, g * c + c):
+                    if traj[i, j] > m:
+                        m = traj[i, j]
+                if not math.isfinite(m):
+                    m = 0.0
+                acc = 0.0
+                for j in range(g * c, g * c + c):
+                    acc += math.exp(traj[i, j] - m)
+                w = math.log(acc / c) + m
+            if w > max_grid_lw[g] or w != w:
+                max_grid_lw[g] = w
+            if grid_rejected_at[g] < 0 and w >= thr_g:
+                grid_rejected_at[g] = start + i + 1
+    return first, top
+
+
 def signatures() -> list[tuple[object, tuple[object, ...]]]:
     """(kernel, argument types) of every call the sequential tests make (C-contiguous float64
     and int64 arrays, Python ints and floats), for :func:`dpaudit_torch._numba.warm_up`."""
@@ -351,4 +402,5 @@ def signatures() -> list[tuple[object, tuple[object, ...]]]:
         (log_mean_exp_rows, (f2, f1)),
         (fresh_start_rows, (f1, f2, i, f2)),
         (fresh_start_mixed, (f2, f3, i, f1)),
+        (record_chunk, (f2, i, f, f, i, i1, f1, f1)),
     ]

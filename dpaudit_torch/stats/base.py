@@ -34,6 +34,7 @@ from typing import Any
 import numpy as np
 import torch
 
+from .._compiled import compiled
 from .._validation import (
     check_alpha,
     check_deltas,
@@ -41,6 +42,7 @@ from .._validation import (
     check_finite_tensor,
     check_positive_int,
 )
+from ._kernels import record_chunk
 from .betting import OnlineNewtonStep, log_mean_exp
 
 logger = logging.getLogger(__name__)
@@ -427,8 +429,8 @@ class SequentialTest:
         self._burn_y = [t.to(dev) for t in sd["burn_y"]]
         self._bets.load_state_dict(sd["bets"])
         self._rejected_at = sd["rejected_at"]
-        self._grid_rejected_at = np.asarray(sd["grid_rejected_at"], dtype=np.int64)
-        self._max_grid_lw = np.asarray(sd["max_grid_lw"], dtype=np.float64)
+        self._grid_rejected_at = np.array(sd["grid_rejected_at"], dtype=np.int64)
+        self._max_grid_lw = np.array(sd["max_grid_lw"], dtype=np.float64)
         self._max_combined_lw = float(sd["max_combined_lw"])
         self._load_extra_state(sd["extra"])
 
@@ -518,6 +520,20 @@ class SequentialTest:
         self._n_pairs += n
         if n == 0:
             return np.empty(0)
+        c = self._group_block
+        if compiled() and c is not None and traj.ndim == 2 and traj.shape[1] > 0:
+            # one compiled pass (a chunk is a few dozen pairs by a few components)
+            combined = np.empty(n)
+            first, top = record_chunk(np.ascontiguousarray(traj, dtype=np.float64), int(c),
+                                      math.log(1.0 / self.alpha),
+                                      math.log(1.0 / self.per_point_alpha), start,
+                                      self._grid_rejected_at, self._max_grid_lw, combined)
+            if self._rejected_at is None and first >= 0:
+                self._rejected_at = start + first + 1
+                logger.info("%s rejected H0 after %d pairs", type(self).__name__,
+                            self._rejected_at)
+            self._max_combined_lw = max(self._max_combined_lw, float(top))
+            return combined
         combined = log_mean_exp(traj, axis=-1)
         thr = math.log(1.0 / self.alpha)
         if self._rejected_at is None:
