@@ -188,14 +188,25 @@ class SequentialPairsMonitor:
 
     def observe(self, record: StepRecord) -> None:
         # copies: the record's tensors may be views of the adapter's buffers
-        self.buffer_x.append(record.x.clone())
-        self.buffer_y.append(record.y.clone())
+        hv = record.host
+        k = self.k
+        if hv is not None and self.device.type == "cpu":  # the host path: NumPy copies
+            from_np = torch.from_numpy
+            self.buffer_x.append(from_np(hv.xy[:k].copy()))
+            self.buffer_y.append(from_np(hv.xy[k:2 * k].copy()))
+            rs = record.real_sums
+            real = (None if rs is None else from_np(hv.snap[:2 * k].copy())
+                    if rs is hv.real_t else rs[:2 * k].clone())  # DDP: the summed one
+        else:
+            self.buffer_x.append(record.x.clone())
+            self.buffer_y.append(record.y.clone())
+            real = None if record.real_sums is None else record.real_sums[:2 * k].clone()
         self.buffer_steps.append(record.step)
         self.buffer_sigma.append(record.sigma)
         self.buffer_ok.append(record.finite)
-        if record.real_sums is not None:
+        if real is not None:
             # reduced once per check (interference_summary / _drain), not per step
-            self._w_pending.append((record.real_sums[:2 * self.k].clone(), record.finite))
+            self._w_pending.append((real, record.finite))
 
     def _flush_interference(self) -> None:
         """W, the real data's clipped sum at both coordinates of every pair (units of C; it was
