@@ -608,10 +608,11 @@ def _exact_norm_from_data(
     return math.sqrt(max(float(c @ H @ c), 0.0))
 
 
+@pytest.mark.parametrize("kind", ["vector", "scalar"])
 @pytest.mark.parametrize("cap,chunk", [(1, 5), (7, 3), (7, 512), (40, 16)])
-def test_capped_matches_reference(cap: int, chunk: int) -> None:
+def test_capped_matches_reference(cap: int, chunk: int, kind: str) -> None:
     """Same log-wealth (1e-9) and witness norm as the straightforward capped loop."""
-    xs, ys = _stream("vector", n=220, seed=3)
+    xs, ys = _stream(kind, n=220, seed=3)
     ref = reference_mmd_capped(xs, ys, 0.05, 20, 1.0, cap)
     t = SequentialMMDTest(0.05, witness_radius=1.0, chunk_size=chunk, max_witness_points=cap)
     i = 0

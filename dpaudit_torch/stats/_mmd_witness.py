@@ -351,9 +351,19 @@ class KernelWitness:
         ev = (self._head + np.arange(E)) % max(buf, 1)
         ex, ey = X[ev], Y[ev]
         N = n + E
-        Q = np.concatenate([zx, ex, zy, ey])  # [2N, d]: x parts (new, dropped), then y parts
-        Qn = (Q * Q).sum(axis=1)
-        Hh = self._gram_host(Q[:N], Qn[:N], Q[N:], Qn[N:])  # <g_i, g_j>, [new, dropped]
+        if gram is not None and (T == buf or self._head == 0):
+            # <g_i, g_j> over [new, dropped]: the new-dropped block is the stored part's Gram
+            # rows of the dropped pairs (the stored pairs' rows are their ring slots); only the
+            # new-new and dropped-dropped blocks need kernels
+            Hh = np.empty((N, N))
+            Hh[:n, :n] = self._gram_host(zx, Qsn[:n], zy, Qsn[n:])
+            Hh[n:, n:] = self._gram_host(ex, Xn[ev], ey, Yn[ev])
+            Hh[n:, :n] = gram[ev]
+            Hh[:n, n:] = gram[ev].T
+        else:
+            Q = np.concatenate([zx, ex, zy, ey])  # [2N, d]: x parts (new, dropped), y parts
+            Qn = (Q * Q).sum(axis=1)
+            Hh = self._gram_host(Q[:N], Qn[:N], Q[N:], Qn[N:])
         g2e = 2.0 - 2.0 * np.exp(-0.5 * np.square(ex - ey).sum(axis=1))
         a_ev = A[ev].copy()
         u = fwd[ev] + np.triu(Hh[n:, n:], 1).T @ a_ev
@@ -363,8 +373,8 @@ class KernelWitness:
         pos = (self._head + T + np.arange(n)) % buf
         X[pos] = zx
         Y[pos] = zy
-        Xn[pos] = Qn[:n]
-        Yn[pos] = Qn[N:N + n]
+        Xn[pos] = Qsn[:n]
+        Yn[pos] = Qsn[n:]
         A[pos] = a_new
         self._update_fwd_host(T, gram, pending, pos, Hh[:n, :n], a_new)
         self._advance_ring(E, buf, cap)
