@@ -20,8 +20,8 @@ import numpy as np
 
 from .._compiled import kernel
 
-__all__ = ["ons_run", "mmd_recursion_capped", "hockey_stick_payoffs",
-           "log_mean_exp_rows", "fresh_start_rows",
+__all__ = ["ons_run", "mmd_recursion_capped", "hockey_stick_gaps",
+           "hockey_stick_finish", "log_mean_exp_rows", "fresh_start_rows",
            "fresh_start_mixed", "record_chunk"]
 
 
@@ -138,40 +138,29 @@ def mmd_recursion_capped(old: np.ndarray, g2: np.ndarray, u: np.ndarray, g2e: np
 
 
 @kernel(nogil=True, error_model="numpy")
-def hockey_stick_payoffs(cx: np.ndarray, cy: np.ndarray, cnt_x: np.ndarray, cnt_y: np.ndarray,
-                         n_cells: int, cand_kind: np.ndarray, cand_score: np.ndarray,
-                         cand_k: np.ndarray, coef: np.ndarray, t0: int, exp_eps: np.ndarray,
-                         deltas: np.ndarray, out: np.ndarray) -> None:
-    """The hockey-stick payoffs of a chunk, pair by pair (docs/design.md section 3).
+def hockey_stick_gaps(cx: np.ndarray, cy: np.ndarray, cnt_x: np.ndarray, cnt_y: np.ndarray,
+                      n_cells: int, cand_kind: np.ndarray, cand_score: np.ndarray,
+                      cand_k: np.ndarray, coef: np.ndarray, t0: int, gaps: np.ndarray,
+                      top: np.ndarray) -> None:
+    """First half of the hockey-stick payoffs of a chunk: the candidate sets' log-weights.
 
     ``cx``, ``cy``: [n, S] cells of x_i and y_i in each score's grid; ``cnt_x``, ``cnt_y``:
-    [S * C] counts of the past x / y per cell, updated in place after each pair, so that pair i
-    sees exactly the pairs before it. Candidates: kind 0 {cell < k}, 1 {cell >= k}, 2
-    {cell == k} on score ``cand_score``; ``coef`` [3, 2G]: eta times the Kelly coefficients of
-    the features (n_a, n_b, n_a n_b / t), columns 0..G-1 direction 1, G..2G-1 direction 2.
+    [S * C] counts of the past x / y per cell, updated in place pair by pair, so that pair i sees
+    exactly the pairs before it. Candidates: kind 0 {cell < k}, 1 {cell >= k}, 2 {cell == k} on
+    score ``cand_score``; ``coef`` [3, 2G]: eta times the Kelly coefficients of the features
+    (n_a, n_b, n_a n_b / t), columns 0..G-1 direction 1, G..2G-1 direction 2.
 
-    Per pair and column: the candidates' log-weights relative to the leader (or to the empty
-    set, log-weight 0), ``max(logit - top, -60)`` as in ``EventSetLearner._soft_sets`` (weights
-    below e^-60 of the leader's change nothing; most candidates sit there, so their weight is
-    the one constant e^-60); the soft sets at x_i and y_i,
-    f(v) = sum of the weights of the candidates containing v / (all weights + e^-top), clamped
-    to [0, 1]; direction 1 pays f(x) - e^eps f(y) - delta with its x-heavy sets, direction 2
-    pays f'(y) - e^eps f'(x) - delta with its y-heavy sets: ``out`` [n, 2G] (component 2g + d:
-    grid point g, direction d).
+    Writes ``top[i, c] = max(0, max_E logit)`` and ``gaps[i, E, c] = max(logit - top, -60)``:
+    the log-weights relative to the leader (or to the empty set), clamped as in
+    ``EventSetLearner._soft_sets`` (weights below e^-60 of the leader's change nothing). The
+    exponential is taken by the caller, vectorised.
     """
     n, S = cx.shape
     C = n_cells
     V = cand_kind.shape[0]
     G2 = coef.shape[1]
-    G = G2 // 2
-    floor_w = math.exp(-60.0)
     pre_x = np.empty((S, C + 1), dtype=np.int64)
     pre_y = np.empty((S, C + 1), dtype=np.int64)
-    lg = np.empty((V, G2))
-    top = np.empty(G2)
-    z = np.empty(G2)
-    fx = np.empty(G2)
-    fy = np.empty(G2)
     for i in range(n):
         t = float(t0 + i)
         for s in range(S):
@@ -181,10 +170,7 @@ def hockey_stick_payoffs(cx: np.ndarray, cy: np.ndarray, cnt_x: np.ndarray, cnt_
                 pre_x[s, c + 1] = pre_x[s, c] + cnt_x[s * C + c]
                 pre_y[s, c + 1] = pre_y[s, c] + cnt_y[s * C + c]
         for col in range(G2):
-            top[col] = 0.0  # the empty set (abstain) has log-weight 0
-            z[col] = 0.0
-            fx[col] = 0.0
-            fy[col] = 0.0
+            top[i, col] = 0.0  # the empty set (abstain) has log-weight 0
         for v in range(V):
             kd, s, k = cand_kind[v], cand_score[v], cand_k[v]
             if kd == 0:
@@ -198,10 +184,39 @@ def hockey_stick_payoffs(cx: np.ndarray, cy: np.ndarray, cnt_x: np.ndarray, cnt_
                 ny = float(cnt_y[s * C + k])
             nxy = nx * ny / t
             for col in range(G2):
-                w = nx * coef[0, col] + ny * coef[1, col] + nxy * coef[2, col]
-                lg[v, col] = w
-                if w > top[col]:
-                    top[col] = w
+                lg = nx * coef[0, col] + ny * coef[1, col] + nxy * coef[2, col]
+                gaps[i, v, col] = lg
+                if lg > top[i, col]:
+                    top[i, col] = lg
+        for v in range(V):
+            for col in range(G2):
+                g = gaps[i, v, col] - top[i, col]
+                gaps[i, v, col] = g if g > -60.0 else -60.0
+        for s in range(S):
+            cnt_x[s * C + cx[i, s]] += 1
+            cnt_y[s * C + cy[i, s]] += 1
+
+
+@kernel(nogil=True, error_model="numpy")
+def hockey_stick_finish(cx: np.ndarray, cy: np.ndarray, cand_kind: np.ndarray,
+                        cand_score: np.ndarray, cand_k: np.ndarray, weights: np.ndarray,
+                        top: np.ndarray, exp_eps: np.ndarray, deltas: np.ndarray,
+                        out: np.ndarray) -> None:
+    """Second half: soft sets at x_i and y_i from the weights ``exp(gaps)`` [n, V, 2G], and the
+    payoffs ``out`` [n, 2G] (component 2g + d: grid point g, direction d):
+    f(v) = sum of the weights of the candidates containing v / (all weights + e^-top),
+    clamped to [0, 1]; direction 1 pays f(x) - e^eps f(y) - delta with its x-heavy sets,
+    direction 2 pays f'(y) - e^eps f'(x) - delta with its y-heavy sets."""
+    n, V, G2 = weights.shape
+    G = G2 // 2
+    z = np.empty(G2)
+    fx = np.empty(G2)
+    fy = np.empty(G2)
+    for i in range(n):
+        for col in range(G2):
+            z[col] = 0.0
+            fx[col] = 0.0
+            fy[col] = 0.0
         for v in range(V):
             kd, s, k = cand_kind[v], cand_score[v], cand_k[v]
             ax, ay = cx[i, s], cy[i, s]
@@ -212,23 +227,19 @@ def hockey_stick_payoffs(cx: np.ndarray, cy: np.ndarray, cnt_x: np.ndarray, cnt_
             else:
                 in_x, in_y = ax == k, ay == k
             for col in range(G2):
-                g = lg[v, col] - top[col]
-                w = math.exp(g) if g > -60.0 else floor_w
+                w = weights[i, v, col]
                 z[col] += w
                 if in_x:
                     fx[col] += w
                 if in_y:
                     fy[col] += w
         for col in range(G2):
-            zc = z[col] + math.exp(-top[col])
+            zc = z[col] + math.exp(-top[i, col])
             fx[col] = min(max(fx[col] / zc, 0.0), 1.0)
             fy[col] = min(max(fy[col] / zc, 0.0), 1.0)
         for g in range(G):
             out[i, 2 * g] = fx[g] - exp_eps[g] * fy[g] - deltas[g]
             out[i, 2 * g + 1] = fy[G + g] - exp_eps[g] * fx[G + g] - deltas[g]
-        for s in range(S):
-            cnt_x[s * C + cx[i, s]] += 1
-            cnt_y[s * C + cy[i, s]] += 1
 
 
 @kernel(nogil=True, error_model="numpy")
@@ -386,7 +397,8 @@ def signatures() -> list[tuple[object, tuple[object, ...]]]:
     return [
         (ons_run, (f2, f1, f1, f1, f1, f, f2)),
         (mmd_recursion_capped, (f1, f1, f1, f1, f1, f2, i, i, f, f, f, f, f, f, f1, f1, f1)),
-        (hockey_stick_payoffs, (i2, i2, i1, i1, i, i1, i1, i1, f2, i, f1, f1, f2)),
+        (hockey_stick_gaps, (i2, i2, i1, i1, i, i1, i1, i1, f2, i, f3, f2)),
+        (hockey_stick_finish, (i2, i2, i1, i1, i1, f3, f2, f1, f1, f2)),
         (log_mean_exp_rows, (f2, f1)),
         (fresh_start_rows, (f1, f2, i, f2)),
         (fresh_start_mixed, (f2, f3, i, f1)),

@@ -98,8 +98,9 @@ import torch
 
 from .._compiled import compiled as kernels_compiled
 from .._validation import check_positive_int
+from .._vecmath import exp_
 from ._event_sets import EventSetLearner, ScoreFn
-from ._kernels import hockey_stick_payoffs
+from ._kernels import hockey_stick_finish, hockey_stick_gaps
 from .base import SequentialTest
 
 logger = logging.getLogger(__name__)
@@ -342,9 +343,9 @@ class HockeyStickTest(EventSetLearner, SequentialTest):
 
     def _payoffs_compiled(self, x: torch.Tensor, y: torch.Tensor, cx: torch.Tensor | np.ndarray,
                           cy: torch.Tensor | np.ndarray) -> np.ndarray:
-        """Host path of :meth:`_payoffs` (float64): one compiled loop over the pairs
-        (:func:`~dpaudit_torch.stats._kernels.hockey_stick_payoffs`; counts updated pair by
-        pair in place)."""
+        """Host path of :meth:`_payoffs` (float64): compiled loops over the pairs
+        (:mod:`~dpaudit_torch.stats._kernels`; counts updated pair by pair in place) around one
+        vectorised exponential of the chunk's log-weights."""
         n = int(x.shape[0])
         assert self._cnt_x is not None and self._cnt_y is not None
         cnt_x = self._cnt_x.numpy()  # CPU int64: shares memory with the state tensors
@@ -354,9 +355,15 @@ class HockeyStickTest(EventSetLearner, SequentialTest):
         cyn = np.ascontiguousarray(cy if isinstance(cy, np.ndarray) else cy.numpy(),
                                    dtype=np.int64)
         kind, score, k = self._cand_np
-        out = np.empty((n, 2 * self.grid_size))
-        hockey_stick_payoffs(cxn, cyn, cnt_x, cnt_y, self._n_cells, kind, score, k,
-                             self._kelly_np, self._t, self._exp_eps, self.deltas, out)
+        G2 = 2 * self.grid_size
+        gaps = np.empty((n, kind.size, G2))
+        top = np.empty((n, G2))
+        hockey_stick_gaps(cxn, cyn, cnt_x, cnt_y, self._n_cells, kind, score, k,
+                          self._kelly_np, self._t, gaps, top)
+        exp_(gaps)  # vectorised (the faster library here); the compiled loops do the rest
+        out = np.empty((n, G2))
+        hockey_stick_finish(cxn, cyn, kind, score, k, gaps, top, self._exp_eps, self.deltas,
+                            out)
         self._append_history(x, y)
         return out
 
