@@ -3,9 +3,10 @@
 Hook points (Opacus 1.6, ``optimizers/optimizer.py``; see docs/auditor.md):
 
 * per-sample modes (``hooks``, ``functorch``, ``ew``): the optimizer *instance's*
-  ``clip_and_accumulate`` is wrapped. The original clips and sums the real examples; the
-  wrapper then reads their sum at every canary coordinate (the snapshot of docs/design.md
-  section 8, subtracted from the observation) and clips the canaries: R *compact* rows (one per
+  ``clip_and_accumulate`` is wrapped. The wrapper clips the canaries, then the original clips
+  and sums the real examples, the wrapper reads their sum at every canary coordinate (the
+  snapshot of docs/design.md section 8, subtracted from the observation) and adds the canaries'
+  clipped sums. The canaries are R *compact* rows (one per
   injected canary, raw norm ``canary_norm * C`` at the canary's coordinate, spread over L
   tensors for a spread canary; ``C`` read at injection time: per-layer clipping reads
   ``max_grad_norms[i]``, adaptive clipping its current ``max_grad_norm``) holding, per
