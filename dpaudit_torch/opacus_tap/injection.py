@@ -399,30 +399,38 @@ class Injector(GhostInjection, ShadowClipping):
         self._count_micro(gs0)
         if not self._ends_logical_step():
             return call_theirs(original, self._attr)
-        adds: list[torch.Tensor | None] | None = None
-        joint = False
-        undo: Callable[[], None] | None = None
         try:
             rec = self._plan()
-            if self.injects:
-                # the canaries: one extra micro-batch of compact per-sample rows, clipped by the
-                # optimizer's own clipping method on a shadow of the optimizer (before the real
-                # examples: it reads only the rows and the optimizer's bounds, and leaves the
-                # optimizer's code warm for the real call), their sums kept for p.summed_grad
+        except Exception as e:
+            self._fail(e)
+            raise
+        adds: list[torch.Tensor | None] | None = None
+        joint = False
+        failed: Exception | None = None
+        if self.injects:
+            # the canaries: one extra micro-batch of compact per-sample rows, clipped by the
+            # optimizer's own clipping method on a shadow of the optimizer (before the real
+            # examples: it reads only the rows and the optimizer's bounds, and leaves the
+            # optimizer's code warm for the real call), their sums kept for p.summed_grad
+            undo: Callable[[], None] | None = None
+            try:
                 gs = params[0].grad_sample
                 ref0 = gs[-1] if isinstance(gs, list) else gs
                 joint = self._joint()
                 views, undo = self._write_rows(rec, ref0.dtype, joint)
                 adds = self._shadow_clip(views, rec, joint)
-        except Exception as e:
-            # the auditor's part failed: the auditor detaches itself, the step raises before
-            # the real examples are clipped (nothing of the step has happened)
-            self._fail(e)
-            raise
-        finally:
-            if undo is not None:
-                undo()  # the rows buffer all zeros again
+            except Exception as e:
+                failed = e  # raised after the real call: an error of the user's own code in
+                # that call surfaces first, as without the auditor (with its note)
+            finally:
+                if undo is not None:
+                    undo()  # the rows buffer all zeros again
         result = call_theirs(original, self._attr)  # the real examples, as without the auditor
+        if failed is not None:
+            # the auditor's part failed: the auditor detaches itself, the step raises before
+            # any noise or update
+            self._fail(failed)
+            raise failed
         self._take_counts(rec)
         try:
             rec.real_sum = self.read_real_sum(rec) if self.read_real_sum else None
