@@ -57,10 +57,16 @@ class _OwnSamples(DPOptimizer):
         return list(super().grad_samples)
 
 
+class _OwnGroups(DPOptimizer):
+    @property
+    def param_groups(self) -> list[dict]:
+        return self.original_optimizer.param_groups
+
+
 def test_joint_only_for_opacus_own_joint_norm_clipping(monkeypatch):
     s = make_private_setup()
     assert joint_norm_clipping(s.optimizer)
-    for cls in (_OwnClip, _OwnFlat, _OwnSamples):
+    for cls in (_OwnClip, _OwnFlat, _OwnSamples, _OwnGroups):
         s.optimizer.__class__ = cls
         assert not joint_norm_clipping(s.optimizer), cls
     s.optimizer.__class__ = DPOptimizer

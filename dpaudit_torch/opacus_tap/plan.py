@@ -45,7 +45,8 @@ def per_param_clip(optimizer: Any, n_params: int) -> list[float]:
 
 
 #: what Opacus's own flat clipping (``DPOptimizer.clip_and_accumulate``) calls on ``self``
-_STOCK_MEMBERS = ("clip_and_accumulate", "_get_flat_grad_sample", "grad_samples", "params")
+_STOCK_MEMBERS = ("clip_and_accumulate", "_get_flat_grad_sample", "grad_samples", "params",
+                  "param_groups")
 _stock: list[tuple[Any, ...]] = []
 
 
@@ -75,7 +76,7 @@ def joint_norm_clipping(optimizer: Any) -> bool:
     override, a subclass's or a patch), with one flat bound ``max_grad_norm``. That code clips
     each sample by the norm of the concatenation of its per-tensor gradients and treats every
     tensor alike, so clipping the canaries as one concatenated tensor gives the same sums
-    (docs/design.md section 4)."""
+    (docs/design.md section 5, "Compact canary rows")."""
     stock = _stock_members()
     if not stock:
         return False
