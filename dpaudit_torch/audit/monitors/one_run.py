@@ -95,12 +95,12 @@ class OneRunMonitor:
     def _host_scores(self) -> bool:
         """Whether the running scores are contiguous float64 CPU tensors (checked once per
         pair of score tensors)."""
-        key = (id(self._scores["sum"]), id(self._scores["llr"]))
+        total, llr = self._scores["sum"], self._scores["llr"]
         hit = self.__dict__.get("_host_scores_of")
-        if hit is None or hit[0] != key:
-            hit = (key, _host_f64(self._scores["sum"], self._scores["llr"]))
+        if hit is None or hit[0] is not total or hit[1] is not llr:  # the tensors themselves
+            hit = (total, llr, _host_f64(total, llr))
             self._host_scores_of = hit
-        return hit[1]
+        return hit[2]
 
     def _flush(self) -> None:
         """Score the pending steps: the sum, and the likelihood-ratio score of each run of
