@@ -108,7 +108,6 @@ class ShadowClipping:
                                                     else np.asarray(clip)[which])
         if rec.entry_weight is not None:
             v = v * rec.entry_weight
-        host = self._zero_np
         if host is not None:
             host[index] = v  # in the buffer's dtype, rounded as torch's copy would
 
