@@ -36,14 +36,20 @@ __all__ = ["ONS_C", "OnlineNewtonStep", "log_mean_exp"]
 ONS_C: float = 2.0 / (2.0 - math.log(3.0))
 
 
+#: log_mean_exp's compiled pass up to this many numbers; beyond, NumPy's vectorised exponential
+#: (several times faster per number than the compiled loop's scalar one) wins over its call cost
+_COMPILED_UP_TO = 1 << 12
+
+
 def log_mean_exp(a: np.ndarray, axis: int = -1) -> np.ndarray:
     """log(mean(exp(a))) along ``axis``, stable (the wealth of an average of e-processes).
 
-    Along the last axis with compiled kernels: one compiled pass
+    Along the last axis of a small array with compiled kernels: one compiled pass
     (:func:`~dpaudit_torch.stats._kernels.log_mean_exp_rows`; the arrays here are small, a few
     pairs by a few components, so NumPy's dozen calls would cost more than the arithmetic)."""
     a = np.asarray(a, dtype=np.float64)
-    if compiled() and a.ndim >= 1 and axis in (-1, a.ndim - 1) and a.shape[-1] > 0:
+    if compiled() and a.ndim >= 1 and axis in (-1, a.ndim - 1) and a.shape[-1] > 0 \
+            and a.size <= _COMPILED_UP_TO:
         rows = np.ascontiguousarray(a.reshape(-1, a.shape[-1]))
         res = np.empty(rows.shape[0])
         log_mean_exp_rows(rows, res)
