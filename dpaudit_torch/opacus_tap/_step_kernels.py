@@ -9,11 +9,14 @@ one pass (measured: 57 us for the NumPy version of ``plan_step`` with cold cache
 
 from __future__ import annotations
 
+import math
+
 import numpy as np
 
 from .._compiled import kernel
 
-__all__ = ["plan_step", "snapshot_step", "release_step", "add_columns"]
+__all__ = ["plan_step", "snapshot_step", "release_step", "add_columns", "add_joint", "write_rows",
+           "clip_joint"]
 
 
 @kernel(nogil=True)
@@ -256,6 +259,54 @@ def write_rows(buf: np.ndarray, index: np.ndarray, E: int, W: int, which: np.nda
             buf[i] = v
 
 
+@kernel(nogil=True)
+def clip_joint(index: np.ndarray, E: int, which: np.ndarray, clip: np.ndarray,
+               weight: np.ndarray, scale: float, max_norm: float, norm_eps: float,
+               out: np.ndarray, norm2: np.ndarray, tmp: np.ndarray) -> None:
+    """Opacus's own joint-norm clipping (``DPOptimizer.clip_and_accumulate``) of the step's
+    canary rows, from their entries, in one pass: the column sums it would leave in
+    ``summed_grad`` for the ``[R, E]`` rows that :func:`write_rows` writes (entry e at
+    ``index[e]``, value ``scale * clip[which[e]] * weight[e]`` stored in the rows' dtype).
+
+    Opacus computes, in the rows' dtype: each row's norm, the factor
+    ``min(1, reciprocal(norm + 1e-6) * max_grad_norm)`` and the contraction of the factors with
+    the rows; every column holds one entry, so its sum is the factor of the entry's row times
+    the entry. Each of those operations is done here in float64 and rounded to the dtype of
+    ``out`` (by storing into ``out`` or ``tmp``, both of the rows' dtype): for one operation on
+    float32 numbers that is the float32 result itself. The row norms accumulate in float64 (a
+    row of one entry gives its absolute value exactly, as Opacus does; a spread row of a few
+    entries may differ in the last bit). ``norm2``: float64 work space of at least R numbers;
+    ``out``: at least E numbers, column c of the rows at ``out[c]``."""
+    R = norm2.shape[0]
+    for r in range(R):
+        norm2[r] = 0.0
+    has_w = weight.shape[0] > 0
+    for e in range(index.shape[0]):
+        i = index[e]
+        v = scale * clip[which[e]]
+        if has_w:
+            v = v * weight[e]
+        c = i % E
+        out[c] = v  # rounded to the rows' dtype, as write_rows stores it
+        q = float(out[c])
+        norm2[i // E] += q * q
+    tmp[0] = norm_eps
+    eps_q = float(tmp[0])
+    tmp[0] = max_norm
+    bound_q = float(tmp[0])
+    for r in range(R):
+        tmp[0] = math.sqrt(norm2[r])  # the row's norm in the rows' dtype
+        tmp[0] = float(tmp[0]) + eps_q
+        tmp[0] = 1.0 / float(tmp[0])
+        tmp[0] = float(tmp[0]) * bound_q
+        f = float(tmp[0])
+        norm2[r] = 1.0 if f > 1.0 else f  # clamp(max=1.0), NaN kept; the factor, stored here
+    for e in range(index.shape[0]):
+        i = index[e]
+        c = i % E
+        out[c] = norm2[i // E] * float(out[c])
+
+
 def signatures() -> list[tuple[object, tuple[object, ...]]]:
     """(kernel, argument types) of :func:`plan_step` as the injector calls it, for
     :func:`dpaudit_torch._numba.warm_up`."""
@@ -281,4 +332,6 @@ def observe_signatures(grad_dtype: object, n_tensors: int
                             nt.boolean[::1], f1, f1, f1, f1, f1)),
             (add_columns, (grads, grads, i1, i1)),
             (add_joint, (grads, nt.Array(grad_dtype, 1, "C"), i1, i1)),
-            (write_rows, (nt.Array(grad_dtype, 1, "C"), i1, i, i, i1, f1, f1, f))]
+            (write_rows, (nt.Array(grad_dtype, 1, "C"), i1, i, i, i1, f1, f1, f)),
+            (clip_joint, (i1, i, i1, f1, f1, f, f, f, nt.Array(grad_dtype, 1, "C"), f1,
+                          nt.Array(grad_dtype, 1, "C")))]

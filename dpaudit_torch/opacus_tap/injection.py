@@ -164,6 +164,12 @@ class Injector(GhostInjection, ShadowClipping):
         self._zero_buf: torch.Tensor | None = None
         self._zero_np: np.ndarray | None = None  # its NumPy view (CPU)
         self._joint_width = 0  # columns of the joint shadow tensor (only grows)
+        #: clip the canaries with the compiled replica of Opacus's joint-norm clipping where it
+        #: applies (ShadowClipping._replica; tests switch it off to compare with Opacus's call)
+        self.replica_clip = True
+        self._replica_ok = True  # no disagreement with Opacus's own call seen
+        self._replica_steps = 0  # steps clipped by the replica (every 64th also by Opacus)
+        self._replica_buf: tuple[np.ndarray, np.ndarray, np.ndarray] | None = None
         self._clip_cache: dict[Any, Any] = {}  # the bounds as an array (write_rows)
         self._ghost_values: dict[tuple[float, torch.dtype, torch.device], torch.Tensor] = {}
         self._param_ids = [id(p) for p in params]
@@ -417,8 +423,11 @@ class Injector(GhostInjection, ShadowClipping):
                 gs = params[0].grad_sample
                 ref0 = gs[-1] if isinstance(gs, list) else gs
                 joint = self._joint()
-                views, undo = self._write_rows(rec, ref0.dtype, joint)
-                adds = self._shadow_clip(views, rec, joint)
+                if self._replica_applies(joint, ref0.dtype):
+                    adds = self._replica(rec, ref0.dtype)
+                else:
+                    views, undo = self._write_rows(rec, ref0.dtype, joint)
+                    adds = self._shadow_clip(views, rec, joint)
             except Exception as e:
                 failed = e  # raised after the real call: an error of the user's own code in
                 # that call surfaces first, as without the auditor (with its note)

@@ -11,6 +11,7 @@ joint-norm code), and the clipped sums are added to ``p.summed_grad`` at the can
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Callable
 from typing import Any
 
@@ -18,13 +19,19 @@ import numpy as np
 import torch
 
 from .._compiled import compiled
-from ._step_kernels import add_columns, add_joint, write_rows
+from ._step_kernels import add_columns, add_joint, clip_joint, write_rows
 from .observation import host_views
-from .plan import StepPlan, joint_norm_clipping
+from .plan import OPACUS_NORM_EPS, StepPlan, joint_norm_clipping
 
 __all__ = ["ShadowClipping"]
 
 _NO_WEIGHT = np.zeros(0)  # write_rows: no per-entry weights
+
+logger = logging.getLogger(__name__)
+
+#: the compiled replica of Opacus's joint-norm clipping is checked against Opacus's own call at
+#: its first step and then at every this many steps (docs/design.md section 5)
+REPLICA_CHECK_EVERY = 64
 
 
 class ShadowClipping:
@@ -48,6 +55,10 @@ class ShadowClipping:
     _shadow_base: torch.Tensor | None
     _shadow_views: tuple[torch.Tensor, dict[int, torch.Tensor]] | None
     _shadow_sizes: dict[bool, list[int]]
+    replica_clip: bool
+    _replica_ok: bool
+    _replica_steps: int
+    _replica_buf: tuple[np.ndarray, np.ndarray, np.ndarray] | None
 
     def _rows_buffer(self, size: int, dtype: torch.dtype) -> torch.Tensor:
         """A persistent all-zero buffer of at least ``size`` elements (and, on the CPU, its
@@ -139,6 +150,57 @@ class ShadowClipping:
         """Whether this step clips the canaries as one concatenated shadow tensor."""
         return (self.joint_shadow and not self._had_instance_attr
                 and joint_norm_clipping(self.optimizer))
+
+    # ------------------------------------------------------------------ the compiled replica
+    def _replica_applies(self, joint: bool, dtype: torch.dtype) -> bool:
+        """Whether this step's canaries may be clipped by :func:`._step_kernels.clip_joint`:
+        Opacus's own joint-norm code (``joint``), on the CPU with compiled kernels, rows of the
+        parameters' float32 or float64 dtype, and no disagreement with Opacus's call seen."""
+        return (joint and self.replica_clip and self._replica_ok and compiled()
+                and self.device.type == "cpu" and dtype in (torch.float32, torch.float64)
+                and self.params[0].dtype == dtype)
+
+    def _replica(self, rec: StepPlan, dtype: torch.dtype) -> list[torch.Tensor | None]:
+        """The canaries' clipped column sums of Opacus's joint-norm clipping, computed from the
+        step's entries in one compiled pass instead of Opacus's call on the shadow (the same
+        operations, rounded to the rows' dtype; docs/design.md section 5, "The compiled
+        replica"). At the first step and every :data:`REPLICA_CHECK_EVERY` steps Opacus's own
+        call runs as well and its sums are the ones used: if they differ from the replica's
+        beyond the rounding of a few operations, the replica is switched off for good (a
+        warning says so) and every later step calls Opacus's code."""
+        counts, col_flat = rec.entry_counts, rec.column_flat
+        assert counts is not None and col_flat is not None and rec.entry_index is not None
+        E, R = int(col_flat.shape[0]), int(rec.n_rows)
+        np_dtype = np.float32 if dtype == torch.float32 else np.float64
+        buf = self._replica_buf
+        if buf is None or buf[0].dtype != np_dtype or buf[0].shape[0] < E or (
+                buf[1].shape[0] < R):
+            buf = self._replica_buf = (np.zeros(2 * E + 64, dtype=np_dtype),
+                                       np.zeros(2 * R + 64), np.zeros(1, dtype=np_dtype))
+        out, norm2, tmp = buf
+        weight = _NO_WEIGHT if rec.entry_weight is None else rec.entry_weight
+        clip_joint(rec.entry_index, E, rec.entry_param, self._clip_array(rec.clip), weight,
+                   self.canary_norm, float(self.optimizer.max_grad_norm), OPACUS_NORM_EPS,
+                   out, norm2[:R], tmp)
+        mine = torch.from_numpy(out[:E])
+        self._replica_steps += 1
+        if (self._replica_steps - 1) % REPLICA_CHECK_EVERY:
+            return [mine]
+        views, undo = self._write_rows(rec, dtype, True)
+        try:
+            theirs = self._shadow_clip(views, rec, True)
+        finally:
+            undo()
+        got = theirs[0]
+        if got is None or not torch.allclose(
+                got.reshape(-1)[:E].to(torch.float64), mine.to(torch.float64),
+                rtol=16 * torch.finfo(dtype).eps, atol=0.0):
+            self._replica_ok = False
+            logger.warning(
+                "the compiled replica of Opacus's joint-norm clipping disagrees with Opacus's "
+                "own call on this step's canaries; the canaries are clipped by Opacus's code "
+                "from now on")
+        return theirs
 
     # ------------------------------------------------------------------ the wrappers
     def _shadow(self, counts: list[int], dtype: torch.dtype, joint: bool = False
