@@ -289,6 +289,7 @@ class Injector(GhostInjection, ShadowClipping):
             coins=(coins_cpu if self.device.type == "cpu"
                    else coins_cpu.to(self.device, non_blocking=True)),
             coins_cpu=coins_cpu,
+            coins_np=coins,
             clip=clip,
             unit_scale=unit_scale,
             sigma=(sigma := effective_noise_multiplier(opt, self.adaclip)),
@@ -297,7 +298,7 @@ class Injector(GhostInjection, ShadowClipping):
             n_rows=self._k + n_one,
             n_one_run=n_one,
             injected=self.injects,
-            included=torch.from_numpy(included),
+            included_np=included,
             entry_param=e_param,
             entry_flat=e_flat,
             entry_index=e_index,

@@ -387,21 +387,25 @@ class GradientReader:
         b = self._buffers()
         noise_on = self._noise is not None and plan.noise_real_sum is not None \
             and plan.noise_std > 0
-        if b.n_noise and plan.noise_real_sum is not None:
-            nr = plan.noise_real_sum
+        nr = plan.noise_real_sum
+        if not b.n_noise or nr is None:
+            noise_real = b.noise
+        elif nr is b.noise_real_t:  # the snapshot's own buffer (no DDP sum): no torch call
+            noise_real = b.snap[b.n_canary:]
+        else:
             noise_real = (nr if nr.dtype == torch.float64 and nr.device.type == "cpu"
                           else nr.to("cpu", torch.float64)).numpy()
-        else:
-            noise_real = b.noise
         unit = self._per_param("unit", plan.unit_scale, plan.clip)
         denom = self._per_param("denom", plan.unit_scale, plan.clip)
-        real_np = (real if real.dtype == torch.float64 and real.device.type == "cpu"
-                   else real.to("cpu", torch.float64)).numpy()
+        real_np = (b.snap[:b.n_canary] if real is b.real_t
+                   else (real if real.dtype == torch.float64 and real.device.type == "cpu"
+                         else real.to("cpu", torch.float64)).numpy())
+        coins = plan.coins_cpu.numpy() if plan.coins_np is None else plan.coins_np
         ok, sumsq = release_step(
             grads, b.param, b.flat, unit, denom,
             b.n_canary, real_np, noise_real, 1.0 / plan.noise_std if noise_on else 0.0,
             plan.pair_order, self.k, self._spread_pair, self._side_a_2d, self._side_b_2d,
-            self._spread_w, plan.coins_cpu.numpy(), b.vals, b.xy, b.rel, b.noise_raw, b.noise)
+            self._spread_w, coins, b.vals, b.xy, b.rel, b.noise_raw, b.noise)
         rec = StepRecord(step=step, values=b.vals_t, x=b.x_t, y=b.y_t, coins=plan.coins,
                          sigma=plan.sigma, sigma_claimed=plan.sigma_claimed, finite=bool(ok),
                          real_sums=real, host=b)

@@ -133,7 +133,10 @@ class StepPlan:
     n_rows: int  # canary rows (or clipped canaries, ghost) added this step
     n_one_run: int  # one-run canaries included this step
     injected: bool  # False on DDP ranks other than 0
-    included: torch.Tensor | None = None  # [n] one-run canaries included (host; private)
+    #: [k] the coins as a NumPy array (the memory ``coins_cpu`` views), None if not given
+    coins_np: np.ndarray | None = None
+    #: [n] one-run canaries included (host; private): :attr:`included` as a tensor
+    included_np: np.ndarray | None = None
     #: [E] the parameter tensor of each canary entry (a row's entry; a spread row has L)
     entry_param: np.ndarray | None = None
     #: [E] each entry's flat index in its (real) tensor
@@ -166,3 +169,9 @@ class StepPlan:
     #: (compiled CPU path only; None otherwise): the canaries' clipped sums are added through
     #: the views while the tensors are still the optimizer's
     summed_host: tuple[list[Any], tuple[np.ndarray, ...]] | None = None
+
+    @property
+    def included(self) -> torch.Tensor | None:
+        """[n] int64 the one-run canaries included this step (host; a view of
+        :attr:`included_np`, made when asked: the step itself reads the NumPy array)."""
+        return None if self.included_np is None else torch.from_numpy(self.included_np)
