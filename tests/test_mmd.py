@@ -896,3 +896,42 @@ def test_gram_from_three_blocks_equals_the_stacked_kernel(d):
         np.testing.assert_array_equal(got, want)
     else:
         np.testing.assert_allclose(got, want, rtol=1e-13, atol=1e-14)
+
+
+@pytest.mark.parametrize("kind", ["scalar", "atoms"])
+@pytest.mark.parametrize("cap,chunk", [(128, 80), (40, 16), (7, 3)])
+def test_capped_scalar_passes_equal_numpy_path(monkeypatch: pytest.MonkeyPatch, kind: str,
+                                               cap: int, chunk: int) -> None:
+    """The compiled passes of the capped witness for one-dimensional pairs (the auditor's
+    setting: cap 128, chunks of 80) give the NumPy path's trajectory, witness norm and
+    coefficients up to the order of the sums over the stored pairs (1e-12), across ring
+    wrap-arounds and norm refreshes, and are the branch these streams take."""
+    from dpaudit_torch.stats import _mmd_witness
+
+    xs, ys = _stream(kind, n=4000, seed=5)
+    calls = []
+    fast = _mmd_witness.KernelWitness._witness_values_capped_1d
+
+    def spy(self, *a):
+        calls.append(1)
+        return fast(self, *a)
+
+    def run(compiled_passes: bool) -> tuple[np.ndarray, float, np.ndarray, int]:
+        with monkeypatch.context() as m:
+            m.setattr(_mmd_witness.KernelWitness, "_witness_values_capped_1d", spy)
+            if not compiled_passes:
+                m.setattr(_mmd_witness, "compiled", lambda: False)
+            t = SequentialMMDTest(0.05, witness_radius=1.0, chunk_size=chunk,
+                                  max_witness_points=cap)
+            traj = t.update_with_trajectory(torch.as_tensor(xs), torch.as_tensor(ys))
+            return traj, t.witness_norm, t.witness_coefficients(), t._n_norm_refreshes
+
+    a = run(True)
+    assert calls and a[3] > 0
+    n_fast = len(calls)
+    b = run(False)
+    assert len(calls) == n_fast  # the NumPy run took the general branch
+    np.testing.assert_allclose(a[0], b[0], rtol=1e-12, atol=1e-12)
+    assert a[1] == pytest.approx(b[1], rel=1e-12)
+    np.testing.assert_allclose(a[2], b[2], rtol=1e-10, atol=1e-14)
+

@@ -20,7 +20,7 @@ import numpy as np
 
 from .._compiled import kernel
 
-__all__ = ["ons_run", "mmd_recursion_capped", "hockey_stick_gaps",
+__all__ = ["ons_run", "mmd_recursion_capped", "mmd_args_1d", "mmd_blocks_1d", "hockey_stick_gaps",
            "hockey_stick_finish", "log_mean_exp_rows", "fresh_start_rows",
            "fresh_start_mixed", "record_chunk"]
 
@@ -135,6 +135,116 @@ def mmd_recursion_capped(old: np.ndarray, g2: np.ndarray, u: np.ndarray, g2e: np
             pending *= S
             S = 1.0
     return S, m, s, pending, 0
+
+
+@kernel(nogil=True, error_model="numpy")
+def mmd_args_1d(x: np.ndarray, y: np.ndarray, center: float, inv_bw: float, X: np.ndarray,
+                Y: np.ndarray, T: int, ev: np.ndarray, zx: np.ndarray, zy: np.ndarray,
+                D: np.ndarray) -> int:
+    """The exponents ``-|p - q|^2 / 2`` of every kernel value a capped MMD witness chunk of
+    one-dimensional pairs needs, into ``D`` (one NumPy exponential then makes them kernels; see
+    :func:`mmd_blocks_1d` for the layout); also the chunk's standardised points ``zx``, ``zy``.
+
+    ``X``, ``Y``: the stored standardised points (their first ``T`` slots are used); ``ev``:
+    the slots of the pairs the chunk drops. The same operations, in the same order, as the
+    NumPy kernel blocks (difference, square, times -1/2). Returns the number of exponents."""
+    n = x.shape[0]
+    E = ev.shape[0]
+    n2 = 2 * n
+    for j in range(n):
+        zx[j] = (x[j] - center) * inv_bw
+        zy[j] = (y[j] - center) * inv_bw
+    o = 0
+    for part in range(2):  # stored x parts, then stored y parts, against [zx; zy]
+        P = X if part == 0 else Y
+        for i in range(T):
+            p = P[i]
+            for q in range(n2):
+                d = p - (zx[q] if q < n else zy[q - n])
+                D[o] = d * d * -0.5
+                o += 1
+    for blk in range(6):  # new: xx, xy, yy; dropped: xx, xy, yy
+        m = n if blk < 3 else E
+        for i in range(m):
+            a = ((zx[i] if blk % 3 < 2 else zy[i]) if blk < 3
+                 else (X[ev[i]] if blk % 3 < 2 else Y[ev[i]]))
+            for j in range(m):
+                b = ((zx[j] if blk % 3 == 0 else zy[j]) if blk < 3
+                     else (X[ev[j]] if blk % 3 == 0 else Y[ev[j]]))
+                d = a - b
+                D[o] = d * d * -0.5
+                o += 1
+    for j in range(n):
+        d = zx[j] - zy[j]
+        D[o] = -0.5 * (d * d)
+        o += 1
+    for e in range(E):
+        d = X[ev[e]] - Y[ev[e]]
+        D[o] = -0.5 * (d * d)
+        o += 1
+    return o
+
+
+@kernel(nogil=True, error_model="numpy")
+def mmd_blocks_1d(K: np.ndarray, T: int, n: int, ev: np.ndarray, A: np.ndarray,
+                  fwd: np.ndarray, old: np.ndarray, G: np.ndarray, H: np.ndarray,
+                  g2: np.ndarray, g2e: np.ndarray, a_ev: np.ndarray, u: np.ndarray) -> None:
+    """From the kernel values ``K`` (:func:`mmd_args_1d`'s exponents, exponentiated): the
+    inputs of :func:`mmd_recursion_capped` for a capped chunk of one-dimensional pairs, as the
+    NumPy path of the MMD witness computes them.
+
+    ``K`` holds, in order: the stored x parts [T, 2n] and y parts [T, 2n] against the new
+    points [zx; zy]; the new pairs' xx, xy, yy blocks [n, n] and the dropped pairs' [E, E]; the
+    new and the dropped pairs' own k(x, y). Out: ``old`` [n] (the stored witness at each new
+    pair), ``G`` [T, n] (``<g_i, g_j>`` of stored pair i and new pair j), ``H`` [n + E, n + E]
+    (the Gram block of [new, dropped]; its cross blocks are rows ``ev`` of ``G``), ``g2``,
+    ``g2e`` (``||g||^2``), ``a_ev`` (the dropped pairs' coefficients) and ``u`` (the witness
+    at each dropped pair from the pairs that outlive it: its ``fwd`` plus the younger dropped
+    pairs' terms)."""
+    E = ev.shape[0]
+    n2 = 2 * n
+    oy = T * n2
+    for q in range(n):
+        sx = 0.0
+        sy = 0.0
+        tx = 0.0
+        ty = 0.0
+        for i in range(T):
+            a = A[i]
+            sx += a * K[i * n2 + q]
+            sy += a * K[oy + i * n2 + q]
+            tx += a * K[i * n2 + n + q]
+            ty += a * K[oy + i * n2 + n + q]
+        old[q] = (sx - sy) - (tx - ty)
+    for i in range(T):
+        for j in range(n):
+            G[i, j] = (K[i * n2 + j] - K[oy + i * n2 + j]) - (
+                K[i * n2 + n + j] - K[oy + i * n2 + n + j])
+    o = 2 * oy
+    for blk in range(2):  # the new-new block, then the dropped-dropped block
+        m = n if blk == 0 else E
+        at = 0 if blk == 0 else n
+        xx, xy, yy = o, o + m * m, o + 2 * m * m
+        for i in range(m):
+            for j in range(m):
+                H[at + i, at + j] = ((K[xx + i * m + j] - K[xy + i * m + j])
+                                     - K[xy + j * m + i]) + K[yy + i * m + j]
+        o += 3 * m * m
+    for j in range(n):
+        g2[j] = 2.0 - 2.0 * K[o + j]
+    o += n
+    for e in range(E):
+        g2e[e] = 2.0 - 2.0 * K[o + e]
+        s = ev[e]
+        for j in range(n):
+            H[n + e, j] = G[s, j]
+            H[j, n + e] = G[s, j]
+        a_ev[e] = A[s]
+    for e in range(E):
+        acc = 0.0
+        for i in range(e):
+            acc += H[n + i, n + e] * a_ev[i]
+        u[e] = fwd[ev[e]] + acc
 
 
 @kernel(nogil=True, error_model="numpy")
@@ -397,6 +507,8 @@ def signatures() -> list[tuple[object, tuple[object, ...]]]:
     return [
         (ons_run, (f2, f1, f1, f1, f1, f, f2)),
         (mmd_recursion_capped, (f1, f1, f1, f1, f1, f2, i, i, f, f, f, f, f, f, f1, f1, f1)),
+        (mmd_args_1d, (f1, f1, f, f, f1, f1, i, i1, f1, f1, f1)),
+        (mmd_blocks_1d, (f1, i, i, i1, f1, f1, f1, f2, f2, f1, f1, f1, f1)),
         (hockey_stick_gaps, (i2, i2, i1, i1, i, i1, i1, i1, f2, i, f3, f2)),
         (hockey_stick_finish, (i2, i2, i1, i1, i1, f3, f2, f1, f1, f2)),
         (log_mean_exp_rows, (f2, f1)),

@@ -22,6 +22,10 @@ Implementation notes (performance design):
 * Stored points are standardised once, ``z = (x - c) / bw`` with the burn-in mean ``c``, so that
   ``k(x, x') = exp(-||z - z'||^2 / 2)``; this is exact algebra and keeps the matmul form of the
   squared distances well conditioned.
+* One-dimensional pairs (the auditor's) in a chunk that drops stored pairs, on the CPU with
+  compiled kernels: one compiled pass writes the exponents of every kernel value the chunk
+  needs, one NumPy exponential evaluates them, and one compiled pass forms what the recursion
+  reads (``_witness_values_capped_1d``), instead of a few dozen small array operations.
 * The witness coefficients are ``c_i = S * a_i`` with ONE global scale factor S (the product of
   the projection factors); the stored ``a_i`` are rescaled only when S falls below 1e-30.
 """
@@ -36,8 +40,9 @@ from typing import Any
 import numpy as np
 import torch
 
+from .._compiled import compiled
 from .._vecmath import exp_
-from ._kernels import mmd_recursion_capped
+from ._kernels import mmd_args_1d, mmd_blocks_1d, mmd_recursion_capped
 
 # the messages read as the MMD test's: users configure the logger "dpaudit_torch.stats.mmd"
 logger = logging.getLogger("dpaudit_torch.stats.mmd")
@@ -314,6 +319,8 @@ class KernelWitness:
         E = T + n - cap if dropping and cap is not None else 0
         if dropping:
             assert cap is not None and 1 <= E <= n <= cap and E <= T
+            if d == 1 and compiled() and (T == cap or self._head == 0):
+                return self._witness_values_capped_1d(x, y, T, E, cap)
         inv_bw = 1.0 / self.bandwidth
         center = self._state_np()[0]
         zx = (x - center) * inv_bw
@@ -377,6 +384,48 @@ class KernelWitness:
         Yn[pos] = Qsn[n:]
         A[pos] = a_new
         self._update_fwd_host(T, gram, pending, pos, Hh[:n, :n], a_new)
+        self._advance_ring(E, buf, cap)
+        return v
+
+    def _witness_values_capped_1d(self, x: np.ndarray, y: np.ndarray, T: int, E: int,
+                                  cap: int) -> np.ndarray:
+        """The dropping branch of :meth:`_witness_values_host` for one-dimensional pairs (the
+        auditor's), in three calls instead of a few dozen array operations: one compiled pass
+        writes the exponents of every kernel value the chunk needs, one NumPy exponential, one
+        compiled pass forms the stored witness at the new pairs, the Gram blocks, the norms
+        and the dropped pairs' terms (:func:`~._kernels.mmd_args_1d`,
+        :func:`~._kernels.mmd_blocks_1d`: the same values as the NumPy path, up to the order
+        of the sums over the stored pairs)."""
+        assert self.bandwidth is not None
+        n = int(x.shape[0])
+        self._ensure_capacity(cap, 1, torch.device("cpu"))
+        center, X, Y, Xn, Yn, A, fwd = self._state_np()
+        buf = int(X.shape[0])
+        assert buf == cap and self._fwd is not None
+        ev = (self._head + np.arange(E)) % buf
+        zx, zy = np.empty((n, 1)), np.empty((n, 1))
+        need = 4 * T * n + 3 * n * n + 3 * E * E + n + E
+        D = self.__dict__.get("_args_1d")
+        if D is None or D.shape[0] < need:
+            D = self._args_1d = np.empty(need)
+        used = mmd_args_1d(np.ascontiguousarray(x[:, 0]), np.ascontiguousarray(y[:, 0]),
+                           float(center[0]), 1.0 / self.bandwidth, X[:, 0], Y[:, 0], T, ev,
+                           zx[:, 0], zy[:, 0], D)
+        K = exp_(D[:used])
+        N = n + E
+        old, G, Hh = np.empty(n), np.empty((T, n)), np.empty((N, N))
+        g2, g2e, a_ev, u = np.empty(n), np.empty(E), np.empty(E), np.empty(E)
+        mmd_blocks_1d(K, T, n, ev, A, fwd, old, G, Hh, g2, g2e, a_ev, u)
+        v, a_new, pending = self._recursion_capped(old, g2, u, g2e, a_ev, Hh, n, E)
+        if pending != 1.0:
+            A[:T] *= pending
+        pos = (self._head + T + np.arange(n)) % buf
+        X[pos] = zx
+        Y[pos] = zy
+        Xn[pos] = zx[:, 0] * zx[:, 0]
+        Yn[pos] = zy[:, 0] * zy[:, 0]
+        A[pos] = a_new
+        self._update_fwd_host(T, G, pending, pos, Hh[:n, :n], a_new)
         self._advance_ring(E, buf, cap)
         return v
 
