@@ -20,7 +20,7 @@ import numpy as np
 
 from .._compiled import kernel
 
-__all__ = ["ons_run", "mmd_recursion_capped", "mmd_args_1d", "mmd_blocks_1d", "hockey_stick_gaps",
+__all__ = ["ons_run", "mmd_recursion_capped", "mmd_args_1d", "mmd_blocks_1d", "mmd_fwd_update", "hockey_stick_gaps",
            "hockey_stick_finish", "log_mean_exp_rows", "fresh_start_rows",
            "fresh_start_mixed", "record_chunk"]
 
@@ -245,6 +245,33 @@ def mmd_blocks_1d(K: np.ndarray, T: int, n: int, ev: np.ndarray, A: np.ndarray,
         for i in range(e):
             acc += H[n + i, n + e] * a_ev[i]
         u[e] = fwd[ev[e]] + acc
+
+
+@kernel(nogil=True, error_model="numpy")
+def mmd_fwd_update(fwd: np.ndarray, T: int, G: np.ndarray, pending: float, pos: np.ndarray,
+                   H: np.ndarray, a_new: np.ndarray) -> None:
+    """The capped MMD witness's ``fwd`` after a chunk of n new pairs, in one pass: the stored
+    pairs' entries (slots < T) rescaled by ``pending`` and increased by ``G @ a_new`` (``G``
+    [T, n]: their Gram rows against the new pairs; no rows: no increase), and each new pair
+    j's entry, at slot ``pos[j]``, ``sum over i >= j of H[j, i] a_new[i]`` (``H``: the new
+    pairs' Gram block, its first n rows and columns)."""
+    n = a_new.shape[0]
+    rows = G.shape[0]
+    for i in range(T):
+        f = fwd[i]
+        if pending != 1.0:
+            f *= pending
+        if rows:
+            acc = 0.0
+            for j in range(n):
+                acc += G[i, j] * a_new[j]
+            f += acc
+        fwd[i] = f
+    for j in range(n):
+        acc = 0.0
+        for i in range(j, n):
+            acc += H[j, i] * a_new[i]
+        fwd[pos[j]] = acc
 
 
 @kernel(nogil=True, error_model="numpy")
@@ -509,6 +536,7 @@ def signatures() -> list[tuple[object, tuple[object, ...]]]:
         (mmd_recursion_capped, (f1, f1, f1, f1, f1, f2, i, i, f, f, f, f, f, f, f1, f1, f1)),
         (mmd_args_1d, (f1, f1, f, f, f1, f1, i, i1, f1, f1, f1)),
         (mmd_blocks_1d, (f1, i, i, i1, f1, f1, f1, f2, f2, f1, f1, f1, f1)),
+        (mmd_fwd_update, (f1, i, f2, f, i1, f2, f1)),
         (hockey_stick_gaps, (i2, i2, i1, i1, i, i1, i1, i1, f2, i, f3, f2)),
         (hockey_stick_finish, (i2, i2, i1, i1, i1, f3, f2, f1, f1, f2)),
         (log_mean_exp_rows, (f2, f1)),

@@ -42,7 +42,7 @@ import torch
 
 from .._compiled import compiled
 from .._vecmath import exp_
-from ._kernels import mmd_args_1d, mmd_blocks_1d, mmd_recursion_capped
+from ._kernels import mmd_args_1d, mmd_blocks_1d, mmd_fwd_update, mmd_recursion_capped
 
 # the messages read as the MMD test's: users configure the logger "dpaudit_torch.stats.mmd"
 logger = logging.getLogger("dpaudit_torch.stats.mmd")
@@ -383,7 +383,7 @@ class KernelWitness:
         Xn[pos] = Qsn[:n]
         Yn[pos] = Qsn[n:]
         A[pos] = a_new
-        self._update_fwd_host(T, gram, pending, pos, Hh[:n, :n], a_new)
+        self._update_fwd_host(T, gram, pending, pos, Hh, a_new)
         self._advance_ring(E, buf, cap)
         return v
 
@@ -425,22 +425,29 @@ class KernelWitness:
         Xn[pos] = zx[:, 0] * zx[:, 0]
         Yn[pos] = zy[:, 0] * zy[:, 0]
         A[pos] = a_new
-        self._update_fwd_host(T, G, pending, pos, Hh[:n, :n], a_new)
+        self._update_fwd_host(T, G, pending, pos, Hh, a_new)
         self._advance_ring(E, buf, cap)
         return v
 
     def _update_fwd_host(self, T: int, gram: np.ndarray | None, pending: float,
-                         pos: np.ndarray, H_new: np.ndarray, a_new: np.ndarray) -> None:
-        """:meth:`_update_fwd` in NumPy, on a view of the stored state."""
+                         pos: np.ndarray, H: np.ndarray, a_new: np.ndarray) -> None:
+        """:meth:`_update_fwd` on a view of the stored state (``H``: a C-ordered Gram block
+        whose first n rows and columns are the new pairs'): one compiled pass
+        (:func:`~._kernels.mmd_fwd_update`), or NumPy in Python mode."""
         assert self._fwd is not None
         fwd = self._state_np()[6]
+        n = int(a_new.shape[0])
+        if compiled() and H.flags.c_contiguous and (gram is None or gram.flags.c_contiguous):
+            mmd_fwd_update(fwd, T, np.empty((0, n)) if gram is None else gram, pending,
+                           np.ascontiguousarray(pos, dtype=np.int64), H, a_new)
+            return
         if T:
             f = fwd[:T]
             if pending != 1.0:
                 f *= pending
             if gram is not None:
                 f += gram @ a_new
-        fwd[pos] = np.triu(H_new) @ a_new  # H is symmetric
+        fwd[pos] = np.triu(H[:n, :n]) @ a_new  # H is symmetric
 
     # ------------------------------------------------------------------ capped witness
     def _advance_ring(self, E: int, buf: int, cap: int) -> None:
