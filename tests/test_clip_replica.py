@@ -1,7 +1,8 @@
 """The compiled replica of Opacus's joint-norm clipping (``ShadowClipping._replica``): the same
 column sums as Opacus's own call on the shadow, checked against that call at its first step and
 every ``REPLICA_CHECK_EVERY`` steps, switched off for good when the two disagree, and never used
-for clipping code that is not Opacus's."""
+for clipping code that is not Opacus's; and, under ghost clipping, the compiled addition of the
+already clipped canaries, equal to the torch additions."""
 
 from __future__ import annotations
 
@@ -111,3 +112,35 @@ def test_replica_only_for_opacus_own_code_and_compiled_kernels():
         assert aud.step == 2 and aud.tap.injector._replica_steps == 0
     finally:
         set_compiled(was)
+
+
+def _ghost_run(compiled_add: bool, monkeypatch: pytest.MonkeyPatch) -> tuple[torch.Tensor, ...]:
+    from dpaudit_torch.opacus_tap.ghost import GhostInjection
+
+    used: list[bool] = []
+    orig = GhostInjection._ghost_add_compiled
+
+    def spy(self, rec, order):
+        ok = compiled_add and orig(self, rec, order)
+        used.append(ok)
+        return ok
+
+    with monkeypatch.context() as m:
+        m.setattr(GhostInjection, "_ghost_add_compiled", spy)
+        s = make_private_setup(mode="ghost", seed=3)
+        aud = PrivacyAuditor(s.engine, s.optimizer, s.loader, seed=2, k_pairs=8,
+                             m_canaries=96, check_every=3)
+        projections = []
+        for x, y in s.batches(7, batch=24):
+            s.step(x, y)
+            projections.append(aud.tap.reader.last_values.clone())
+    assert used and all(used) == compiled_add and aud.design.n_spread
+    return (torch.stack(projections), aud.monitors["one_run"].scores["llr"].clone(),
+            *[p.detach().clone() for p in s.model.parameters()])
+
+
+def test_ghost_compiled_addition_equals_torch_addition(monkeypatch):
+    """Under ghost clipping the clipped canaries are added by one compiled pass on the CPU;
+    twin runs against the torch additions (one ``index_add_`` per tensor) are identical."""
+    for u, v in zip(_ghost_run(True, monkeypatch), _ghost_run(False, monkeypatch)):
+        assert torch.equal(u, v)
