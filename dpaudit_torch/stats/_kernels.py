@@ -20,8 +20,8 @@ import numpy as np
 
 from .._compiled import kernel
 
-__all__ = ["ons_run", "mmd_recursion_capped", "mmd_args_1d", "mmd_blocks_1d", "mmd_fwd_update", "hockey_stick_gaps",
-           "hockey_stick_finish", "log_mean_exp_rows", "fresh_start_rows",
+__all__ = ["ons_run", "mmd_recursion_capped", "mmd_args_1d", "mmd_blocks_1d", "mmd_fwd_update",
+           "hockey_stick_gaps", "hockey_stick_finish", "log_mean_exp_rows", "fresh_start_rows",
            "fresh_start_mixed", "record_chunk"]
 
 
