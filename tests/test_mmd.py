@@ -906,7 +906,7 @@ def test_capped_scalar_passes_equal_numpy_path(monkeypatch: pytest.MonkeyPatch, 
     setting: cap 128, chunks of 80) give the NumPy path's trajectory, witness norm and
     coefficients up to the order of the sums over the stored pairs (1e-12), across ring
     wrap-arounds and norm refreshes, and are the branch these streams take."""
-    from dpaudit_torch.stats import _mmd_witness
+    from dpaudit_torch.stats import _mmd_host, _mmd_witness
 
     xs, ys = _stream(kind, n=4000, seed=5)
     calls = []
@@ -920,7 +920,7 @@ def test_capped_scalar_passes_equal_numpy_path(monkeypatch: pytest.MonkeyPatch, 
         with monkeypatch.context() as m:
             m.setattr(_mmd_witness.KernelWitness, "_witness_values_capped_1d", spy)
             if not compiled_passes:
-                m.setattr(_mmd_witness, "compiled", lambda: False)
+                m.setattr(_mmd_host, "compiled", lambda: False)
             t = SequentialMMDTest(0.05, witness_radius=1.0, chunk_size=chunk,
                                   max_witness_points=cap)
             traj = t.update_with_trajectory(torch.as_tensor(xs), torch.as_tensor(ys))
