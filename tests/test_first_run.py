@@ -95,7 +95,7 @@ def test_compile_message_once_then_silent_from_the_cache(tmp_path: Path) -> None
     where, compiled = first.stdout.split()
     # every statistics kernel and plan_step (no parameters given: no observation kernels)
     expected = len(_kernels.signatures()) + len(_step_kernels.signatures())
-    assert where == "NUMBA_CACHE_DIR" and int(compiled) == expected == 12
+    assert where == "NUMBA_CACHE_DIR" and int(compiled) == expected == 13
     assert first.stderr.count("compiling the audit kernels, once") == 1, first.stderr
     assert f"Numba caches them in {tmp_path / 'numba'}" in first.stderr
     assert "audit kernels compiled in" in first.stderr

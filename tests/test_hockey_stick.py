@@ -572,4 +572,8 @@ def test_one_dimensional_cells_in_numpy_equal_the_torch_cells() -> None:
     probe = torch.cat([x, y, edges, edges + 1e-12, -edges, torch.tensor([0.0, 1e9, -1e9],
                                                                        dtype=torch.float64)])
     v = probe[:, None]
-    assert np.array_equal(t._cells_1d(v), t._cells(t._scores(v)).numpy())
+    expected = t._cells(t._scores(v)).numpy()
+    assert np.array_equal(t._cells_1d(v), expected)
+    # the compiled pass that the pairs take (x and y at once) gives the same integers
+    cx, cy = t._cells_1d_pair(v, v.flip(0).contiguous())
+    assert np.array_equal(cx, expected) and np.array_equal(cy, expected[::-1])

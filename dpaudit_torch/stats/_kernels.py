@@ -21,8 +21,8 @@ import numpy as np
 from .._compiled import kernel
 
 __all__ = ["ons_run", "mmd_recursion_capped", "mmd_args_1d", "mmd_blocks_1d", "mmd_fwd_update",
-           "hockey_stick_gaps", "hockey_stick_finish", "log_mean_exp_rows", "fresh_start_rows",
-           "fresh_start_mixed", "record_chunk"]
+           "hockey_stick_cells_1d", "hockey_stick_gaps", "hockey_stick_finish",
+           "log_mean_exp_rows", "fresh_start_rows", "fresh_start_mixed", "record_chunk"]
 
 
 @kernel(nogil=True, error_model="numpy")
@@ -272,6 +272,39 @@ def mmd_fwd_update(fwd: np.ndarray, T: int, G: np.ndarray, pending: float, pos: 
         for i in range(j, n):
             acc += H[j, i] * a_new[i]
         fwd[pos[j]] = acc
+
+
+@kernel(nogil=True, error_model="numpy")
+def hockey_stick_cells_1d(x: np.ndarray, y: np.ndarray, edges: np.ndarray, center: float,
+                          cx: np.ndarray, cy: np.ndarray) -> None:
+    """The cells [n, 2] of one-dimensional pairs under the automatic scores (the value, and its
+    distance to ``center``) in the sorted grids ``edges`` [2, W] (padded with +inf): with
+    ``left`` the number of edges below the score and ``right`` the number not above it, the
+    cell is ``2 * left + (right > left)``, as two binary searches (NumPy's ``searchsorted``
+    sides "left" and "right") give it."""
+    W = edges.shape[1]
+    for side in range(2):
+        v = x if side == 0 else y
+        out = cx if side == 0 else cy
+        for j in range(v.shape[0]):
+            for sc in range(2):
+                s = v[j] if sc == 0 else abs(v[j] - center)
+                lo, hi = 0, W  # first edge >= s
+                while lo < hi:
+                    mid = (lo + hi) // 2
+                    if edges[sc, mid] < s:
+                        lo = mid + 1
+                    else:
+                        hi = mid
+                left = lo
+                hi = W  # first edge > s (from left on)
+                while lo < hi:
+                    mid = (lo + hi) // 2
+                    if edges[sc, mid] <= s:
+                        lo = mid + 1
+                    else:
+                        hi = mid
+                out[j, sc] = 2 * left + (1 if lo > left else 0)
 
 
 @kernel(nogil=True, error_model="numpy")
@@ -537,6 +570,7 @@ def signatures() -> list[tuple[object, tuple[object, ...]]]:
         (mmd_args_1d, (f1, f1, f, f, f1, f1, i, i1, f1, f1, f1)),
         (mmd_blocks_1d, (f1, i, i, i1, f1, f1, f1, f2, f2, f1, f1, f1, f1)),
         (mmd_fwd_update, (f1, i, f2, f, i1, f2, f1)),
+        (hockey_stick_cells_1d, (f1, f1, f2, f, i2, i2)),
         (hockey_stick_gaps, (i2, i2, i1, i1, i, i1, i1, i1, f2, i, f3, f2)),
         (hockey_stick_finish, (i2, i2, i1, i1, i1, f3, f2, f1, f1, f2)),
         (log_mean_exp_rows, (f2, f1)),

@@ -100,7 +100,7 @@ from .._compiled import compiled as kernels_compiled
 from .._validation import check_positive_int
 from .._vecmath import exp_
 from ._event_sets import EventSetLearner, ScoreFn
-from ._kernels import hockey_stick_finish, hockey_stick_gaps
+from ._kernels import hockey_stick_cells_1d, hockey_stick_finish, hockey_stick_gaps
 from .base import SequentialTest
 
 logger = logging.getLogger(__name__)
@@ -288,7 +288,7 @@ class HockeyStickTest(EventSetLearner, SequentialTest):
             # one-dimensional outputs on the CPU: the automatic scores (the value and its
             # distance to the centre, exact operations) and their cells in NumPy, the same
             # integers as the torch code gives, without its per-operation overhead
-            return self._payoffs_compiled(x, y, self._cells_1d(x), self._cells_1d(y))
+            return self._payoffs_compiled(x, y, *self._cells_1d_pair(x, y))
         cx = self._cells(self._scores(x))  # [n, S] cell of x_i in each score's grid
         cy = self._cells(self._scores(y))
         if self._use_compiled(dev):
@@ -326,13 +326,7 @@ class HockeyStickTest(EventSetLearner, SequentialTest):
     def _cells_1d(self, v: torch.Tensor) -> np.ndarray:
         """:meth:`_cells` of :meth:`_scores` for one-dimensional CPU outputs ``v`` [n, 1] with
         the automatic scores, in NumPy: [n, 2] int64."""
-        assert self._edges is not None
-        c = self._score_params["center"]
-        hit = self.__dict__.get("_edges_np")
-        if hit is None or hit[0] is not self._edges or hit[1] is not c:  # refitted
-            hit = (self._edges, c, self._edges.numpy(), float(c.reshape(-1)[0]))
-            self._edges_np = hit
-        edges, center = hit[2], hit[3]
+        edges, center = self._edges_host()
         col = v.numpy()[:, 0].astype(np.float64, copy=False)
         out = np.empty((col.shape[0], 2), dtype=np.int64)
         for i, s in enumerate((col, np.abs(col - center))):
@@ -340,6 +334,29 @@ class HockeyStickTest(EventSetLearner, SequentialTest):
             right = np.searchsorted(edges[i], s, side="right")  # edges <= s
             out[:, i] = 2 * left + (right > left)
         return out
+
+    def _edges_host(self) -> tuple[np.ndarray, float]:
+        """The grids' edges [2, W] as a NumPy view and the automatic scores' centre, cached
+        until the grids are refitted."""
+        assert self._edges is not None
+        c = self._score_params["center"]
+        hit = self.__dict__.get("_edges_np")
+        if hit is None or hit[0] is not self._edges or hit[1] is not c:  # refitted
+            hit = (self._edges, c, np.ascontiguousarray(self._edges.numpy(), dtype=np.float64),
+                   float(c.reshape(-1)[0]))
+            self._edges_np = hit
+        return hit[2], hit[3]
+
+    def _cells_1d_pair(self, x: torch.Tensor, y: torch.Tensor) -> tuple[np.ndarray, np.ndarray]:
+        """:meth:`_cells_1d` of x and of y in one compiled pass
+        (:func:`~dpaudit_torch.stats._kernels.hockey_stick_cells_1d`; the same integers)."""
+        edges, center = self._edges_host()
+        n = int(x.shape[0])
+        cx, cy = np.empty((n, 2), dtype=np.int64), np.empty((n, 2), dtype=np.int64)
+        xs = np.ascontiguousarray(x.numpy()[:, 0], dtype=np.float64)
+        ys = np.ascontiguousarray(y.numpy()[:, 0], dtype=np.float64)
+        hockey_stick_cells_1d(xs, ys, edges, center, cx, cy)
+        return cx, cy
 
     def _payoffs_compiled(self, x: torch.Tensor, y: torch.Tensor, cx: torch.Tensor | np.ndarray,
                           cy: torch.Tensor | np.ndarray) -> np.ndarray:
