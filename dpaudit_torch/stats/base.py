@@ -466,6 +466,9 @@ class SequentialTest:
         self._reset_extra()
 
     def _as_pairs(self, x: Any, y: Any) -> tuple[torch.Tensor, torch.Tensor]:
+        fast = self._as_pairs_host(x, y)
+        if fast is not None:
+            return fast
         if not isinstance(x, torch.Tensor):
             x = torch.as_tensor(np.asarray(x, dtype=np.float64))
         if not isinstance(y, torch.Tensor):
@@ -496,6 +499,28 @@ class SequentialTest:
         if self._dim is None and x.shape[0] > 0:
             # only a non-empty batch that passed every check fixes the dimension
             self._dim = d
+        return x, y
+
+    def _as_pairs_host(self, x: Any, y: Any) -> tuple[torch.Tensor, torch.Tensor] | None:
+        """:meth:`_as_pairs` for the common case of a CPU float64 test fed CPU float64 tensors
+        of a known dimension (the training hook's): the same checks, in NumPy on views of the
+        tensors, without torch's per-call cost; None where any condition does not hold (the
+        general path then runs and raises what it raises)."""
+        dev = self._device
+        if (dev is None or dev.type != "cpu" or self.dtype != torch.float64
+                or type(x) is not torch.Tensor or type(y) is not torch.Tensor):
+            return None
+        try:
+            xn, yn = x.numpy(), y.numpy()  # refuses tensors that need grad or are not on the CPU
+        except (RuntimeError, TypeError):
+            return None
+        if (xn.dtype != np.float64 or yn.dtype != np.float64 or xn.shape != yn.shape
+                or xn.ndim not in (1, 2) or (1 if xn.ndim == 1 else xn.shape[1]) != self._dim):
+            return None
+        if not (np.isfinite(xn).all() and np.isfinite(yn).all()):
+            return None  # the general path names the bad values
+        if xn.ndim == 1:
+            return torch.from_numpy(xn.reshape(-1, 1)), torch.from_numpy(yn.reshape(-1, 1))
         return x, y
 
     def _grid_log_wealth(self, comp_lw: np.ndarray) -> np.ndarray:

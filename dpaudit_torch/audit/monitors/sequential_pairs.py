@@ -302,9 +302,10 @@ class SequentialPairsMonitor:
         n, k = int(x.shape[0]), int(x.shape[1])
         per_test: dict[str, np.ndarray] = {}
         bound_steps: list[np.ndarray] = []
+        xf, yf = x.reshape(-1), y.reshape(-1)
         for name, t in seg.testers.items():
             before = int(t.n_pairs)
-            per_test[name] = t.update_with_trajectory(x.reshape(-1), y.reshape(-1))[k - 1::k]
+            per_test[name] = t.update_with_trajectory(xf, yf)[k - 1::k]
             rej = t._grid_rejected_at  # pairs when each grid point rejected, -1: not yet
             if rej.max() < 0:  # no grid point rejected: the bound stays 0
                 continue
