@@ -68,6 +68,12 @@ class Decision:
             steps = sorted(set().union(*(e.steps for e in named.values())))
             cols, extras = [], {}
             for name, e in named.items():
+                if list(e.steps) == steps:  # the common case: a value at every step
+                    col = np.asarray(e.log_e, dtype=np.float64)
+                    self._last[name] = float(col[-1])
+                    cols.append(col)
+                    extras.update(e.extra)
+                    continue
                 idx = np.searchsorted(np.asarray(e.steps), steps, side="right") - 1
                 col = np.where(idx >= 0, e.log_e[np.clip(idx, 0, None)],
                                self._last.get(name, 0.0))
