@@ -91,3 +91,29 @@ def test_violation_location_names_the_tensor_and_group_once() -> None:
     (v,) = [f for f in mon.findings() if f.level == "violation"]
     assert v.where == "fc.weight; worst parameter group: group 0"
     assert "fc.weight" in v.message
+
+
+def test_step_with_non_finite_noise_carries_no_evidence_with_or_without_sumsq():
+    """A step whose noise holds a NaN is skipped (the wealth stays where it was), whether the
+    adapter gave the step's sum of squares (the shortcut: a finite sum proves the step finite,
+    a NaN one sends the check to the values) or not."""
+    z = torch.zeros(2, dtype=torch.float64)
+    wealth = []
+    for with_sumsq in (True, False):
+        mon = _monitor()
+        g = torch.Generator().manual_seed(3)
+        for t in range(1, 6):
+            xi = 0.5 * torch.randn(U, generator=g, dtype=torch.float64)  # too little noise
+            if t == 3:
+                xi[7] = float("nan")
+            rec = StepRecord(step=t, values=torch.zeros(8, dtype=torch.float64), x=z, y=z,
+                             coins=torch.tensor([True, False]), sigma=1.0, sigma_claimed=1.0,
+                             noise=xi, noise_std=STD,
+                             noise_sumsq=float((xi * xi).sum()) if with_sumsq else None)
+            mon.observe(rec)
+        ev = mon.advance()
+        assert ev is not None and ev.steps == [1, 2, 3, 4, 5]
+        assert ev.log_e[2] == ev.log_e[1]  # step 3 skipped
+        assert np.all(np.isfinite(ev.log_e)) and ev.log_e[-1] > ev.log_e[2]
+        wealth.append(ev.log_e)
+    np.testing.assert_array_equal(wealth[0], wealth[1])

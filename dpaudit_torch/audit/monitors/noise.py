@@ -170,6 +170,7 @@ class NoiseMonitor:
         if not self.tensor_of.size:
             self.reason_off = "no noise-audit coordinates (noise_coordinates_per_tensor = 0)"
         self._buffer = _StepRows(self.config.check_every)
+        self._sumsq_finite: list[bool] = []  # per buffered step: its noise proven finite
         self._precision_at: torch.Tensor | None = None  # the subset kept for precision
         self._precision: list[tuple[np.ndarray, np.ndarray]] = []
         #: the claimed noise std (raw units) of each step in ``_precision``; None: unknown
@@ -188,10 +189,15 @@ class NoiseMonitor:
             self.reason_off = ("the noise was not read (no noise claimed, or the adapter cannot "
                                "read the real examples' sum)")
             self._buffer = _StepRows(self.config.check_every)
+            self._sumsq_finite = []
             return
         hv = record.host
         self._buffer.append(record.step, record.noise, record.finite,
                             None if hv is None else hv.noise)
+        # a finite sum of squares proves every noise value of the step finite (a NaN or an
+        # infinity would make it NaN or infinite); otherwise the check looks at the values
+        ss = record.noise_sumsq
+        self._sumsq_finite.append(ss is not None and math.isfinite(ss))
         if len(self._precision) < PRECISION_STEPS and record.noise_raw is not None \
                 and record.release_raw is not None:
             if self._precision_at is None:
@@ -208,6 +214,7 @@ class NoiseMonitor:
         if self.reason_off is not None or not len(self._buffer):
             return None
         steps, flags, rows = self._buffer.take()  # one synchronisation per check
+        proven, self._sumsq_finite = self._sumsq_finite, []
         keep = [f is True or bool(f) for f in flags]  # drop steps flagged non-finite
         if not all(keep):
             steps = [s for s, k in zip(steps, keep) if k]
@@ -216,7 +223,8 @@ class NoiseMonitor:
             return None
         xs = rows  # [steps, U], host
         # a skipped (non-finite) step carries no evidence: the wealth stays where it was
-        ok = np.isfinite(xs).all(axis=1)
+        ok = (np.ones(len(steps), dtype=bool) if len(proven) == len(keep) and all(proven)
+              else np.isfinite(xs).all(axis=1))
         log_e = np.empty(len(steps))
         if ok.any():
             rows = xs if ok.all() else xs[ok]
@@ -331,6 +339,7 @@ class NoiseMonitor:
         self.by_group.load_state_dict(sd["by_group"])
         self.independence.load_state_dict(sd["independence"])
         self._buffer = _StepRows(self.config.check_every)
+        self._sumsq_finite = []  # the restored rows are checked value by value
         for i, step in enumerate(sd["buffer_steps"]):
             self._buffer.append(int(step), sd["buffer"][i], True)
         self._precision = [(a.numpy(), b.numpy()) for a, b in sd["precision"]]
