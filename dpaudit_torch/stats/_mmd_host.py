@@ -182,14 +182,7 @@ class HostWitness:
         a_ev = A[ev].copy()
         u = fwd[ev] + np.triu(Hh[n:, n:], 1).T @ a_ev
         v, a_new, pending = self._recursion_capped(old, g2, u, g2e, a_ev, Hh, n, E)
-        if pending != 1.0:
-            A[:T] *= pending
-        pos = (self._head + T + np.arange(n)) % buf
-        X[pos] = zx
-        Y[pos] = zy
-        Xn[pos] = Qsn[:n]
-        Yn[pos] = Qsn[n:]
-        A[pos] = a_new
+        pos = self._write_ring(T, buf, zx, zy, Qsn[:n], Qsn[n:], a_new, pending)
         self._update_fwd_host(T, gram, pending, pos, Hh, a_new)
         self._advance_ring(E, buf, cap)
         return v
@@ -224,17 +217,27 @@ class HostWitness:
         g2, g2e, a_ev, u = np.empty(n), np.empty(E), np.empty(E), np.empty(E)
         mmd_blocks_1d(K, T, n, ev, A, fwd, old, G, Hh, g2, g2e, a_ev, u)
         v, a_new, pending = self._recursion_capped(old, g2, u, g2e, a_ev, Hh, n, E)
-        if pending != 1.0:
-            A[:T] *= pending
-        pos = (self._head + T + np.arange(n)) % buf
-        X[pos] = zx
-        Y[pos] = zy
-        Xn[pos] = zx[:, 0] * zx[:, 0]
-        Yn[pos] = zy[:, 0] * zy[:, 0]
-        A[pos] = a_new
+        pos = self._write_ring(T, buf, zx, zy, zx[:, 0] * zx[:, 0], zy[:, 0] * zy[:, 0], a_new,
+                               pending)
         self._update_fwd_host(T, G, pending, pos, Hh, a_new)
         self._advance_ring(E, buf, cap)
         return v
+
+    def _write_ring(self, T: int, buf: int, zx: np.ndarray, zy: np.ndarray, zxn: np.ndarray,
+                    zyn: np.ndarray, a_new: np.ndarray, pending: float) -> np.ndarray:
+        """After a capped chunk's recursion: the stored coefficients rescaled by ``pending``
+        and the new pairs (points, squared norms, coefficients) written into the ring slots
+        after the T stored ones; returns those slots."""
+        _, X, Y, Xn, Yn, A, _ = self._state_np()
+        if pending != 1.0:
+            A[:T] *= pending
+        pos = (self._head + T + np.arange(zx.shape[0])) % buf
+        X[pos] = zx
+        Y[pos] = zy
+        Xn[pos] = zxn
+        Yn[pos] = zyn
+        A[pos] = a_new
+        return pos
 
     def _update_fwd_host(self, T: int, gram: np.ndarray | None, pending: float,
                          pos: np.ndarray, H: np.ndarray, a_new: np.ndarray) -> None:
