@@ -199,7 +199,7 @@ class HostWitness:
         assert self.bandwidth is not None
         n = int(x.shape[0])
         self._ensure_capacity(cap, 1, torch.device("cpu"))
-        center, X, Y, Xn, Yn, A, fwd = self._state_np()
+        center, X, Y, _, _, A, fwd = self._state_np()
         buf = int(X.shape[0])
         assert buf == cap and self._fwd is not None
         ev = (self._head + np.arange(E)) % buf

@@ -286,7 +286,7 @@ class HockeyStickTest(EventSetLearner, SequentialTest):
         S, C = self._n_scores, self._n_cells
         if self._use_compiled(dev) and self._score_fns is None and x.shape[1] == 1:
             # one-dimensional outputs on the CPU: the automatic scores (the value and its
-            # distance to the centre, exact operations) and their cells in NumPy, the same
+            # distance to the centre, exact operations) and their cells in one compiled pass, the same
             # integers as the torch code gives, without its per-operation overhead
             return self._payoffs_compiled(x, y, *self._cells_1d_pair(x, y))
         cx = self._cells(self._scores(x))  # [n, S] cell of x_i in each score's grid
@@ -323,18 +323,6 @@ class HockeyStickTest(EventSetLearner, SequentialTest):
         chunk computation (same payoffs up to floating-point summation order)."""
         return dev.type == "cpu" and not self.force_vectorised and kernels_compiled()
 
-    def _cells_1d(self, v: torch.Tensor) -> np.ndarray:
-        """:meth:`_cells` of :meth:`_scores` for one-dimensional CPU outputs ``v`` [n, 1] with
-        the automatic scores, in NumPy: [n, 2] int64."""
-        edges, center = self._edges_host()
-        col = v.numpy()[:, 0].astype(np.float64, copy=False)
-        out = np.empty((col.shape[0], 2), dtype=np.int64)
-        for i, s in enumerate((col, np.abs(col - center))):
-            left = np.searchsorted(edges[i], s, side="left")  # edges < s
-            right = np.searchsorted(edges[i], s, side="right")  # edges <= s
-            out[:, i] = 2 * left + (right > left)
-        return out
-
     def _edges_host(self) -> tuple[np.ndarray, float]:
         """The grids' edges [2, W] as a NumPy view and the automatic scores' centre, cached
         until the grids are refitted."""
@@ -348,8 +336,10 @@ class HockeyStickTest(EventSetLearner, SequentialTest):
         return hit[2], hit[3]
 
     def _cells_1d_pair(self, x: torch.Tensor, y: torch.Tensor) -> tuple[np.ndarray, np.ndarray]:
-        """:meth:`_cells_1d` of x and of y in one compiled pass
-        (:func:`~dpaudit_torch.stats._kernels.hockey_stick_cells_1d`; the same integers)."""
+        """:meth:`_cells` of :meth:`_scores` for one-dimensional CPU outputs x and y [n, 1]
+        with the automatic scores, in one compiled pass
+        (:func:`~dpaudit_torch.stats._kernels.hockey_stick_cells_1d`; the same integers):
+        [n, 2] int64 each."""
         edges, center = self._edges_host()
         n = int(x.shape[0])
         cx, cy = np.empty((n, 2), dtype=np.int64), np.empty((n, 2), dtype=np.int64)

@@ -306,11 +306,11 @@ class SequentialPairsMonitor:
         for name, t in seg.testers.items():
             before = int(t.n_pairs)
             per_test[name] = t.update_with_trajectory(xf, yf)[k - 1::k]
-            rej = t._grid_rejected_at  # pairs when each grid point rejected, -1: not yet
-            if rej.max() < 0:  # no grid point rejected: the bound stays 0
+            if not t.grid_rejected.any():  # no grid point rejected: the bound stays 0
                 continue
+            rej = np.array([np.inf if r is None else r for r in t.grid_rejected_at])
             pairs_after = before + k * np.arange(1, n + 1)
-            hit = (rej[None, :] >= 0) & (rej[None, :] <= pairs_after[:, None])  # [n, G]
+            hit = rej[None, :] <= pairs_after[:, None]  # [n, G]
             bound_steps.append(np.where(hit, t.epsilons[None, :], 0.0).max(axis=1))
         prev = max([0.0] + [s.bound() for s in self.segments[:-1]])
         bounds = np.maximum.reduce(bound_steps + [np.full(n, prev)])
