@@ -286,8 +286,8 @@ class HockeyStickTest(EventSetLearner, SequentialTest):
         S, C = self._n_scores, self._n_cells
         if self._use_compiled(dev) and self._score_fns is None and x.shape[1] == 1:
             # one-dimensional outputs on the CPU: the automatic scores (the value and its
-            # distance to the centre, exact operations) and their cells in one compiled pass, the same
-            # integers as the torch code gives, without its per-operation overhead
+            # distance to the centre, exact operations) and their cells in one compiled pass,
+            # the same integers as the torch code gives, without its per-operation overhead
             return self._payoffs_compiled(x, y, *self._cells_1d_pair(x, y))
         cx = self._cells(self._scores(x))  # [n, S] cell of x_i in each score's grid
         cy = self._cells(self._scores(y))
