@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from conftest import make_private_setup  # noqa: E402
 
 from dpaudit_torch.audit import PrivacyAuditor  # noqa: E402

@@ -12,6 +12,7 @@ from typing import Any
 
 import numpy as np
 import pytest
+from conftest import make_report
 
 from dpaudit_torch.report import (
     HTML_NAME,
@@ -20,76 +21,6 @@ from dpaudit_torch.report import (
     AuditReport,
     format_number,
 )
-
-
-def make_report(kind: str = "violation", n_steps: int = 120, m: int = 400) -> AuditReport:
-    """A report shaped like PrivacyAuditor.finalize() output (synthetic numbers, fixed seed)."""
-    rng = np.random.default_rng(7)
-    steps = list(range(0, n_steps, 2))
-    drift = 0.08 if kind == "violation" else -0.01
-    mmd = np.cumsum(rng.normal(drift, 0.2, len(steps)))
-    hs = np.cumsum(rng.normal(drift * 0.7, 0.2, len(steps)))
-    comb = np.logaddexp(mmd, hs) - math.log(2.0)
-    grid = [0.05, 0.1, 0.2, 0.5, 1.0]
-    lb = np.zeros(len(steps))
-    if kind == "violation":
-        lb[len(steps) // 2:] = 0.2
-        lb[3 * len(steps) // 4:] = 0.5
-    seq_lb = float(lb[-1])
-    in_scores = rng.normal(1.0 if kind != "nothing" else 0.1, 1.0, m // 2)
-    out_scores = rng.normal(0.0, 1.0, m // 2)
-    # the keys of dpaudit_torch.stats.one_run's result .to_dict()
-    steinke = {"bound": 0.7312, "method": "steinke", "strategy": "bonferroni",
-               "guesses": "two_sided", "m": m, "r": 60, "v": 52, "k_pos": 30, "k_neg": 30,
-               "alpha": 0.05, "alpha_per_test": 0.00625, "delta": 1e-5, "ceiling": 3.914,
-               "family": None, "mu": None, "n_candidates": 8, "m_total": m,
-               "uncorrected_best": 1.02, "uncorrected_best_r": 40,
-               "uncorrected_best_note": "diagnostic only: not a valid lower bound"}
-    fdp = dict(steinke, bound=0.9876543, method="fdp", ceiling=6.5, mu=0.4,
-               family="test against the Gaussian (mu-GDP) curve family, not a family-free bound")
-    claimed = 0.6 if kind == "refuted" else 2.345678
-    summary = {"test": "mmd", "epsilons": grid, "deltas": [1e-6] * 5, "alpha": 0.05,
-               "burn_in": 20, "simultaneous": False, "n_pairs": 4 * len(steps),
-               "rejected": kind == "violation", "rejected_at": 150 if kind == "violation" else None,
-               "combined_log_wealth": float(mmd[-1]), "epsilon_lower_bound": seq_lb}
-    return AuditReport(
-        claimed_epsilon=claimed, delta=1e-5, alpha=0.05, accountant="prv",
-        epsilon_lower_bounds={"steinke": 0.7312, "fdp": 0.9876543, "sequential": seq_lb},
-        lower_bound_details={
-            "steinke": steinke, "fdp": fdp,
-            "sequential": {"level": 0.05, "simultaneous": False, "grid_epsilons": grid,
-                           "grid_deltas": [1e-6] * 5, "null": "Gaussian profile, sigma = 1.1",
-                           "note": "per-step bound, not the whole-run epsilon"},
-        },
-        claim_refuted=kind == "refuted",
-        violation=kind == "violation",
-        violation_step=steps[len(steps) // 2] if kind == "violation" else None,
-        stopped_early=kind == "violation",
-        sequential={"tests": {"mmd": summary,
-                              "hockey_stick": dict(summary, test="hockey_stick",
-                                                   combined_log_wealth=float(hs[-1]))},
-                    "combined_log_wealth": float(comb[-1]),
-                    "decision_threshold_log": math.log(20.0),
-                    "per_step_null": {"type": "gaussian_profile", "noise_multiplier": 1.1,
-                                      "epsilons": grid, "deltas": [1e-6] * 5}},
-        wealth_history={"step": steps, "mmd": mmd.tolist(), "hockey_stick": hs.tolist(),
-                        "combined": comb.tolist(), "epsilon_lower_bound": lb.tolist()},
-        one_run_scores={"in": in_scores.tolist(), "out": out_scores.tolist()},
-        canaries={"k_pairs": 4, "m_one_run": m, "norm_multiplier": 1.0, "design": "dirac",
-                  "coordinates": {"conv1.weight": 12, "fc.weight": 396}, "insertions": 3000,
-                  "seed_policy": "secret"},
-        training={"noise_multiplier": 1.1, "max_grad_norm": 1.0, "sample_rate": 0.01,
-                  "expected_batch_size": 64, "steps": n_steps, "optimizer": "DPOptimizer",
-                  "grad_sample_mode": "hooks", "clipping": "flat"},
-        threat_model={"white_box": True, "every_step_observed": True,
-                      "clipping_exercised": kind != "nothing",
-                      "notes": ["canaries are inserted before clipping"]},
-        interference={"median_spread_C": 0.12, "max_spread_C": 0.8},
-        config={"alpha": 0.05, "burn_in": 20, "tests": ["mmd", "hockey_stick"]},
-        seed_policy="secret: canary coins drawn from os.urandom",
-        warnings=["clipping was active on 3% of real examples"],
-    )
-
 
 KINDS = ("violation", "refuted", "nothing")
 

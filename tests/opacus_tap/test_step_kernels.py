@@ -17,7 +17,7 @@ import numpy as np
 import pytest
 import torch
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from conftest import make_private_setup  # noqa: E402
 
 from dpaudit_torch.audit import PrivacyAuditor  # noqa: E402

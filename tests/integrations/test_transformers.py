@@ -31,7 +31,7 @@ from dpaudit_torch import AuditReport, PrivacyViolationError
 from dpaudit_torch.integrations.transformers import PrivacyAuditCallback, find_dp_optimizer
 from dpaudit_torch.testing.bugs import apply_bug
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 pytestmark = pytest.mark.filterwarnings("ignore:Full backward hook",
                                         "ignore:Secure RNG turned off")
 

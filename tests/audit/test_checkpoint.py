@@ -21,13 +21,13 @@ from typing import Any
 import pytest
 import torch
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from conftest import make_private_setup  # noqa: E402
 
 from dpaudit_torch.audit import PrivacyAuditor  # noqa: E402
 from dpaudit_torch.testing import bugs  # noqa: E402
 
-REPO = Path(__file__).resolve().parent.parent
+REPO = Path(__file__).resolve().parents[2]
 TOTAL, CUT = 12, 2  # CUT is not a multiple of check_every: pairs are still buffered there
 CONFIG: dict[str, Any] = dict(delta=1e-5, k_pairs=8, m_canaries=40, check_every=3,
                               claimed_every=4)
@@ -248,7 +248,8 @@ def test_checkpoint_of_the_first_state_layout_is_refused_by_version():
     """A checkpoint written by the auditor before the engine was split into monitors (state
     layout version 1, tests/data/auditor_state_v1.pt, made with that release) is refused with a
     message naming its version; the auditor is left as it was."""
-    sd = torch.load(Path(__file__).parent / "data" / "auditor_state_v1.pt", weights_only=True)
+    data = Path(__file__).resolve().parents[1] / "data"
+    sd = torch.load(data / "auditor_state_v1.pt", weights_only=True)
     assert sd["version"] == 1
     s = make_private_setup(seed=0)
     aud = PrivacyAuditor(s.engine, s.optimizer, s.loader, seed=1, k_pairs=2, m_canaries=8,

@@ -27,7 +27,7 @@ from dpaudit_torch import AuditReport
 from dpaudit_torch.integrations.lightning import PrivacyAuditCallback
 from dpaudit_torch.testing.bugs import apply_bug
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 # torch warns that Opacus's full backward hooks fire on a first layer whose input needs no grad
 pytestmark = pytest.mark.filterwarnings("ignore:Full backward hook")
 
@@ -186,6 +186,7 @@ def test_verdict_reaches_stderr_without_logging_configuration(tmp_path: Path) ->
         "from pathlib import Path\n"
         "import torch\n"
         f"sys.path.insert(0, {str(ROOT / 'tests')!r})\n"
+        f"sys.path.insert(0, {str(ROOT / 'tests' / 'integrations')!r})\n"
         "import test_lightning as t\n"
         "torch.manual_seed(0)\n"
         f"cb = t.PrivacyAuditCallback(delta=1e-5, out_dir={str(tmp_path / 'r')!r}, **t.AUDIT)\n"

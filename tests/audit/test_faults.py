@@ -11,8 +11,9 @@ import warnings
 import numpy as np
 import pytest
 import torch
+from conftest import capture_released as _capture
 from conftest import expected_presence, make_private_setup
-from test_hook import _capture, _untouched
+from conftest import optimizer_untouched as _untouched
 from torch import nn
 
 from dpaudit_torch.audit import PrivacyAuditor

@@ -19,15 +19,11 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from conftest import make_report
 
 from dpaudit_torch.report import HTML_NAME, AuditReport, format_number
 
-try:  # tests/ as a plain directory (pytest's default "prepend" import mode) or as a package
-    from test_report import make_report
-except ImportError:  # pragma: no cover
-    from tests.test_report import make_report
-
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 APT_HINT = "apt-get update && apt-get install -y chromium"
 CHROMIUM_ARGS = [
     "--headless",

@@ -16,8 +16,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from conftest import make_private_setup
-from test_report import make_report
+from conftest import make_private_setup, make_report
 
 from dpaudit_torch.audit import PrivacyAuditor
 from dpaudit_torch.cli import EXIT_USAGE
@@ -33,7 +32,7 @@ from dpaudit_torch.report.text import NO_STEPS_SENTENCE
 from dpaudit_torch.report.wording import violation_message
 from dpaudit_torch.testing import bugs
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 DOC = REPO / "docs" / "report.md"
 AUDIT_KW: dict[str, Any] = {"delta": 1e-5, "seed": 0, "k_pairs": 4, "m_canaries": 100,
                             "check_every": 5, "claimed_every": 5}

@@ -11,34 +11,13 @@ import math
 
 import pytest
 import torch
+from conftest import capture_released as _capture
 from conftest import expected_presence, make_private_setup
+from conftest import optimizer_untouched as _untouched
 
 from dpaudit_torch.audit import PrivacyAuditor, PrivacyViolationError
 from dpaudit_torch.opacus_tap import OWNER_ATTR
 from dpaudit_torch.testing import bugs
-
-
-def _untouched(opt) -> bool:
-    """No auditor attribute, no wrapped method, no step pre-hook left on the optimizer."""
-    return ("clip_and_accumulate" not in vars(opt) and "accumulate" not in vars(opt)
-            and not hasattr(opt, OWNER_ATTR)
-            and len(opt.original_optimizer._optimizer_step_pre_hooks) == 0)
-
-
-def _capture(setup, design):
-    """Record, at every real optimizer step, p.grad at the design's coordinates times
-    expected_batch_size (i.e. the clipped sum + noise, in raw units), in design order."""
-    out: list[torch.Tensor] = []
-    params = list(setup.optimizer.params)
-    pidx, flat = design.coordinates()
-
-    def hook(_o, _a, _k):
-        vals = torch.stack([params[int(i)].grad.reshape(-1)[int(f)] for i, f in zip(pidx, flat)])
-        out.append(vals.double() * float(setup.optimizer.expected_batch_size))
-
-    setup.optimizer.original_optimizer.register_step_pre_hook(hook)
-    return out
-
 
 # ------------------------------------------------------------------ exactness of the canary
 CASES = [
