@@ -23,8 +23,6 @@ from dpaudit_torch.stats.one_run import (
     ceiling,
     default_candidates,
     fdp_epsilon_lower_bound,
-    fdp_mu_lower_bound,
-    fdp_rejects,
     steinke_epsilon_lower_bound,
     steinke_p_value,
 )
@@ -115,21 +113,6 @@ def test_perfect_separation_reaches_the_ceiling() -> None:
 # ------------------------------------------------------------------------------------------------
 # f-DP test
 # ------------------------------------------------------------------------------------------------
-def test_fdp_rejection_is_monotone_in_mu() -> None:
-    m, c_guess, c_correct = 1000, 300, 260
-    mu_star = fdp_mu_lower_bound(m, c_guess, c_correct, ALPHA)
-    assert mu_star > 0
-    grid = np.linspace(0, 2 * mu_star, 41)
-    rejected = [fdp_rejects(m, c_guess, c_correct, float(mu), ALPHA) for mu in grid]
-    assert rejected == [bool(mu < mu_star) for mu in grid]
-    assert fdp_epsilon_lower_bound(m, c_guess, c_correct, 1e-5, ALPHA) == pytest.approx(
-        gaussian_epsilon(1e-5, mu_star))
-    # more correct guesses, same number of guesses: a stronger rejection
-    assert fdp_mu_lower_bound(m, c_guess, c_correct + 10, ALPHA) > mu_star
-    # nothing correct: nothing rejected
-    assert fdp_mu_lower_bound(m, c_guess, 0, ALPHA) == 0.0
-
-
 def test_fdp_is_a_gaussian_family_test_not_family_free() -> None:
     # Randomized response with eps = 1 is (1, 0)-DP, hence (1, delta)-DP for every delta; it is
     # mu-GDP only for mu >= 2 Phi^-1(e/(1+e)) = 1.232, whose eps(1e-5) is 5.58.  With 5000 canaries
@@ -145,22 +128,6 @@ def test_fdp_is_a_gaussian_family_test_not_family_free() -> None:
     assert fdp.bound > eps > st.bound
     assert fdp.family == FDP_FAMILY_NOTE and st.family is None
     assert fdp.bound < gaussian_epsilon(1e-5, 2 * special.ndtri(special.expit(eps)))
-
-
-# ------------------------------------------------------------------------------------------------
-# exact validity of the f-DP test (no simulation)
-# ------------------------------------------------------------------------------------------------
-@pytest.mark.parametrize(("m", "mu"), [(100, 1.0), (400, 0.5)])
-def test_fdp_rejection_probability_exact(m: int, mu: float) -> None:
-    # Thresholded Gaussian canaries (output 1{mu S + Z > mu/2}: post-processing of mu-GDP, so
-    # mu-GDP), every canary guessed by its output: each guess is right with probability Phi(mu/2)
-    # independently, v ~ Binomial(m, Phi(mu/2)), and P[reject the true mu] is an exact sum.  It is
-    # far below alpha (1e-9 at m = 100, mu = 1): guessing every canary is a weak use of this test,
-    # whose power comes from few, confident guesses.
-    v = np.arange(m + 1)
-    rejected = np.array([fdp_rejects(m, m, int(x), mu, ALPHA) for x in v])
-    assert rejected[-1] and not rejected[0]
-    assert float(stats.binom.pmf(v, m, special.ndtr(mu / 2))[rejected].sum()) <= ALPHA
 
 
 # ------------------------------------------------------------------------------------------------
