@@ -16,7 +16,7 @@ The auditor works on the shards, never on a gathered parameter:
   sharding uses, checked against ``p.to_local()``'s shape) and which rank *owns* it (the holder;
   for a tensor held whole by every rank, rank 0);
 * a canary is added by every rank that holds its coordinate, to its local shard of the summed
-  gradient (:func:`inject_sharded`), and a coordinate is read on its owner only;
+  gradient (:class:`ShardedInjection`), and a coordinate is read on its owner only;
 * :class:`ShardedGradientReader` reads the local shards into zero-filled vectors in design order
   (a rank fills the coordinates it owns), and one ``all_reduce`` (sum) per step makes the whole
   vectors (real-data sums, released values, noise-audit values) known to every rank, so every
@@ -47,7 +47,7 @@ from .plan import StepPlan
 
 logger = logging.getLogger(__name__)
 
-__all__ = ["ShardLayout", "ShardedGradientReader", "detect_layout", "inject_sharded",
+__all__ = ["ShardLayout", "ShardedGradientReader", "ShardedInjection", "detect_layout",
            "summed_grad_of", "local_tensor"]
 
 
@@ -330,25 +330,48 @@ class ShardedGradientReader(GradientReader):
         return raw.to(self.device) * scale[cs.perm]
 
 
-@torch.no_grad()
-def inject_sharded(injector: Any, rec: StepPlan, layout: ShardLayout) -> None:
-    """Add the step's clipped canaries (ghost clipping) to this rank's shard of the summed
-    gradient, at the entries whose coordinate it holds, as ``value / D`` (the summed gradient
-    of a shard is the ranks' average; see the module docstring)."""
-    params, flats = rec.entry_param, rec.entry_flat
-    assert params is not None and flats is not None
-    local, held, _ = layout.localize(params, flats)
-    dp = float(layout.data_parallel)
-    opt = injector.optimizer
-    for i in np.unique(params[held]).tolist():
-        sel = np.nonzero(held & (params == i))[0]
-        p = injector.params[i]
-        sg = local_tensor(summed_grad_of(opt, p))
-        if sg is None:
-            raise RuntimeError(f"no summed gradient for parameter tensor {i} after Opacus's "
-                               f"accumulation")
-        val = injector._ghost_value(rec.clip[i], sg) / dp
-        vals = val.expand(sel.size)
-        if rec.entry_weight is not None:  # spread canaries: 1 / sqrt(L) of it per coordinate
-            vals = vals * torch.from_numpy(rec.entry_weight[sel]).to(sg.device, sg.dtype)
-        sg.view(-1).index_add_(0, torch.from_numpy(local[sel]).to(sg.device), vals)
+class ShardedInjection:
+    """The sharded injection strategy (ghost clipping on DTensor parameters), composed by
+    :class:`~.ghost.GhostInjection`: adds the step's clipped canaries to this rank's shard of the
+    summed gradient, at the entries whose coordinate it holds, as ``value / D`` (the summed
+    gradient of a shard is the ranks' average; see the module docstring).
+
+    Public interface: :meth:`inject` and :attr:`layout`.
+
+    Args:
+        optimizer: Opacus's ``FSDPOptimizerFastGradientClipping`` (its ``grad_state`` holds the
+            summed gradients).
+        params: its trainable parameters, in ``optimizer.params`` order.
+        layout: where the shards lie.
+        value: the clipped canary of a bound in a tensor's dtype and device (0-d;
+            :meth:`~.ghost.GhostInjection.canary_value`).
+    """
+
+    def __init__(self, optimizer: Any, params: list[torch.nn.Parameter], layout: ShardLayout,
+                 value: Callable[[float, torch.Tensor], torch.Tensor]) -> None:
+        self.optimizer = optimizer
+        self.params = params
+        self.layout = layout
+        self._value = value
+
+    @torch.no_grad()
+    def inject(self, rec: StepPlan) -> None:
+        """Add the step's clipped canaries held by this rank (``rec``: the step's plan)."""
+        params, flats = rec.entry_param, rec.entry_flat
+        assert params is not None and flats is not None
+        layout = self.layout
+        local, held, _ = layout.localize(params, flats)
+        dp = float(layout.data_parallel)
+        opt = self.optimizer
+        for i in np.unique(params[held]).tolist():
+            sel = np.nonzero(held & (params == i))[0]
+            p = self.params[i]
+            sg = local_tensor(summed_grad_of(opt, p))
+            if sg is None:
+                raise RuntimeError(f"no summed gradient for parameter tensor {i} after Opacus's "
+                                   f"accumulation")
+            val = self._value(rec.clip[i], sg) / dp
+            vals = val.expand(sel.size)
+            if rec.entry_weight is not None:  # spread canaries: 1 / sqrt(L) per coordinate
+                vals = vals * torch.from_numpy(rec.entry_weight[sel]).to(sg.device, sg.dtype)
+            sg.view(-1).index_add_(0, torch.from_numpy(local[sel]).to(sg.device), vals)

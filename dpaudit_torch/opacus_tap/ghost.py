@@ -1,20 +1,21 @@
 """Canary injection under ghost clipping (``DPOptimizerFastGradientClipping`` and its DDP / FSDP
-subclasses): the part of :class:`~.injection.Injector` that wraps ``accumulate``.
+subclasses): the strategy object :class:`GhostInjection`, whose wrapper the
+:class:`~.injection.Injector` puts in front of ``accumulate``.
 
 There are no per-sample gradients in the optimizer (clipping happens in the loss's second
 backward), so after Opacus's accumulation the real examples' sum is read and the *already
 clipped* canary, ``raw * min(1, C / (raw + 1e-6))`` exactly as Opacus's flat clipping would
 produce it, is added to the summed gradient. Clipping is then not exercised. On sharded
 parameters (FSDP2, tensor parallelism) every rank adds the canaries whose coordinates its shard
-holds (:func:`~.fsdp.inject_sharded`); otherwise rank 0 adds them all (DDP: the ranks' sums are
-all-reduced afterwards). On the CPU with compiled kernels the additions are one compiled pass
-through the snapshot's NumPy views of ``summed_grad`` (the same values and additions, in the
-gradient's dtype, as the torch path's ``index_add_`` per tensor).
+holds (:class:`~.fsdp.ShardedInjection`); otherwise rank 0 adds them all (DDP: the ranks' sums
+are all-reduced afterwards). On the CPU with compiled kernels the additions are one compiled
+pass through the snapshot's NumPy views of ``summed_grad`` (the same values and additions, in
+the gradient's dtype, as the torch path's ``index_add_`` per tensor).
 """
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import torch
@@ -22,88 +23,129 @@ import torch
 from .._compiled import compiled
 from ._step_kernels import add_joint
 from .errors import call_theirs
-from .plan import OPACUS_NORM_EPS, StepPlan
+from .plan import OPACUS_NORM_EPS, InjectionHost, StepPlan, StepPlanner, ends_logical_step
+
+if TYPE_CHECKING:
+    from .fsdp import ShardedInjection, ShardLayout
 
 __all__ = ["GhostInjection"]
 
 
 class GhostInjection:
-    """Mixin of :class:`~.injection.Injector`: the ghost-clipping wrapper and injection."""
+    """The ghost-clipping injection strategy: wraps ``accumulate``.
 
-    # attributes of the Injector this mixin uses
-    params: list[torch.nn.Parameter]
-    device: torch.device
-    canary_norm: float
-    injects: bool
-    layout: Any
-    _ghost_values: dict[tuple[float, torch.dtype, torch.device], torch.Tensor]
-    _micro_pending: int
-    _pending: Any
+    Public interface: :meth:`wrapper` (what the injector installs), :meth:`canary_value` (the
+    clipped canary of a bound), the switch :attr:`compiled_add`, the counter
+    :attr:`compiled_adds` and :attr:`sharded` (the sharded strategy, None without sharding).
 
-    def _wrapper_ghost(self) -> Any:
-        self.check_params()  # type: ignore[attr-defined]
-        original = self.original_method()  # type: ignore[attr-defined]
+    Args:
+        host: the injector (:class:`~.plan.InjectionHost`): guards, the wrapped method, the
+            snapshot, where a step's plan and failures go.
+        planner: draws each logical step's plan.
+        optimizer: the Opacus ``DPOptimizerFastGradientClipping``.
+        params: its trainable parameters, in ``optimizer.params`` order.
+        device: the parameters' device.
+        canary_norm: raw canary norm as a multiple of the clipping bound.
+        injects: whether this rank adds canaries (DDP: rank 0 only).
+        layout: where the shards of sharded (DTensor) parameters lie, or None.
+    """
+
+    kind = "ghost"
+    #: the optimizer method the wrapper stands in front of
+    method_name = "accumulate"
+
+    def __init__(self, host: InjectionHost, planner: StepPlanner, optimizer: Any,
+                 params: list[torch.nn.Parameter], device: torch.device, canary_norm: float,
+                 injects: bool, layout: ShardLayout | None = None) -> None:
+        self._host = host
+        self._planner = planner
+        self.optimizer = optimizer
+        self.params = params
+        self.device = device
+        self.canary_norm = float(canary_norm)
+        self.injects = injects
+        #: add the clipped canaries in one compiled pass where it can (tests switch it off to
+        #: compare with the torch path)
+        self.compiled_add = True
+        self.compiled_adds = 0  # steps whose canaries the compiled pass added
+        self.sharded: ShardedInjection | None = None
+        if layout is not None:
+            from .fsdp import ShardedInjection
+
+            self.sharded = ShardedInjection(optimizer, params, layout, self.canary_value)
+        self._values: dict[tuple[float, torch.dtype, torch.device], torch.Tensor] = {}
+        self._values_np: tuple[Any, np.ndarray] | None = None  # (bounds and dtype, values)
+        self._micro_pending = 0  # micro-batches since the last logical step
+
+    def wrapper(self) -> Any:
+        """Stands in front of the optimizer's ``accumulate``: Opacus accumulates the real
+        examples, then, at the end of a logical step, the step is planned, the real sum read and
+        the clipped canaries added."""
+        host = self._host
+        host.check_params()
+        original = host.original_method()
         result = call_theirs(original, "accumulate")
         self._micro_pending += 1
-        if not self._ends_logical_step():  # type: ignore[attr-defined]
+        if not ends_logical_step(self.optimizer):
             return result
         try:
-            self._ghost_inject()
+            self._inject()
         except Exception as e:
-            self._fail(e)  # type: ignore[attr-defined]
+            host.report_failure(e)
             raise
         return result
 
-    def _ghost_inject(self) -> None:
-        rec = self._plan()  # type: ignore[attr-defined]
-        self._take_counts(rec)  # type: ignore[attr-defined]
-        read = self.read_real_sum  # type: ignore[attr-defined]
+    def _inject(self) -> None:
+        host = self._host
+        rec = self._planner.plan()
+        rec.n_real, rec.micro_steps = None, max(1, self._micro_pending)
+        self._micro_pending = 0
+        read = host.read_real_sum
         rec.real_sum = read(rec) if read else None
-        if self.layout is not None:
-            from .fsdp import inject_sharded
+        if self.sharded is not None:
+            self.sharded.inject(rec)
+            host.finish_step(rec, True)
+            return
+        if not self.injects:
+            host.finish_step(rec, False)
+            return
+        params, flats = rec.entry_param, rec.entry_flat
+        assert params is not None and flats is not None
+        order = np.argsort(params, kind="stable")
+        if self._add_compiled(rec, order):
+            host.finish_step(rec, True)
+            return
+        counts = np.bincount(params, minlength=len(self.params))
+        flat_sorted = torch.from_numpy(flats[order]).to(self.device, non_blocking=True)
+        w_sorted = (None if rec.entry_weight is None
+                    else torch.from_numpy(rec.entry_weight[order]))
+        start = 0
+        for i, cnt in enumerate(counts.tolist()):
+            if not cnt:
+                continue
+            p = self.params[i]
+            sg = p.summed_grad
+            if sg is None:
+                sg = torch.zeros_like(p)
+                p.summed_grad = sg
+            f = flat_sorted[start:start + cnt]
+            if f.device != sg.device:
+                f = f.to(sg.device)
+            val = self.canary_value(rec.clip[i], sg).expand(cnt)
+            if w_sorted is not None:  # a spread canary: 1 / sqrt(L) of it per coordinate
+                val = val * w_sorted[start:start + cnt].to(device=sg.device, dtype=sg.dtype)
+            start += cnt
+            sg.view(-1).index_add_(0, f, val)
+        host.finish_step(rec, True)
 
-            inject_sharded(self, rec, self.layout)
-            self._count(rec)  # type: ignore[attr-defined]
-        elif self.injects:
-            params, flats = rec.entry_param, rec.entry_flat
-            assert params is not None and flats is not None
-            order = np.argsort(params, kind="stable")
-            if self._ghost_add_compiled(rec, order):
-                self._count(rec)  # type: ignore[attr-defined]
-                self._pending = rec
-                return
-            counts = np.bincount(params, minlength=len(self.params))
-            flat_sorted = torch.from_numpy(flats[order]).to(self.device, non_blocking=True)
-            w_sorted = (None if rec.entry_weight is None
-                        else torch.from_numpy(rec.entry_weight[order]))
-            start = 0
-            for i, cnt in enumerate(counts.tolist()):
-                if not cnt:
-                    continue
-                p = self.params[i]
-                sg = p.summed_grad
-                if sg is None:
-                    sg = torch.zeros_like(p)
-                    p.summed_grad = sg
-                f = flat_sorted[start:start + cnt]
-                if f.device != sg.device:
-                    f = f.to(sg.device)
-                val = self._ghost_value(rec.clip[i], sg).expand(cnt)
-                if w_sorted is not None:  # a spread canary: 1 / sqrt(L) of it per coordinate
-                    val = val * w_sorted[start:start + cnt].to(device=sg.device, dtype=sg.dtype)
-                start += cnt
-                sg.view(-1).index_add_(0, f, val)
-            self._count(rec)  # type: ignore[attr-defined]
-        self._pending = rec
-
-    def _ghost_add_compiled(self, rec: StepPlan, order: np.ndarray) -> bool:
+    def _add_compiled(self, rec: StepPlan, order: np.ndarray) -> bool:
         """The clipped canaries added to ``p.summed_grad`` in one compiled pass through the
         snapshot's NumPy views (CPU, compiled kernels, float32 or float64): the values of the
         torch path, computed in the gradient's dtype (the clipped canary of each bound, times
         its weight on a spread canary's coordinates), and the same additions; False where this
         path does not apply (the torch path then runs)."""
-        if rec.summed_host is None or not compiled() or rec.entry_counts is None or (
-                rec.column_flat is None):
+        if not self.compiled_add or rec.summed_host is None or not compiled() or (
+                rec.entry_counts is None or rec.column_flat is None):
             return False
         sums, dst = rec.summed_host
         for p, t in zip(self.params, sums):
@@ -114,27 +156,28 @@ class GhostInjection:
             return False
         assert rec.entry_param is not None
         key = (tuple(rec.clip), dt)
-        hit = self.__dict__.get("_ghost_np")
+        hit = self._values_np
         if hit is None or hit[0] != key:
             like = torch.zeros((), dtype=torch.float32 if dt == np.float32 else torch.float64)
-            vals = np.array([float(self._ghost_value(c, like)) for c in rec.clip], dtype=dt)
-            hit = self._ghost_np = (key, vals)
+            vals = np.array([float(self.canary_value(c, like)) for c in rec.clip], dtype=dt)
+            hit = self._values_np = (key, vals)
         src = hit[1][rec.entry_param[order]]
         if rec.entry_weight is not None:
             src = src * rec.entry_weight[order].astype(dt)
         add_joint(dst, np.ascontiguousarray(src), rec.entry_counts, rec.column_flat)
+        self.compiled_adds += 1
         return True
 
-    def _ghost_value(self, clip: float, like: torch.Tensor) -> torch.Tensor:
+    def canary_value(self, clip: float, like: torch.Tensor) -> torch.Tensor:
         """The clipped canary, ``raw * min(1, C / (raw + 1e-6))`` with ``raw = canary_norm * C``,
         computed in the gradient's dtype exactly as Opacus's flat clipping would (0-d tensor;
         cached per bound, dtype and device)."""
         key = (clip, like.dtype, like.device)
-        val = self._ghost_values.get(key)
+        val = self._values.get(key)
         if val is None:
             raw_t = torch.tensor(self.canary_norm * clip, dtype=like.dtype, device=like.device)
             val = (clip / (raw_t + OPACUS_NORM_EPS)).clamp(max=1.0) * raw_t
-            if len(self._ghost_values) > 64:  # adaptive clipping: a new bound every step
-                self._ghost_values.clear()
-            self._ghost_values[key] = val
+            if len(self._values) > 64:  # adaptive clipping: a new bound every step
+                self._values.clear()
+            self._values[key] = val
         return val

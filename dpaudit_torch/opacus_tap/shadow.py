@@ -1,29 +1,32 @@
-"""The canaries' clipping on a shadow of the optimizer (per-sample modes), a mixin of
-:class:`~.injection.Injector`.
+"""The canaries' clipping on a shadow of the optimizer (per-sample modes): the strategy object
+:class:`ShadowClipper`, composed by :class:`~.injection.PerSampleInjection`.
 
 The step's canaries are R *compact* rows, holding per parameter tensor only the coordinates
 this step's canaries occupy in it, written into one persistent all-zero buffer; they are clipped
 by the optimizer class's own ``clip_and_accumulate`` run on a shadow of the optimizer whose
 parameters are those compact tensors (one concatenated tensor where the clipping is Opacus's own
 joint-norm code), and the clipped sums are added to ``p.summed_grad`` at the canary coordinates
-(docs/design.md section 5, "Compact canary rows").
+(docs/design.md section 5, "Compact canary rows"). Where that joint-norm code applies, on the CPU
+with compiled kernels, a compiled replica computes the same sums (docs/design.md section 5, "The
+compiled replica"), checked against Opacus's own call periodically.
 """
 
 from __future__ import annotations
 
 import logging
 from collections.abc import Callable
-from typing import Any
+from typing import Any, Protocol
 
 import numpy as np
 import torch
 
 from .._compiled import compiled
-from ._step_kernels import add_columns, add_joint, clip_joint, write_rows
+from ._step_kernels import add_columns, add_joint, clip_joint
+from ._step_kernels import write_rows as write_rows_kernel
 from .observation import host_views
 from .plan import OPACUS_NORM_EPS, StepPlan, joint_norm_clipping
 
-__all__ = ["ShadowClipping"]
+__all__ = ["ShadowClipper", "WrappedClipping", "REPLICA_CHECK_EVERY"]
 
 _NO_WEIGHT = np.zeros(0)  # write_rows: no per-entry weights
 
@@ -34,31 +37,113 @@ logger = logging.getLogger(__name__)
 REPLICA_CHECK_EVERY = 64
 
 
-class ShadowClipping:
-    """The shadow clipping of :class:`~.injection.Injector` (its attributes, set there)."""
+class WrappedClipping(Protocol):
+    """What the shadow clipping needs of the injector: the optimizer's clipping method that the
+    injector's wrapper stands in front of (run by the shadow on the canaries)."""
 
-    optimizer: Any
-    params: list[torch.nn.Parameter]
-    device: torch.device
-    canary_norm: float
-    joint_shadow: bool
-    compiled_add: bool
-    compiled_adds: int
-    _attr: str
-    _saved: Any
-    _had_instance_attr: bool
-    _zero_buf: torch.Tensor | None
-    _zero_np: np.ndarray | None
-    _joint_width: int
-    _clip_cache: dict[Any, Any]
-    _shadow_params: dict[bool, list[torch.nn.Parameter]]
-    _shadow_base: torch.Tensor | None
-    _shadow_views: tuple[torch.Tensor, dict[int, torch.Tensor]] | None
-    _shadow_sizes: dict[bool, list[int]]
-    replica_clip: bool
-    _replica_ok: bool
-    _replica_steps: int
-    _replica_buf: tuple[np.ndarray, np.ndarray, np.ndarray] | None
+    @property
+    def method_name(self) -> str:
+        """The wrapped method's name (``clip_and_accumulate``)."""
+
+    @property
+    def method_on_instance(self) -> bool:
+        """Whether the wrapped method was an instance attribute of the optimizer at attach
+        (a user's or a test's patch: never clipped as Opacus's joint-norm code)."""
+
+    def method_bound_to(self, target: Any) -> Callable[[], Any]:
+        """The wrapped method bound to ``target`` (the shadow)."""
+
+
+class ShadowClipper:
+    """Clips a step's canaries with the optimizer's own clipping code, on a shadow of the
+    optimizer, and adds their clipped sums to the real ``summed_grad``.
+
+    Public interface: :meth:`joint` (this step's shadow layout), :meth:`clip` (the canaries'
+    clipped sums: the compiled replica where it applies, else :meth:`write_rows` then
+    :meth:`clip_rows`), :meth:`add` (the sums added at the canary coordinates), the persistent
+    :attr:`rows_buffer`, the switches :attr:`joint_shadow`, :attr:`replica_clip`,
+    :attr:`compiled_add`, :attr:`host_rows` and the counters :attr:`compiled_adds`,
+    :attr:`replica_steps`, :attr:`replica_ok`.
+
+    Args:
+        optimizer: the Opacus ``DPOptimizer`` whose clipping runs on the shadow.
+        params: its trainable parameters, in ``optimizer.params`` order.
+        device: the parameters' device (where the rows buffer lives).
+        canary_norm: raw canary norm as a multiple of the clipping bound.
+        method: the clipping method the injector wraps (:class:`WrappedClipping`).
+        joint_shadow: allow one concatenated shadow tensor (Opacus's joint-norm code only).
+    """
+
+    def __init__(self, optimizer: Any, params: list[torch.nn.Parameter], device: torch.device,
+                 canary_norm: float, method: WrappedClipping, joint_shadow: bool) -> None:
+        self.optimizer = optimizer
+        self.params = params
+        self.device = device
+        self.canary_norm = float(canary_norm)
+        self._method = method
+        #: clip the canaries as one concatenated shadow tensor where the optimizer's clipping is
+        #: Opacus's own joint-norm code (:func:`~.plan.joint_norm_clipping`; tests switch it off
+        #: to compare with one shadow tensor per real one)
+        self.joint_shadow = joint_shadow
+        #: clip the canaries with the compiled replica of Opacus's joint-norm clipping where it
+        #: applies (tests switch it off to compare with Opacus's call)
+        self.replica_clip = True
+        #: add the canaries' clipped sums in one compiled pass where it can (tests switch it off
+        #: to compare with the torch path)
+        self.compiled_add = True
+        #: write the rows through the buffer's NumPy view where it has one (CPU; tests switch it
+        #: off, before the first step, to compare with torch's ``index_copy_``)
+        self.host_rows = True
+        self.compiled_adds = 0  # steps whose canary sums the compiled pass added
+        self._zero_buf: torch.Tensor | None = None
+        self._zero_np: np.ndarray | None = None  # its NumPy view (CPU)
+        self._joint_width = 0  # columns of the joint shadow tensor (only grows)
+        self._clip_cache: dict[Any, Any] = {}  # the bounds as an array (write_rows)
+        # shadow parameters: one per real tensor (False) or one for all (True, joint clipping)
+        self._shadow_params: dict[bool, list[torch.nn.Parameter]] = {}
+        self._shadow_base: torch.Tensor | None = None  # zeros the shadow parameters view
+        # the base's views by size, and the size each shadow parameter holds now
+        self._shadow_views: tuple[torch.Tensor, dict[int, torch.Tensor]] | None = None
+        self._shadow_sizes: dict[bool, list[int]] = {}
+        self._replica_ok = True  # no disagreement with Opacus's own call seen
+        self._replica_steps = 0  # steps clipped by the replica (every 64th also by Opacus)
+        self._replica_buf: tuple[np.ndarray, np.ndarray, np.ndarray] | None = None
+
+    @property
+    def rows_buffer(self) -> torch.Tensor | None:
+        """The persistent canary-rows buffer (all zeros between steps), None before the first
+        step that wrote rows."""
+        return self._zero_buf
+
+    @property
+    def replica_ok(self) -> bool:
+        """False once the compiled replica disagreed with Opacus's own call (it is then off for
+        good)."""
+        return self._replica_ok
+
+    @property
+    def replica_steps(self) -> int:
+        """Steps whose canaries the compiled replica clipped (the checked ones included)."""
+        return self._replica_steps
+
+    def joint(self) -> bool:
+        """Whether this step clips the canaries as one concatenated shadow tensor."""
+        return (self.joint_shadow and not self._method.method_on_instance
+                and joint_norm_clipping(self.optimizer))
+
+    def clip(self, rec: StepPlan, dtype: torch.dtype, joint: bool) -> list[torch.Tensor | None]:
+        """This step's canaries clipped as the optimizer would (rows of ``dtype``, the real
+        per-sample gradients' dtype; ``joint``: :meth:`joint`): their clipped sums, for
+        :meth:`add` once the real examples are clipped. The compiled replica where it applies,
+        else the rows written into the buffer, clipped on the shadow (:meth:`clip_rows`), and
+        the buffer set back to all zeros (even when the clipping raised)."""
+        if self._replica_applies(joint, dtype):
+            return self._replica(rec, dtype)
+        views, undo = self.write_rows(rec, dtype, joint)
+        try:
+            return self.clip_rows(views, rec, joint)
+        finally:
+            undo()
 
     def _rows_buffer(self, size: int, dtype: torch.dtype) -> torch.Tensor:
         """A persistent all-zero buffer of at least ``size`` elements (and, on the CPU, its
@@ -72,12 +157,12 @@ class ShadowClipping:
         if buf is None or buf.dtype != dtype or buf.numel() < size:
             buf = torch.zeros(size + size // 2 + 64, dtype=dtype, device=self.device)
             self._zero_buf = buf
-            self._zero_np = (buf.numpy() if buf.device.type == "cpu"
+            self._zero_np = (buf.numpy() if self.host_rows and buf.device.type == "cpu"
                              and buf.dtype in (torch.float32, torch.float64) else None)
         return buf
 
-    def _write_rows(self, rec: StepPlan, dtype: torch.dtype, joint: bool = False
-                    ) -> tuple[list[torch.Tensor], Callable[[], None]]:
+    def write_rows(self, rec: StepPlan, dtype: torch.dtype, joint: bool = False
+                   ) -> tuple[list[torch.Tensor], Callable[[], None]]:
         """Write this step's canary entries into the rows buffer; return the rows, per parameter
         tensor the ``[R, counts[p]]`` view holding this step's entries in it (one column per
         entry: one ``[R, E]`` matrix with the columns grouped by tensor, see ``plan_step``,
@@ -106,10 +191,11 @@ class ShadowClipping:
             # one compiled pass writes the entries (and one sets them back to zero)
             clip_arr = self._clip_array(rec.clip)
             weight = _NO_WEIGHT if rec.entry_weight is None else rec.entry_weight
-            write_rows(host, rec.entry_index, E, W, which, clip_arr, weight, self.canary_norm)
+            write_rows_kernel(host, rec.entry_index, E, W, which, clip_arr, weight,
+                              self.canary_norm)
 
             def undo_compiled() -> None:
-                write_rows(host, rec.entry_index, E, W, which, clip_arr, weight, 0.0)
+                write_rows_kernel(host, rec.entry_index, E, W, which, clip_arr, weight, 0.0)
             return views, undo_compiled
         if E and W != E:
             index = index + (index // E) * (W - E)
@@ -146,11 +232,6 @@ class ShadowClipping:
             hit = self._clip_cache["clip"] = (key, np.asarray(clip, dtype=np.float64))
         return hit[1]
 
-    def _joint(self) -> bool:
-        """Whether this step clips the canaries as one concatenated shadow tensor."""
-        return (self.joint_shadow and not self._had_instance_attr
-                and joint_norm_clipping(self.optimizer))
-
     # ------------------------------------------------------------------ the compiled replica
     def _replica_applies(self, joint: bool, dtype: torch.dtype) -> bool:
         """Whether this step's canaries may be clipped by :func:`._step_kernels.clip_joint`:
@@ -186,9 +267,9 @@ class ShadowClipping:
         self._replica_steps += 1
         if (self._replica_steps - 1) % REPLICA_CHECK_EVERY:
             return [mine]
-        views, undo = self._write_rows(rec, dtype, True)
+        views, undo = self.write_rows(rec, dtype, True)
         try:
-            theirs = self._shadow_clip(views, rec, True)
+            theirs = self.clip_rows(views, rec, True)
         finally:
             undo()
         got = theirs[0]
@@ -202,7 +283,7 @@ class ShadowClipping:
                 "from now on")
         return theirs
 
-    # ------------------------------------------------------------------ the wrappers
+    # ------------------------------------------------------------------ the shadow
     def _shadow(self, counts: list[int], dtype: torch.dtype, joint: bool = False
                 ) -> tuple[Any, list[torch.nn.Parameter]]:
         """A shadow of the optimizer for one clipping call, and its parameters: an object of the
@@ -238,7 +319,7 @@ class ShadowClipping:
                                                                                p.dtype)
             sizes[i] = c
         state = dict(vars(opt))
-        state.pop(self._attr, None)
+        state.pop(self._method.method_name, None)
         for k in [k for k, v in state.items() if isinstance(v, torch.Tensor)]:
             state[k] = state[k].clone()
         state["original_optimizer"] = _ParamGroups([{"params": sparams}])
@@ -246,10 +327,10 @@ class ShadowClipping:
         shadow.__dict__ = state
         return shadow, sparams
 
-    def _shadow_clip(self, views: list[torch.Tensor], rec: StepPlan, joint: bool = False
-                     ) -> list[torch.Tensor | None]:
-        """Clip the compact canary rows with the optimizer's clipping code; return the clipped
-        sums it left on the shadow tensors (for :meth:`_add_clipped`, which adds them to
+    def clip_rows(self, views: list[torch.Tensor], rec: StepPlan, joint: bool = False
+                  ) -> list[torch.Tensor | None]:
+        """Clip the compact canary rows (:meth:`write_rows`) with the optimizer's clipping code;
+        return the clipped sums it left on the shadow tensors (for :meth:`add`, which adds them to
         ``p.summed_grad`` at the canary coordinates once the real examples are clipped).
 
         What this exercises of the implementation under audit: its class's
@@ -260,8 +341,8 @@ class ShadowClipping:
         dtype. Each canary is one sample of that call, so a bug in how one sample is clipped
         shows in the canaries. Not exercised: what a clipping method does differently with the
         real tensors' shapes or identities (the shadow tensors are 1-d and hold only this
-        step's canary coordinates), and the final addition to the real ``summed_grad`` (this
-        method's). ``joint`` (Opacus's own joint-norm clipping only, which treats the tensors
+        step's canary coordinates), and the final addition to the real ``summed_grad``
+        (:meth:`add`'s). ``joint`` (Opacus's own joint-norm clipping only, which treats the tensors
         as one concatenated vector): the rows are one shadow tensor of all the step's entries,
         the same sums in one call instead of a norm and a contraction per tensor."""
         counts, col_flat = rec.entry_counts, rec.column_flat
@@ -273,7 +354,7 @@ class ShadowClipping:
             sp.grad_sample = rows if rows.device == sp.device else rows.to(sp.device)
             sp.summed_grad = None
         try:
-            self._clip_method(shadow)()
+            self._method.method_bound_to(shadow)()
         finally:
             for sp in sparams:
                 sp.grad_sample = None
@@ -282,10 +363,9 @@ class ShadowClipping:
             sp.summed_grad = None
         return adds
 
-    def _add_clipped(self, rec: StepPlan, adds: list[torch.Tensor | None], joint: bool = False
-                     ) -> None:
-        """Add the canaries' clipped sums (:meth:`_shadow_clip`) to ``p.summed_grad`` at the
-        canary coordinates: one compiled pass on the CPU, else one ``index_add_`` per tensor."""
+    def add(self, rec: StepPlan, adds: list[torch.Tensor | None], joint: bool = False) -> None:
+        """Add the canaries' clipped sums (:meth:`clip`) to ``p.summed_grad`` at the canary
+        coordinates: one compiled pass on the CPU, else one ``index_add_`` per tensor."""
         counts, col_flat = rec.entry_counts, rec.column_flat
         assert counts is not None and col_flat is not None
         if self._add_compiled(rec, adds, counts, col_flat, joint):
@@ -320,7 +400,7 @@ class ShadowClipping:
 
     def _add_compiled(self, rec: StepPlan, adds: list[torch.Tensor], counts: np.ndarray,
                       col_flat: np.ndarray, joint: bool = False) -> bool:
-        """The final addition of :meth:`_shadow_clip` in one compiled pass (CPU, one dtype)
+        """The final addition of :meth:`add` in one compiled pass (CPU, one dtype)
         through the snapshot's views of the real ``summed_grad``; False where that path does
         not apply (the torch path then does the same additions)."""
         if rec.summed_host is None or not self.compiled_add:
@@ -341,16 +421,6 @@ class ShadowClipping:
             add_columns(dst, src, counts, col_flat)
         self.compiled_adds += 1
         return True
-
-    def _clip_method(self, shadow: Any) -> Callable[[], Any]:
-        """The clipping method the wrapper stands in front of, bound to ``shadow``."""
-        if self._had_instance_attr:
-            fn = getattr(self._saved, "__func__", None)
-            if fn is None:
-                raise TypeError(f"the optimizer's {self._attr} is an instance attribute that is "
-                                f"not a method; the auditor cannot run it on its canaries")
-            return fn.__get__(shadow, type(shadow))
-        return getattr(type(shadow), self._attr).__get__(shadow, type(shadow))
 
 
 class _ParamGroups:

@@ -143,7 +143,7 @@ def test_state_dict_is_torch_saveable_plain(tmp_path):
                        aud.monitors["one_run"].stacked_scores())
     # the coming role coins and inclusions are the same (drawn in blocks of uniforms)
     for _ in range(70):
-        mine, theirs = aud.tap.injector._plan(), other.tap.injector._plan()
+        mine, theirs = aud.tap.injector.plan_next(), other.tap.injector.plan_next()
         assert torch.equal(mine.coins_cpu, theirs.coins_cpu)
         assert torch.equal(mine.included, theirs.included)
 
@@ -255,11 +255,60 @@ def test_checkpoint_of_the_first_state_layout_is_refused_by_version():
     aud = PrivacyAuditor(s.engine, s.optimizer, s.loader, seed=1, k_pairs=2, m_canaries=8,
                          check_every=2)
     before = aud.state_dict()
-    with pytest.raises(ValueError, match=r"version 1 is not supported \(this version reads 2\)"):
+    with pytest.raises(ValueError,
+                       match=r"version 1 is not supported \(this version reads 2 and 3\)"):
         aud.load_state_dict(sd)
     after = aud.state_dict()
-    assert after["counters"] == before["counters"]
+    assert after["engine"]["counters"] == before["engine"]["counters"]
     assert torch.equal(after["coins"]["in"], before["coins"]["in"])
     for x, y in s.batches(2, batch=16):  # still audits
         s.step(x, y)
     assert aud.step == 2
+
+
+def _drop_new(d: Any, new: set[str]) -> Any:
+    """A report dict without what this release adds to a run of the release that wrote the
+    layout-2 checkpoint: the sections and findings of monitors it did not have, the labels,
+    the schema version and the monitor settings in the config."""
+    d = _strip(d)
+    d.pop("monitor_labels", None)
+    d.pop("schema_version", None)
+    d.pop("versions", None)
+    d["audits"] = {k: v for k, v in d["audits"].items() if k not in new}
+    d["findings"] = [f for f in d["findings"] if f.get("monitor") not in new]
+    d["warnings"] = [w for w in d["warnings"] if not any(repr(n) in w for n in new)]
+    for f in d["findings"]:
+        f.pop("scope", None)
+    for k in ("monitors", "disable_monitors", "monitor_options"):
+        d["config"].pop(k, None)
+    return d
+
+
+def test_checkpoint_of_the_previous_layout_resumes_to_the_same_report():
+    """A checkpoint written by the release whose state layout is version 2
+    (tests/data/auditor_state_v2.pt, by tests/data/make_state_v2.py with that release) resumes
+    in this release, and the run ends with that release's uninterrupted report
+    (tests/data/report_v2.json), everything it had equal; a monitor this release adds starts
+    fresh at the resume, with a note naming it."""
+    import dpaudit_torch.audit.monitors as monitors_pkg
+
+    data = Path(__file__).resolve().parents[1] / "data"
+    ck = torch.load(data / "auditor_state_v2.pt", weights_only=False)
+    assert ck["auditor"]["version"] == 2
+    expected = json.loads((data / "report_v2.json").read_text())
+    s = _setup()
+    s.model.load_state_dict(ck["model"])
+    s.optimizer.load_state_dict(ck["optimizer"])
+    s.engine.accountant.load_state_dict(ck["accountant"])
+    s.optimizer.generator.set_state(ck["noise_rng"])
+    aud = PrivacyAuditor(s.engine, s.optimizer, s.loader, seed=None, **CONFIG)
+    aud.load_state_dict(ck["auditor"])
+    _train(s, aud, _batches()[CUT:])
+    got = json.loads(json.dumps(aud.finalize().to_dict(), default=str))
+    new = set(monitors_pkg.monitor_names()) - set(ck["auditor"]["monitors"])
+    for name in new:
+        assert any(repr(name) in w and "started fresh" in w for w in got["warnings"]), name
+    got_d, exp_d = _drop_new(got, new), _drop_new(expected, new)
+    assert exp_d["violation"] and exp_d["violation_step"] > CUT
+    for key in exp_d:
+        assert got_d[key] == exp_d[key], key

@@ -17,7 +17,9 @@ from conftest import optimizer_untouched as _untouched
 from torch import nn
 
 from dpaudit_torch.audit import PrivacyAuditor
-from dpaudit_torch.opacus_tap import GradientReader, Injector
+from dpaudit_torch.opacus_tap import GradientReader
+from dpaudit_torch.opacus_tap.plan import StepPlanner
+from dpaudit_torch.opacus_tap.shadow import ShadowClipper
 
 SMALL = dict(k_pairs=4, m_canaries=40, check_every=2)
 
@@ -150,8 +152,8 @@ def test_internal_failure_restores_optimizer_model_untouched(monkeypatch, where)
     b = make_private_setup(sigma=0.0)
     aud = PrivacyAuditor(a.engine, a.optimizer, a.loader, seed=1, **SMALL)
     # fault injection at three points of the auditor's own code inside a step
-    target = {"observation": (GradientReader, "read"), "injection": (Injector, "_write_rows"),
-              "plan": (Injector, "_plan")}[where]
+    target = {"observation": (GradientReader, "read"),
+              "injection": (ShadowClipper, "write_rows"), "plan": (StepPlanner, "plan")}[where]
 
     def boom(*_a, **_k):
         raise RuntimeError("injected failure")

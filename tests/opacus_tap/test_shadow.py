@@ -1,4 +1,4 @@
-"""The compiled replica of Opacus's joint-norm clipping (``ShadowClipping._replica``): the same
+"""The compiled replica of Opacus's joint-norm clipping (``ShadowClipper.clip``): the same
 column sums as Opacus's own call on the shadow, checked against that call at its first step and
 every ``REPLICA_CHECK_EVERY`` steps, switched off for good when the two disagree, and never used
 for clipping code that is not Opacus's; and, under ghost clipping, the compiled addition of the
@@ -15,20 +15,21 @@ from conftest import make_private_setup
 from dpaudit_torch._compiled import compiled, set_compiled
 from dpaudit_torch.audit import PrivacyAuditor
 from dpaudit_torch.opacus_tap import shadow
-from dpaudit_torch.opacus_tap.shadow import ShadowClipping
+from dpaudit_torch.opacus_tap.ghost import GhostInjection
+from dpaudit_torch.opacus_tap.shadow import ShadowClipper
 from dpaudit_torch.testing.bugs import apply_bug
 
 
 def _spy_opacus_calls(monkeypatch: pytest.MonkeyPatch) -> list[int]:
     """Counts the canaries' calls of Opacus's clipping on the shadow (one entry per call)."""
     calls: list[int] = []
-    orig = ShadowClipping._shadow_clip
+    orig = ShadowClipper.clip_rows
 
     def spy(self, views, rec, joint=False):
         calls.append(1)
         return orig(self, views, rec, joint)
 
-    monkeypatch.setattr(ShadowClipping, "_shadow_clip", spy)
+    monkeypatch.setattr(ShadowClipper, "clip_rows", spy)
     return calls
 
 
@@ -39,13 +40,13 @@ def _run(replica: bool, dtype: torch.dtype, steps: int = 9) -> tuple[torch.Tenso
         s = make_private_setup(seed=3)
         aud = PrivacyAuditor(s.engine, s.optimizer, s.loader, seed=2, k_pairs=8,
                              m_canaries=96, check_every=3)
-        inj = aud.tap.injector
-        inj.replica_clip = replica
+        clipper = aud.tap.injector.shadow
+        clipper.replica_clip = replica
         projections = []
         for x, y in s.batches(steps, batch=24):
             s.step(x, y)
             projections.append(aud.tap.reader.last_values.clone())
-        assert (inj._replica_steps > 0) == replica
+        assert (clipper.replica_steps > 0) == replica
         assert aud.design.n_spread  # spread rows (several entries per row) are covered
         return (torch.stack(projections), aud.monitors["one_run"].scores["llr"].clone(),
                 torch.tensor(aud.combined_log_wealth),
@@ -70,8 +71,8 @@ def test_replica_checked_against_opacus_at_first_step_and_periodically(monkeypat
     s = make_private_setup()
     aud = PrivacyAuditor(s.engine, s.optimizer, s.loader, seed=0, m_canaries=64)
     s.train(9)
-    inj = aud.tap.injector
-    assert inj._replica_steps == 9 and inj._replica_ok
+    clipper = aud.tap.injector.shadow
+    assert clipper.replica_steps == 9 and clipper.replica_ok
     assert len(calls) == 3  # steps 1, 5 and 9
 
 
@@ -84,15 +85,15 @@ def test_disagreement_switches_the_replica_off(monkeypatch, caplog):
     s = make_private_setup()
     aud = PrivacyAuditor(s.engine, s.optimizer, s.loader, seed=0, m_canaries=64)
     s.train(2)  # step 1 checked (agreement), step 2 replica only
-    assert len(calls) == 1 and aud.tap.injector._replica_ok
+    assert len(calls) == 1 and aud.tap.injector.shadow.replica_ok
     norm = torch.Tensor.norm
     monkeypatch.setattr(torch.Tensor, "norm", lambda self, *a, **k: 0.5 * norm(self, *a, **k))
     with caplog.at_level(logging.WARNING, logger="dpaudit_torch.opacus_tap.shadow"):
         s.train(4)  # step 3: replica still on, not checked; step 4 checked: disagreement
-    assert not aud.tap.injector._replica_ok
+    assert not aud.tap.injector.shadow.replica_ok
     assert any("disagrees with Opacus's own call" in r.getMessage() for r in caplog.records)
     assert len(calls) == 1 + 1 + 2  # the check at step 4, then steps 5 and 6 by Opacus
-    assert aud.tap.injector._replica_steps == 4  # steps 1-4 (the checked ones included)
+    assert aud.tap.injector.shadow.replica_steps == 4  # steps 1-4 (the checked ones included)
 
 
 def test_replica_only_for_opacus_own_code_and_compiled_kernels():
@@ -100,7 +101,7 @@ def test_replica_only_for_opacus_own_code_and_compiled_kernels():
     apply_bug(s.optimizer, "per-tensor-clipping")
     aud = PrivacyAuditor(s.engine, s.optimizer, s.loader, seed=0, m_canaries=64)
     s.train(2)
-    assert aud.tap.injector._replica_steps == 0
+    assert aud.tap.injector.shadow.replica_steps == 0
     aud.finalize()
     was = compiled()
     try:
@@ -109,38 +110,30 @@ def test_replica_only_for_opacus_own_code_and_compiled_kernels():
         aud = PrivacyAuditor(s.engine, s.optimizer, s.loader, seed=0, m_canaries=64,
                              compiled_kernels=False)
         s.train(2)
-        assert aud.step == 2 and aud.tap.injector._replica_steps == 0
+        assert aud.step == 2 and aud.tap.injector.shadow.replica_steps == 0
     finally:
         set_compiled(was)
 
 
-def _ghost_run(compiled_add: bool, monkeypatch: pytest.MonkeyPatch) -> tuple[torch.Tensor, ...]:
-    from dpaudit_torch.opacus_tap.ghost import GhostInjection
-
-    used: list[bool] = []
-    orig = GhostInjection._ghost_add_compiled
-
-    def spy(self, rec, order):
-        ok = compiled_add and orig(self, rec, order)
-        used.append(ok)
-        return ok
-
-    with monkeypatch.context() as m:
-        m.setattr(GhostInjection, "_ghost_add_compiled", spy)
-        s = make_private_setup(mode="ghost", seed=3)
-        aud = PrivacyAuditor(s.engine, s.optimizer, s.loader, seed=2, k_pairs=8,
-                             m_canaries=96, check_every=3)
-        projections = []
-        for x, y in s.batches(7, batch=24):
-            s.step(x, y)
-            projections.append(aud.tap.reader.last_values.clone())
-    assert used and all(used) == compiled_add and aud.design.n_spread
+def _ghost_run(compiled_add: bool) -> tuple[torch.Tensor, ...]:
+    s = make_private_setup(mode="ghost", seed=3)
+    aud = PrivacyAuditor(s.engine, s.optimizer, s.loader, seed=2, k_pairs=8,
+                         m_canaries=96, check_every=3)
+    inj = aud.tap.injector
+    assert isinstance(inj.strategy, GhostInjection)
+    inj.strategy.compiled_add = compiled_add
+    projections = []
+    for x, y in s.batches(7, batch=24):
+        s.step(x, y)
+        projections.append(aud.tap.reader.last_values.clone())
+    # every step's canaries added by the compiled pass, or none
+    assert inj.compiled_adds == (7 if compiled_add else 0) and aud.design.n_spread
     return (torch.stack(projections), aud.monitors["one_run"].scores["llr"].clone(),
             *[p.detach().clone() for p in s.model.parameters()])
 
 
-def test_ghost_compiled_addition_equals_torch_addition(monkeypatch):
+def test_ghost_compiled_addition_equals_torch_addition():
     """Under ghost clipping the clipped canaries are added by one compiled pass on the CPU;
     twin runs against the torch additions (one ``index_add_`` per tensor) are identical."""
-    for u, v in zip(_ghost_run(True, monkeypatch), _ghost_run(False, monkeypatch)):
+    for u, v in zip(_ghost_run(True), _ghost_run(False)):
         assert torch.equal(u, v)

@@ -21,7 +21,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from conftest import make_private_setup  # noqa: E402
 
 from dpaudit_torch.audit import PrivacyAuditor  # noqa: E402
-from dpaudit_torch.opacus_tap import injection  # noqa: E402
+from dpaudit_torch.opacus_tap import plan  # noqa: E402
 from dpaudit_torch.opacus_tap._step_kernels import plan_step  # noqa: E402
 
 
@@ -99,7 +99,7 @@ def test_plan_says_when_the_draws_run_out():
 def test_stream_crosses_blocks_and_resumes_exactly(monkeypatch):
     """Blocks of 97 uniforms (so that steps cross block ends): the plans of an auditor restored
     from a state_dict taken at any step are those of the original run."""
-    monkeypatch.setattr(injection, "DRAW_BLOCK", 97)
+    monkeypatch.setattr(plan, "DRAW_BLOCK", 97)
     cfg = dict(k_pairs=4, m_canaries=300, check_every=3)
 
     def auditor(seed):
@@ -108,20 +108,17 @@ def test_stream_crosses_blocks_and_resumes_exactly(monkeypatch):
 
     aud = auditor(5)
     inj = aud.tap.injector
-    crossings = []
-    more = inj._more_uniforms
-    monkeypatch.setattr(inj, "_more_uniforms", lambda: (crossings.append(1), more())[1])
     plans, states = [], []
     for _ in range(60):
         states.append(aud.state_dict())
-        p = inj._plan()
+        p = inj.plan_next()
         plans.append((p.coins_cpu.clone(), p.included.clone()))
-    assert len(crossings) >= 10  # about 24 uniforms per step here
+    assert inj.planner.block_crossings >= 10  # about 24 uniforms per step here
     for t in (0, 1, 17, 31, 59):
         other = auditor(99)
         other.load_state_dict(states[t])
         for coins, inc in plans[t:t + 5]:
-            p = other.tap.injector._plan()
+            p = other.tap.injector.plan_next()
             assert torch.equal(p.coins_cpu, coins) and torch.equal(p.included, inc)
 
 
