@@ -1,7 +1,10 @@
 """Tests of the one-run audit (docs/design.md section 6).
 
-Reference values, exact validity of the Steinke p-value, coverage simulations on games whose true
-epsilon is known, power on leaky games, and argument checks.
+The audit object and its strategies: jax_privacy's reference values, the ceiling reached by a
+perfectly separating run, the f-DP test seen against the Gaussian family, coverage simulations on
+games whose true epsilon is known, power on leaky games, and argument checks.  The tests of one
+module each live beside it: the Steinke p-value in test_steinke.py, the f-DP recursion in
+test_fdp.py, the ceilings and the best-over-candidates search in test_one_run_bounds.py.
 """
 
 from __future__ import annotations
@@ -85,21 +88,6 @@ def test_default_strategy_beside_jax(jax_audits: dict[int, OneRunAudit]) -> None
 # ------------------------------------------------------------------------------------------------
 # ceilings
 # ------------------------------------------------------------------------------------------------
-def test_ceilings() -> None:
-    # Steinke, delta = 0: all r right gives p = q^r, so eps_max = -ln(alpha^(-1/r) - 1)
-    closed = -math.log(ALPHA ** (-1 / 1000) - 1)
-    assert closed == pytest.approx(5.81, abs=5e-3)
-    assert ceiling(10**6, ALPHA, 0.0, "steinke", r=1000) == pytest.approx(closed, rel=1e-9)
-    assert ceiling(5000, ALPHA, 1e-5, "steinke") == pytest.approx(7.28, abs=5e-3)
-    assert ceiling(5000, ALPHA, 1e-5, "fdp") == pytest.approx(15.0, abs=0.05)
-    # "Steinke at delta 1e-5 never certifies more than about 8.2 whatever m" (peak near m = 3e4)
-    peaks = [ceiling(m, ALPHA, 1e-5, "steinke") for m in (10**4, 3 * 10**4, 10**5)]
-    assert max(peaks) == pytest.approx(8.2, abs=0.05)
-    # with r given, the ceiling is the all-right bound
-    assert ceiling(1000, ALPHA, 1e-5, "fdp", r=300) == pytest.approx(
-        fdp_epsilon_lower_bound(1000, 300, 300, 1e-5, ALPHA), rel=1e-12)
-
-
 def test_perfect_separation_reaches_the_ceiling() -> None:
     # a blatantly non-private run (scores reveal the bits): every guess right -> the ceiling
     a = OneRunAudit(np.arange(500.0) + 1000.0, np.arange(500.0))
@@ -287,25 +275,6 @@ def test_result_object_and_strategies() -> None:
 
     al = a.epsilon_lower_bound(DELTA, strategy=Bonferroni("all"))
     assert al.n_candidates == 1000 and al.alpha_per_test == pytest.approx(ALPHA / 1000)
-
-
-def test_pruned_search_equals_brute_force() -> None:
-    # the best-over-candidates search skips candidates that cannot beat the best so far; it must
-    # return exactly the maximum of the individual bounds
-    from dpaudit_torch.stats.one_run import _split_counts
-    from dpaudit_torch.stats.one_run_bounds import CanaryGame, best_bound, bound_for
-
-    rng = np.random.default_rng(3)
-    for m, mu in ((80, 2.5), (150, 0.7)):
-        lab = rng.random(m) < 0.5
-        game = CanaryGame(mu * lab + rng.standard_normal(m), lab, np.random.default_rng(0))
-        kp, kn = _split_counts(np.arange(1, m + 1), "two_sided")
-        r, v = game.counts(kp, kn)
-        for method in ("steinke", "fdp"):
-            best, j, _ = best_bound(method, m, r, v, ALPHA, DELTA)
-            brute = [bound_for(method, m, int(a), int(b), DELTA, ALPHA) for a, b in zip(r, v)]
-            assert best == pytest.approx(max(brute), rel=1e-9)
-            assert brute[j] == pytest.approx(best, rel=1e-9)
 
 
 def test_ties_are_broken_independently_of_labels() -> None:
