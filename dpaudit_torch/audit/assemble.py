@@ -1,42 +1,30 @@
-"""The white-box auditor's report: every part's section, gathered at finalize.
+"""The white-box audit's report: every monitor's contribution and the engine's decision,
+gathered at finalize.
 
-Reads only public state of the auditor, its adapter, monitors and decision; the verdict rules
-are applied by :func:`dpaudit_torch.report.build.assemble_report`.
+Loops over the monitors the engine ran and never names one: each gives its
+:class:`~dpaudit_torch.audit.monitors.Contribution` (bounds, its ``audits`` section, the report
+fields it owns, entries of the canaries section, a verdict level) and its findings; the verdict
+rules are applied by :func:`dpaudit_torch.report.build.build_report`.
 """
 
 from __future__ import annotations
 
-import dataclasses
 from typing import TYPE_CHECKING, Any
+
+from .engine import DECISION
 
 if TYPE_CHECKING:  # pragma: no cover
     from ..report import AuditReport
     from .auditor import PrivacyAuditor
 
-__all__ = ["build_audit_report"]
+__all__ = ["assemble_report"]
 
 
-def build_audit_report(auditor: PrivacyAuditor, claimed: float | None) -> AuditReport:
-    """The report of a finalized white-box audit (``claimed``: the accountant's epsilon)."""
-    from ..report.build import assemble_report
-
-    cfg, tap, dec = auditor.config, auditor.tap, auditor.decision
-    pairs = auditor.monitors["sequential_pairs"]
-    one_run = auditor.monitors["one_run"].report_section()
-    seq = pairs.report_section()
-    inj = tap.injector
-    assert inj is not None and tap.reader is not None
-    sigma_eff = tap.noise_multiplier()
-    bounds: dict[str, tuple[float, dict[str, Any]]] = {
-        m: (one_run["bounds"][m], one_run["details"][m]) for m in one_run["bounds"]}
-    bounds["sequential"] = (seq["bound"], seq["details"])
-    warnings = list(auditor.warnings)
-    if auditor.skipped_nonfinite:
-        msg = (f"{auditor.skipped_nonfinite} step(s) had a non-finite gradient at a canary "
-               f"coordinate; their observations were dropped (on_nonfinite='skip')")
-        if msg not in warnings:
-            warnings.append(msg)
-    findings = [dataclasses.asdict(f) for m in auditor.monitors.values() for f in m.findings()]
+def _findings(aud: PrivacyAuditor) -> list[dict[str, Any]]:
+    """Every monitor's findings; a monitor's own violation is a note unless the decision (the
+    average of every monitor's evidence) crossed 1/alpha."""
+    dec = aud.engine.decision
+    findings = [f.to_dict() for m in aud.engine.monitors.values() for f in m.findings()]
     if not dec.violation:  # one monitor's own test is not the audit's decision (level alpha)
         for f in findings:
             if f["level"] == "violation":
@@ -45,56 +33,91 @@ def build_audit_report(auditor: PrivacyAuditor, claimed: float | None) -> AuditR
                                 "audit's decision (the average of every monitor's evidence) did "
                                 "not, so this is not a proof at the audit's level: " + f["message"])
     if dec.violation and not any(f["level"] == "violation" for f in findings):
-        findings.insert(0, {"monitor": "decision", "level": "violation",
+        findings.insert(0, {"monitor": DECISION[0], "level": "violation",
                             "message": "the average of the monitors' e-processes crossed 1/alpha "
                                        "(no single monitor did on its own)", "where": None})
-    accounting = auditor.monitors["accounting"].report_section()
-    return assemble_report(
-        findings=findings,
-        claim_inconsistent=bool(accounting.get("inconsistent", False)),
-        audits={n: auditor.monitors[n].report_section()
-                for n in ("noise", "sampling", "accounting")},
+    return findings
+
+
+def assemble_report(aud: PrivacyAuditor, claimed: float | None) -> AuditReport:
+    """The report of a finalized white-box audit (``claimed``: the accountant's epsilon)."""
+    from ..report.build import build_report
+
+    cfg, tap, eng = aud.config, aud.tap, aud.engine
+    dec = eng.decision
+    inj = tap.injector
+    assert inj is not None and tap.reader is not None
+    bounds: dict[str, tuple[float, dict[str, Any]]] = {}
+    audits: dict[str, Any] = {}
+    fields: dict[str, Any] = {}
+    canaries: dict[str, Any] = {}
+    inconsistent = False
+    for name, m in eng.monitors.items():
+        c = m.contribution()
+        clash = (set(c.bounds) & set(bounds)) | (set(c.fields) & set(fields))
+        if clash:
+            raise RuntimeError(f"monitor {name!r} reports {sorted(clash)}, which another "
+                               f"monitor already reported")
+        bounds.update(c.bounds)
+        fields.update(c.fields)
+        canaries.update(c.canaries)
+        if c.section is not None:
+            audits[name] = c.section
+        inconsistent = inconsistent or c.verdict == "inconsistent"
+    warnings = list(aud.warnings)
+    if eng.skipped_nonfinite:
+        msg = (f"{eng.skipped_nonfinite} step(s) had a non-finite gradient at a canary "
+               f"coordinate; their observations were dropped (on_nonfinite='skip')")
+        if msg not in warnings:
+            warnings.append(msg)
+    sequential = {
+        **fields.pop("sequential", {}),
+        "combined_log_wealth": dec.log_wealth,
+        "decision_threshold_log": dec.threshold_log,
+        "crossed_at_step": dec.crossed_at,
+        "check_every": cfg.check_every,
+        "decision": "average of the tests' e-processes >= 1/alpha (Ville)",
+    }
+    fields.setdefault("one_run_scores", {"in": [], "out": []})
+    fields.setdefault("power", {})
+    fields.setdefault("interference", {})
+    return build_report(
+        findings=_findings(aud),
+        claim_inconsistent=inconsistent,
+        audits=audits,
         claimed_epsilon=claimed,
         bounds=bounds,
         warnings=warnings,
         threat_notes=tap.threat_notes(),
-        every_step_observed=(auditor.unobserved_steps == 0 and auditor.skipped_nonfinite == 0),
+        every_step_observed=(eng.unobserved_steps == 0 and eng.skipped_nonfinite == 0),
         clipping_exercised=not tap.ghost,
         delta=cfg.delta,
         alpha=cfg.alpha,
         accountant=tap.accountant.name,
         violation=dec.violation,
         violation_step=dec.violation_step,
-        stopped_early=bool(auditor.should_stop),
-        sequential={
-            **seq["sequential"],
-            "combined_log_wealth": dec.log_wealth,
-            "decision_threshold_log": dec.threshold_log,
-            "crossed_at_step": dec.crossed_at,
-            "check_every": cfg.check_every,
-            "decision": "average of the tests' e-processes >= 1/alpha (Ville)",
-        },
+        stopped_early=bool(eng.should_stop),
+        sequential=sequential,
         wealth_history={k: list(v) for k, v in dec.history.items()},
-        one_run_scores=one_run["scores"],
-        power=one_run["power"],
         canaries={
-            **auditor.design.summary(),
+            **aud.design.summary(),
             "norm_multiplier": cfg.canary_norm,
             **inj.counters(),
-            "one_run_in": one_run["n_in"],
+            **canaries,
             "inclusion_rate": tap.sample_rate,
             # DDP: rank 0 inserts every canary; FSDP: each rank those in its own shard
             "injecting_rank": 0 if tap.layout is None else "shard owner",
-            "seed_policy": auditor.seed_policy,
+            "seed_policy": aud.seed_policy,
         },
         training={
             **tap.training_info(),
-            "audited_steps": auditor.step,
-            "nonfinite_steps_skipped": auditor.skipped_nonfinite,
-            "steps_at_attach": auditor.steps_at_attach,
-            "claimed_epsilon_history": [[s, e] for s, e in auditor.claimed_history],
+            "audited_steps": eng.step,
+            "nonfinite_steps_skipped": eng.skipped_nonfinite,
+            "steps_at_attach": eng.steps_at_attach,
+            "claimed_epsilon_history": [[s, e] for s, e in eng.claimed_history],
         },
-        interference=pairs.interference_summary(sigma_eff if sigma_eff > 0 else None),
-        config={**cfg.to_dict(), "device": str(auditor.device)},
-        seed_policy=auditor.seed_policy,
+        config={**cfg.to_dict(), "device": str(aud.device)},
+        seed_policy=aud.seed_policy,
+        monitor_labels=eng.labels(),
+        **fields,
     )

@@ -78,6 +78,17 @@ def _freeze_options(opts: Mapping[str, Mapping[str, Any]] | None) -> dict[str, d
     return out
 
 
+def _names(value: Any, what: str, none_ok: bool = False) -> tuple[str, ...] | None:
+    """A tuple of monitor names (a single name is one name); the names themselves are checked
+    against the registry when the monitors are built."""
+    if value is None and none_ok:
+        return None
+    names = (value,) if isinstance(value, str) else value
+    if not isinstance(names, (tuple, list)) or not all(isinstance(n, str) for n in names):
+        raise TypeError(f"{what} must be a sequence of monitor names, got {value!r}")
+    return tuple(names)
+
+
 @dataclass(frozen=True)
 class AuditConfig:
     """The settings of one audit (see :class:`~dpaudit_torch.audit.auditor.PrivacyAuditor` for
@@ -85,7 +96,11 @@ class AuditConfig:
 
     ``seed``, ``device`` and ``compiled_kernels`` are part of the configuration but not of
     :meth:`fingerprint` (a resumed audit takes its streams from the checkpoint and may live on
-    another device; the kernels' implementation never changes a result).
+    another device; the kernels' implementation never changes a result), and neither is the set
+    of monitors (``monitors``: None for every default one, or the names to run;
+    ``disable_monitors``; ``monitor_options``: per monitor name, its own settings): a checkpoint
+    resumes the monitors both sets share, each checked against its own settings, and starts the
+    others fresh.
     """
 
     delta: float = 1e-5
@@ -109,6 +124,9 @@ class AuditConfig:
     spread_pairs: int | None = None
     spread_tensors: int = 4
     compiled_kernels: bool | None = None
+    monitors: tuple[str, ...] | None = None
+    disable_monitors: tuple[str, ...] = ()
+    monitor_options: dict[str, dict[str, Any]] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
         put = object.__setattr__  # frozen: normalise the values once, here
@@ -170,6 +188,14 @@ class AuditConfig:
         if self.spread_pairs > self.k_pairs:
             raise ValueError(f"spread_pairs ({self.spread_pairs}) cannot exceed k_pairs "
                              f"({self.k_pairs})")
+        put(self, "monitors", _names(self.monitors, "monitors", none_ok=True))
+        put(self, "disable_monitors", _names(self.disable_monitors, "disable_monitors"))
+        opts = self.monitor_options
+        if not isinstance(opts, Mapping) or not all(
+                isinstance(k, str) and isinstance(v, Mapping) for k, v in opts.items()):
+            raise TypeError(f"monitor_options must map a monitor name to a dict of options, "
+                            f"got {opts!r}")
+        put(self, "monitor_options", {k: dict(v) for k, v in opts.items()})
         from ..stats.one_run_scores import SCORES
 
         if self.one_run_score not in SCORES:
@@ -237,5 +263,8 @@ class AuditConfig:
             "noise_coordinates_total": self.noise_coordinates_total,
             "spread_pairs": self.spread_pairs, "spread_tensors": self.spread_tensors,
             "compiled_kernels": self.compiled_kernels,
+            "monitors": None if self.monitors is None else list(self.monitors),
+            "disable_monitors": list(self.disable_monitors),
+            "monitor_options": {k: dict(v) for k, v in self.monitor_options.items()},
         }
 

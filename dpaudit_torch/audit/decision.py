@@ -20,7 +20,7 @@ from typing import Any
 
 import numpy as np
 
-from .monitors.base import Evidence
+from .monitors import Evidence
 
 logger = logging.getLogger(__name__)
 
@@ -53,6 +53,15 @@ class Decision:
         self.history: dict[str, list] = {"step": [], "combined": [],
                                          **{k: [] for k in extra_keys}}
         self._last: dict[str, float] = {}  # each monitor's latest log e-value
+        #: monitors whose evidence is not averaged (started after the run began, on resume)
+        self.excluded: set[str] = set()
+        #: monitors that no longer bet: their last log e-value stays in the average
+        self.frozen: dict[str, float] = {}
+
+    def freeze(self, name: str) -> None:
+        """Keep monitor ``name``'s last e-value in the average from now on (a constant
+        e-process: the average stays one over the same monitors)."""
+        self.frozen[name] = self._last.get(name, 0.0)
 
     def update(self, evidence: dict[str, Evidence | None] | list[Evidence], now: int) -> bool:
         """Take one check's evidence (by monitor name; a list is named by position); ``now`` is
@@ -63,7 +72,8 @@ class Decision:
         where it did not bet, which keeps the average an e-process."""
         if isinstance(evidence, list):
             evidence = {str(i): e for i, e in enumerate(evidence)}
-        named = {n: e for n, e in evidence.items() if e is not None and e.steps}
+        named = {n: e for n, e in evidence.items()
+                 if e is not None and e.steps and n not in self.excluded}
         if named:
             steps = sorted(set().union(*(e.steps for e in named.values())))
             cols, extras = [], {}
@@ -81,6 +91,7 @@ class Decision:
                 cols.append(col)
                 for k, v in e.extra.items():
                     extras[k] = v[np.clip(idx, 0, None)]
+            cols += [np.full(len(steps), v) for n, v in self.frozen.items() if n not in named]
             stack = np.stack(cols)
             comb = stack[0] if len(cols) == 1 else _log_mean_exp(stack)
             for s, st in enumerate(steps):
@@ -121,17 +132,29 @@ class Decision:
         return {"log_wealth": self.log_wealth, "latest": dict(self.latest),
                 "crossed_at": self.crossed_at, "violation_step": self.violation_step,
                 "violation": self.violation, "last": dict(self._last),
+                "excluded": sorted(self.excluded), "frozen": dict(self.frozen),
                 "history": {k: list(v) for k, v in self.history.items()}}
 
-    def load_state_dict(self, sd: dict[str, Any]) -> None:
-        if set(sd["history"]) != set(self.history):
-            raise ValueError(f"decision state has history columns {sorted(sd['history'])}, "
-                             f"this auditor {sorted(self.history)}")
+    def load_state_dict(self, sd: dict[str, Any], lenient: bool = False) -> None:
+        """Restore ``sd``. Its history columns must be this decision's, unless ``lenient``
+        (a resume with another set of monitors): then the columns both have are restored, a
+        column only this decision has is filled with zeros for the earlier points, and a column
+        only the state has is dropped."""
+        hist = {k: list(v) for k, v in sd["history"].items()}
+        if set(hist) != set(self.history):
+            if not lenient:
+                raise ValueError(f"decision state has history columns {sorted(hist)}, "
+                                 f"this auditor {sorted(self.history)}")
+            n = len(hist.get("step", []))
+            hist = {k: hist.get(k, [0.0] * n) for k in self.history}
         self.log_wealth = float(sd["log_wealth"])
-        self.latest = {k: float(v) for k, v in sd["latest"].items()}
+        self.latest = {**{k: 0.0 for k in self.latest},
+                       **{k: float(v) for k, v in sd["latest"].items() if k in self.latest}}
         self.crossed_at = None if sd["crossed_at"] is None else int(sd["crossed_at"])
         self.violation_step = (None if sd["violation_step"] is None
                                else int(sd["violation_step"]))
         self.violation = bool(sd["violation"])
-        self.history = {k: list(v) for k, v in sd["history"].items()}
+        self.history = hist
         self._last = {str(k): float(v) for k, v in sd.get("last", {}).items()}
+        self.excluded = set(sd.get("excluded", []))
+        self.frozen = {str(k): float(v) for k, v in sd.get("frozen", {}).items()}

@@ -16,7 +16,7 @@ Two reads per logical step (docs/design.md section 8):
    interferes.
 
 :class:`GradientReader` turns one step into a framework-free
-:class:`~dpaudit_torch.audit.record.StepRecord`. Everything stays on the parameters' device: a step
+:class:`~dpaudit_torch.contract.StepRecord`. Everything stays on the parameters' device: a step
 costs a handful of index gathers and no host synchronisation (except the finiteness check on CPU,
 where it is free; on CPU one compiled pass reads every coordinate).
 """
@@ -31,8 +31,8 @@ import numpy as np
 import torch
 
 from .._buffers import host_zeros
-from ..audit.record import StepRecord
 from ..canaries import CanaryDesign
+from ..contract import StepRecord
 from ._step_kernels import release_step, snapshot_step
 from .plan import StepPlan
 

@@ -25,9 +25,10 @@ from typing import Any
 
 import torch
 
+from .. import contract as facts
 from .._compiled import compiled as kernels_compiled
-from ..audit.record import StepRecord
 from ..canaries import CanaryDesign, SecretCoins
+from ..contract import Fact, FactUnavailable, StepRecord
 from .accountant import AccountantView
 from .injection import Injector
 from .observation import GradientReader
@@ -56,7 +57,7 @@ class OpacusTap:
     """
 
     def __init__(self, privacy_engine: Any, optimizer: Any, data_loader: Any,
-                 warn: Callable[[str], None]) -> None:
+                 warn: Callable[[str], None], model: Any = None, delta: float = 1e-5) -> None:
         from opacus.optimizers import DPOptimizer
 
         if not isinstance(optimizer, DPOptimizer):
@@ -102,6 +103,11 @@ class OpacusTap:
         params = list(optimizer.params)
         if not params:
             raise ValueError("the optimizer has no trainable parameters")
+        if model is not None and not isinstance(model, torch.nn.Module):
+            raise TypeError(f"model must be the torch.nn.Module being trained (or None), got "
+                            f"{type(model).__name__}")
+        self.model = model
+        self.delta = float(delta)
         self.privacy_engine = privacy_engine
         self.optimizer = optimizer
         self.data_loader = data_loader
@@ -119,6 +125,8 @@ class OpacusTap:
         self.reader: GradientReader | None = None
         self._handle: Any = None
         self._owner: Any = None
+        #: the accountant's step count when the audit began (its history is read from there)
+        self.steps_at_attach = self.accountant.steps()
 
     # ------------------------------------------------------------------ facts
     @property
@@ -167,6 +175,86 @@ class OpacusTap:
         if self.layout is not None:  # the design is global: any world size resumes it
             fp["sharding"] = self.layout.kind
         return fp
+
+    def answer(self, fact: Fact[Any]) -> Any:
+        """The value of a fact a monitor needs (:mod:`dpaudit_torch.contract`), or
+        :class:`~dpaudit_torch.contract.FactUnavailable` saying why it is not known."""
+        if fact == facts.SAMPLE_RATE:
+            return self.sample_rate
+        if fact == facts.N_RECORDS:
+            n = self.n_records
+            if n is None:
+                raise FactUnavailable(fact, "the data loader's dataset has no length")
+            return n
+        if fact == facts.NOISE_MULTIPLIER:
+            return self.noise_multiplier()
+        if fact == facts.TENSOR_NAMES:
+            return self.tensor_names()
+        if fact == facts.TENSOR_GROUPS:
+            return self.tensor_groups()
+        if fact == facts.GROUP_NAMES:
+            return [f"group {g}" for g in range(len(self.optimizer.param_groups))]
+        if fact == facts.EPSILON_OF_SIGMA:
+            return lambda sigma, steps: self.accountant.epsilon_for(
+                sigma, self.sample_rate, steps, self.delta)
+        if fact == facts.ACCOUNTANT_HISTORY:
+            return lambda: self.accountant.history_since(self.steps_at_attach)
+        if fact == facts.EPSILON_OF_HISTORY:
+            return lambda h: self.accountant.epsilon_of_history(h, self.delta)
+        if fact == facts.MODEL:
+            if self.model is None:
+                raise FactUnavailable(fact, "no model was handed to the auditor (pass "
+                                            "model=... to PrivacyAuditor)")
+            return self.model
+        if fact == facts.OPTIMIZER_PARAMS:
+            return list(self.params)
+        if fact == facts.PARAM_GROUPS:
+            return list(self.optimizer.param_groups)
+        if fact == facts.DATA_LOADER:
+            return self.data_loader
+        if fact == facts.ACCOUNTANT_NAME:
+            return self.accountant.name
+        raise FactUnavailable(fact, f"{fact.meaning}: the Opacus adapter does not know it")
+
+    def read_claim(self) -> tuple[int, float | None] | None:
+        """(the accountant's step count, its epsilon at the audit's delta), or None before
+        its first step."""
+        steps = self.accountant.steps()
+        if steps == 0:
+            return None
+        return steps, self.accountant.epsilon(self.delta)
+
+    # ------------------------------------------------------------------ checkpoint
+    def state_dict(self) -> dict[str, Any]:
+        """The adapter's part of a checkpoint: where the canary mechanics' generator stands
+        (the state of the current block of uniforms and how many it used), the injector's
+        counters, the reader's count of reads, and the accountant's steps at attach."""
+        inj = self.injector
+        assert inj is not None
+        rng_state, pos = inj.draw_position()
+        return {"mechanics_rng": rng_state, "mechanics_pos": pos, "mechanics_unit": "uniforms",
+                "injector": inj.counters(),
+                "reads": self.reader.reads if self.reader is not None else 0,
+                "steps_at_attach": self.steps_at_attach}
+
+    @staticmethod
+    def mechanics_of_state(sd: dict[str, Any]) -> torch.Generator:
+        """The canary mechanics' generator of a checkpoint (its block start)."""
+        gen = torch.Generator()
+        gen.set_state(sd["mechanics_rng"])
+        return gen
+
+    def load_state_dict(self, sd: dict[str, Any], draws_per_step: int) -> None:
+        """After :meth:`build` with :meth:`mechanics_of_state`'s generator: move the draws
+        to where the checkpoint stood, restore the counters. ``draws_per_step``: the uniforms
+        a step used in layouts that counted steps instead of uniforms."""
+        inj, reader = self.injector, self.reader
+        assert inj is not None and reader is not None
+        unit = 1 if sd.get("mechanics_unit") == "uniforms" else draws_per_step
+        inj.resume_draws(int(sd["mechanics_pos"]) * unit)
+        inj.load_counters(sd["injector"])
+        reader.reads = int(sd["reads"])
+        self.steps_at_attach = int(sd["steps_at_attach"])
 
     # ------------------------------------------------------------------ wiring
     def build(self, design: CanaryDesign, coins: SecretCoins, mechanics: torch.Generator,

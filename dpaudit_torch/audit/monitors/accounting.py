@@ -18,33 +18,49 @@ from __future__ import annotations
 
 import logging
 import math
+from dataclasses import dataclass
 from typing import Any
 
 import torch
 
-from ..record import StepRecord
-from .base import Evidence, Finding, MonitorContext, register_monitor
+from ...contract import (
+    ACCOUNTANT_HISTORY,
+    EPSILON_OF_HISTORY,
+    N_RECORDS,
+    SAMPLE_RATE,
+    StepRecord,
+)
+from .base import Contribution, Finding, Monitor, MonitorConfig, MonitorContext, register_monitor
 
 logger = logging.getLogger(__name__)
 
 __all__ = ["AccountingMonitor"]
 
 
+@dataclass(frozen=True)
+class AccountingConfig(MonitorConfig):
+    """Settings of the accounting monitor: the total level of its two intervals."""
+
+    alpha: float = 0.05
+
+
 @register_monitor("accounting")
-class AccountingMonitor:
+class AccountingMonitor(Monitor):
     """Releases, examples and noise observed vs the accountant's history; recomputed epsilon."""
 
-    name = "accounting"
-    bets = False
+    label = "accounting"
+    config_class = AccountingConfig
+    needs = (SAMPLE_RATE, N_RECORDS, ACCOUNTANT_HISTORY, EPSILON_OF_HISTORY)
     #: releases are counted even when a step's observation was dropped as non-finite
     observes_nonfinite = True
 
     def __init__(self, ctx: MonitorContext) -> None:
-        self.config = ctx.config
-        self.rate = float(ctx.sample_rate)
-        self.n_records = ctx.n_records
-        self._history = ctx.accountant_history
-        self._epsilon_of_history = ctx.epsilon_of_history
+        super().__init__(ctx)
+        self.config = self.settings
+        self.rate = float(ctx.fact_or(SAMPLE_RATE, 1.0))
+        self.n_records = ctx.fact_or(N_RECORDS)
+        self._history = ctx.fact_or(ACCOUNTANT_HISTORY)
+        self._epsilon_of_history = ctx.fact_or(EPSILON_OF_HISTORY)
         self.releases = 0
         self.examples = 0
         self.examples_known = True
@@ -74,12 +90,6 @@ class AccountingMonitor:
             else:
                 self._xi_count += int(record.noise.numel())
             self._xi_sumsq = self._xi_sumsq + sq
-
-    def advance(self) -> Evidence | None:
-        return None
-
-    def log_evidence(self) -> float | None:
-        return None
 
     # ------------------------------------------------------------------ finalize
     def _sigma_ratio_interval(self, alpha: float) -> tuple[float, float] | None:
@@ -188,8 +198,9 @@ class AccountingMonitor:
             out.append(Finding(self.name, "note", f"check not run: {why}", "accountant"))
         return out
 
-    def report_section(self) -> dict[str, Any]:
-        return dict(self.result)
+    def contribution(self) -> Contribution:
+        return Contribution(section=dict(self.result),
+                            verdict="inconsistent" if self.result.get("inconsistent") else None)
 
     def state_dict(self) -> dict[str, Any]:
         return {"releases": self.releases, "examples": self.examples,

@@ -1,48 +1,81 @@
-"""The monitor protocol and the monitor registry.
+"""What a monitor is, and the monitor registry.
 
-A monitor watches the stream of :class:`~dpaudit_torch.audit.record.StepRecord` and contributes
-evidence, findings and a report section. The engine calls, in this order:
+A monitor watches the stream of :class:`~dpaudit_torch.contract.StepRecord` and contributes
+evidence, findings and its part of the report. It is **one module plus one registry entry**: a
+subclass of :class:`Monitor` decorated with :func:`register_monitor`, imported once in
+``audit/monitors/__init__.py``. It declares, as class attributes:
+
+* ``config_class``: its own frozen dataclass of settings (:class:`MonitorConfig`), built from the
+  audit's settings and the user's ``AuditConfig(monitor_options={name: {...}})``;
+* ``needs``: the facts it asks of the framework adapter (:mod:`dpaudit_torch.contract`), which
+  answers each or says why it cannot (:meth:`MonitorContext.fact` raises
+  :class:`~dpaudit_torch.contract.FactUnavailable` with that reason; asking for a fact that is
+  not declared is a programming error, ``KeyError``);
+* ``label``: how the report names it; ``history_columns``: the per-step diagnostics its
+  evidence carries (columns of the report's wealth history);
+* ``observes_nonfinite``: whether it sees the steps whose values were dropped as non-finite
+  (a monitor that counts releases does; it must not use their values).
+
+The engine (:mod:`dpaudit_torch.audit.engine`) calls, in this order:
 
 * :meth:`Monitor.observe` at every audited step (cheap: buffer or add on the device, no host
   synchronisation);
 * :meth:`Monitor.advance` at every check (every ``check_every`` steps, and at finalize): process
   what was buffered; a monitor that bets returns an :class:`Evidence` with the log of its
-  e-process after each step it processed, which the decision
-  (:class:`~dpaudit_torch.audit.decision.Decision`) averages with the other monitors' (an
-  average of e-processes on the same filtration is an e-process, docs/design.md section 1);
+  e-process after each step it processed, which the decision averages with the other monitors'
+  (an average of e-processes on the same filtration is an e-process, docs/design.md section 1);
 * :meth:`Monitor.finalize` once at the end (whole-run statistics, e.g. the one-run bounds);
-* :meth:`Monitor.report_section` to fill the report, :meth:`Monitor.state_dict` /
-  :meth:`Monitor.load_state_dict` for checkpoints.
+* :meth:`Monitor.findings` and :meth:`Monitor.contribution` to fill the report (bounds, its
+  section, report fields it owns, a verdict level); :meth:`Monitor.state_dict` /
+  :meth:`Monitor.load_state_dict` for checkpoints (stored under the monitor's name).
 
-A new check is one module in this package: a class implementing the protocol, registered with
-:func:`register_monitor` under a name; see CONTRIBUTING.md.
+Nothing outside ``audit/monitors/`` spells a monitor's name: the engine, the decision, the
+report and the page loop over what is registered. See CONTRIBUTING.md, "A new monitor".
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable
+import dataclasses
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
-from typing import Any, Protocol, runtime_checkable
+from typing import Any, ClassVar, TypeVar
 
 import numpy as np
 import torch
 
+from ...contract import Fact, FactSource, FactUnavailable, StaticFacts, StepRecord
 from ..config import AuditConfig
-from ..record import StepRecord
 
-__all__ = ["Monitor", "MonitorContext", "Evidence", "Finding", "MONITORS", "register_monitor",
-           "build_monitors", "plain_state"]
+__all__ = ["Monitor", "MonitorConfig", "MonitorContext", "Evidence", "Finding", "Contribution",
+           "MONITORS", "register_monitor", "build_monitors", "monitor_names", "plain_state",
+           "FINDING_LEVELS"]
+
+T = TypeVar("T")
+
+#: the levels a finding may have: "violation" (proven at level alpha by an anytime-valid test),
+#: "refuted" (a valid whole-run bound above the claim), "inconsistent" (the claim does not follow
+#: from what ran), "finding" (established, not a statistical proof), "note" (information)
+FINDING_LEVELS = ("violation", "refuted", "inconsistent", "finding", "note")
 
 
 @dataclass(frozen=True)
 class Finding:
-    """Something a monitor established: ``level`` is ``"violation"`` (proven at level alpha),
-    ``"refuted"`` (a valid whole-run bound above the claim) or ``"note"``."""
+    """Something a monitor established (``level`` in :data:`FINDING_LEVELS`). ``scope`` is
+    :data:`~dpaudit_torch.registry.ONE_STEP` for a finding about the per-step guarantee (the
+    report then states the per-step null it was tested against), else None."""
 
     monitor: str
     level: str
     message: str
     where: str | None = None
+    scope: str | None = None
+
+    def to_dict(self) -> dict[str, Any]:
+        out = {"monitor": self.monitor, "level": self.level, "message": self.message,
+               "where": self.where}
+        if self.scope is not None:
+            out["scope"] = self.scope
+        return out
 
 
 @dataclass
@@ -50,8 +83,8 @@ class Evidence:
     """A monitor's betting evidence for the steps it processed at one check.
 
     ``log_e[s]`` is the log of its e-process after ``steps[s]``; ``extra`` holds per-step
-    diagnostics of the same length that the wealth history records (e.g. each tester's
-    log-wealth, the sequential lower bound)."""
+    diagnostics of the same length that the wealth history records (the monitor's
+    ``history_columns``, e.g. each tester's log-wealth, the sequential lower bound)."""
 
     steps: list[int]
     log_e: np.ndarray
@@ -59,8 +92,70 @@ class Evidence:
 
 
 @dataclass
+class Contribution:
+    """A monitor's part of the report (after finalize).
+
+    Attributes:
+        section: its section ``audits[name]`` (plain types), or None for no section.
+        bounds: epsilon lower bounds it computed, method (registered in
+            :data:`dpaudit_torch.registry.BOUND_METHODS`) -> (bound, details).
+        fields: top-level report fields it owns (e.g. the sequential tests' section, the
+            one-run scores); two monitors owning one field is an error.
+        canaries: entries it adds to the report's ``canaries`` section.
+        verdict: ``"inconsistent"`` when it shows the claim does not follow from the training
+            that ran; None otherwise (violations come from the decision, refutations from the
+            bounds).
+    """
+
+    section: dict[str, Any] | None = None
+    bounds: dict[str, tuple[float, dict[str, Any]]] = field(default_factory=dict)
+    fields: dict[str, Any] = field(default_factory=dict)
+    canaries: dict[str, Any] = field(default_factory=dict)
+    verdict: str | None = None
+
+
+@dataclass(frozen=True)
+class MonitorConfig:
+    """The base of every monitor's settings: frozen, built by :meth:`build`.
+
+    A subclass lists its own fields with defaults. :meth:`build` fills a field from the user's
+    options for this monitor first, then from the audit's setting of the same name (``alpha``,
+    ``delta``, ``check_every``, ...), then the default; an unknown option is a ValueError naming
+    it. Validation goes in ``__post_init__``."""
+
+    @classmethod
+    def build(cls, audit: AuditConfig, options: Mapping[str, Any] | None = None
+              ) -> MonitorConfig:
+        options = dict(options or {})
+        names = {f.name for f in dataclasses.fields(cls)}
+        unknown = sorted(set(options) - names)
+        if unknown:
+            raise ValueError(f"unknown option(s) {unknown} for {cls.__name__}; known: "
+                             f"{sorted(names)}")
+        values = {n: getattr(audit, n) for n in names if n not in options and hasattr(audit, n)}
+        return cls(**values, **options)
+
+    def to_dict(self) -> dict[str, Any]:
+        """Plain types (lists for tuples), for checkpoints and the report."""
+
+        def plain(v: Any) -> Any:
+            if isinstance(v, (tuple, list)):
+                return [plain(x) for x in v]
+            if isinstance(v, Mapping):
+                return {str(k): plain(x) for k, x in v.items()}
+            return v
+
+        return {f.name: plain(getattr(self, f.name)) for f in dataclasses.fields(self)}
+
+
+@dataclass
 class MonitorContext:
-    """What a monitor is built with besides the configuration."""
+    """What a monitor is built with: the audit's configuration, the canary counts, the device,
+    a way to warn, what the engine drew for the audit (the secret coins, the noise-audit
+    coordinates) and the facts of the adapter.
+
+    ``options`` is the monitor's own :class:`MonitorConfig` (set by :func:`build_monitors`);
+    ``needs`` the facts it declared (set likewise); :meth:`fact` answers only those."""
 
     config: AuditConfig
     k_pairs: int
@@ -70,47 +165,98 @@ class MonitorContext:
     warn: Callable[[str], None]
     #: the secret IN/OUT coins of the one-run canaries (revealed at finalize)
     coins: Any = None
-    #: the Poisson rate at which an IN one-run canary is included at each step (the loader's)
-    sample_rate: float = 1.0
-    #: epsilon(sigma, steps) of the accountant class the claim comes from, at the run's sample
-    #: rate and delta (for the power statement); None where unknown
-    epsilon_of_sigma: Callable[[float, int], float] | None = None
-    #: N, the number of records the loader samples from (None where unknown)
-    n_records: int | None = None
-    #: per noise-audit coordinate: its tensor index, and its parameter group index
+    #: per noise-audit coordinate: the index of its parameter tensor
     noise_tensor: Any = None
-    noise_group: Any = None
-    #: a name per parameter tensor and per parameter group, for findings
-    tensor_names: list[str] = field(default_factory=list)
-    group_names: list[str] = field(default_factory=list)
-    #: what the accountant was told (its history since attach, as (sigma, q, steps) entries),
-    #: read at finalize; None where the accountant keeps no history
-    accountant_history: Callable[[], list[tuple[float, float, int]] | None] | None = None
-    #: epsilon of a history of (sigma, q, steps) entries by the claim's accountant class
-    epsilon_of_history: Callable[[list[tuple[float, float, int]]], float] | None = None
+    #: the adapter's answers (or a mapping fact -> value); None: no adapter
+    facts: FactSource | Mapping[Fact[Any], Any] | None = None
+    options: Any = None
+    needs: tuple[Fact[Any], ...] | None = None
+
+    def fact(self, fact: Fact[T]) -> T:
+        """The adapter's answer; :class:`~dpaudit_torch.contract.FactUnavailable` with the
+        reason where it cannot answer; KeyError for a fact the monitor did not declare."""
+        if self.needs is not None and fact not in self.needs:
+            raise KeyError(f"{fact!r} was not declared in the monitor's needs")
+        src = self.facts
+        if src is None:
+            raise FactUnavailable(fact, f"{fact.meaning}: no framework adapter answers it")
+        if isinstance(src, Mapping):
+            src = StaticFacts(src)
+        return src.answer(fact)
+
+    def fact_or(self, fact: Fact[T], default: Any = None) -> Any:
+        """The adapter's answer, or ``default`` where it cannot answer."""
+        try:
+            return self.fact(fact)
+        except FactUnavailable:
+            return default
+
+    def why_not(self, fact: Fact[Any]) -> str | None:
+        """None where the fact is answered, else the reason it is not."""
+        try:
+            self.fact(fact)
+        except FactUnavailable as e:
+            return e.reason
+        return None
 
 
-@runtime_checkable
-class Monitor(Protocol):
-    """The protocol every monitor implements (see the module docstring)."""
+class Monitor:
+    """The base of every monitor (see the module docstring); every hook has a do-nothing
+    default, so a monitor implements only what it uses."""
 
-    name: str
+    #: set by :func:`register_monitor`
+    name: ClassVar[str] = ""
+    #: how the report names this monitor (with what its violation is about)
+    label: ClassVar[str] = ""
+    #: this monitor's settings
+    config_class: ClassVar[type[MonitorConfig]] = MonitorConfig
+    #: the facts it asks of the adapter
+    needs: ClassVar[tuple[Fact[Any], ...]] = ()
+    #: the per-step diagnostics its evidence carries (wealth-history columns)
+    history_columns: ClassVar[tuple[str, ...]] = ()
+    #: whether it sees steps whose values were dropped as non-finite
+    observes_nonfinite: ClassVar[bool] = False
 
-    def observe(self, record: StepRecord) -> None: ...
+    def __init__(self, ctx: MonitorContext) -> None:
+        self.ctx = ctx
+        self.settings = ctx.options if ctx.options is not None else \
+            self.config_class.build(ctx.config)
 
-    def advance(self) -> Evidence | None: ...
+    def columns(self) -> tuple[str, ...]:
+        """The history columns of this instance (a monitor whose columns depend on its settings
+        overrides this)."""
+        return tuple(self.history_columns)
 
-    def log_evidence(self) -> float | None: ...
+    def metric_name(self, column: str) -> str:
+        """The key under which a history column's latest value appears in the step metrics
+        (``PrivacyAuditor.latest_metrics``, the trainer integrations' logs)."""
+        return column
 
-    def finalize(self, claimed_epsilon: float | None) -> None: ...
+    def observe(self, record: StepRecord) -> None:
+        return None
 
-    def findings(self) -> list[Finding]: ...
+    def advance(self) -> Evidence | None:
+        return None
 
-    def report_section(self) -> dict[str, Any]: ...
+    def discard_pending(self) -> list[int]:
+        """Drop what was buffered since the last check (a non-finite step was found there);
+        returns the steps dropped."""
+        return []
 
-    def state_dict(self) -> dict[str, Any]: ...
+    def finalize(self, claimed_epsilon: float | None) -> None:
+        return None
 
-    def load_state_dict(self, sd: dict[str, Any]) -> None: ...
+    def findings(self) -> list[Finding]:
+        return []
+
+    def contribution(self) -> Contribution:
+        return Contribution()
+
+    def state_dict(self) -> dict[str, Any]:
+        return {}
+
+    def load_state_dict(self, sd: dict[str, Any]) -> None:
+        return None
 
 
 def plain_state(obj: Any) -> Any:
@@ -127,28 +273,59 @@ def plain_state(obj: Any) -> Any:
     return obj
 
 
-#: name -> factory(context) of every monitor the engine knows, in the order they run
-MONITORS: dict[str, Callable[[MonitorContext], Monitor]] = {}
+#: name -> class of every monitor the engine knows, in the order they run
+MONITORS: dict[str, type[Monitor]] = {}
+#: the names that run unless the configuration says otherwise
+_DEFAULT: list[str] = []
 
 
-def register_monitor(name: str) -> Callable[[type], type]:
-    """Class decorator: register a monitor class (built as ``cls(context)``) under ``name``."""
+def register_monitor(name: str, *, default: bool = True) -> Callable[[type], type]:
+    """Class decorator: register a :class:`Monitor` subclass under ``name`` (it runs by default
+    unless ``default=False``; users add or disable monitors by name in ``AuditConfig``)."""
 
     def deco(cls: type) -> type:
         if name in MONITORS:
             raise ValueError(f"a monitor named {name!r} is already registered")
+        if not (isinstance(cls, type) and issubclass(cls, Monitor)):
+            raise TypeError(f"monitor {name!r} must subclass audit.monitors.Monitor")
         cls.name = name
+        if not cls.label:
+            cls.label = name.replace("_", " ")
         MONITORS[name] = cls
+        if default:
+            _DEFAULT.append(name)
         return cls
 
     return deco
 
 
+def monitor_names(config: AuditConfig | None = None) -> tuple[str, ...]:
+    """The monitors an audit with ``config`` runs, in registry order: ``config.monitors`` (or
+    every default one), with ``config.disable_monitors`` taken out. ValueError naming an
+    unknown monitor."""
+    chosen = list(_DEFAULT) if config is None or config.monitors is None else \
+        list(config.monitors)
+    disabled = () if config is None else config.disable_monitors
+    options = {} if config is None else config.monitor_options
+    unknown = sorted({*chosen, *disabled, *options} - set(MONITORS))
+    if unknown:
+        raise ValueError(f"unknown monitor(s) {unknown}; registered: {sorted(MONITORS)}")
+    return tuple(n for n in MONITORS if n in chosen and n not in disabled)
+
+
 def build_monitors(ctx: MonitorContext, names: tuple[str, ...] | None = None
                    ) -> dict[str, Monitor]:
-    """Instances of the registered monitors (all, or ``names``), in registry order."""
-    chosen = tuple(MONITORS) if names is None else names
+    """Instances of the monitors ``names`` (default: :func:`monitor_names` of the context's
+    configuration), in registry order, each with its own settings and declared facts."""
+    chosen = monitor_names(ctx.config) if names is None else tuple(names)
     unknown = [n for n in chosen if n not in MONITORS]
     if unknown:
         raise ValueError(f"unknown monitor(s) {unknown}; registered: {sorted(MONITORS)}")
-    return {n: MONITORS[n](ctx) for n in chosen}
+    out: dict[str, Monitor] = {}
+    for n in MONITORS:
+        if n not in chosen:
+            continue
+        cls = MONITORS[n]
+        own = cls.config_class.build(ctx.config, ctx.config.monitor_options.get(n))
+        out[n] = cls(dataclasses.replace(ctx, options=own, needs=tuple(cls.needs)))
+    return out

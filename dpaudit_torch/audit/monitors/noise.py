@@ -20,14 +20,23 @@ from __future__ import annotations
 
 import logging
 import math
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
 import torch
 
 from ..._buffers import host_copy, host_zeros
-from ..record import StepRecord
-from .base import Evidence, Finding, MonitorContext, register_monitor
+from ...contract import GROUP_NAMES, TENSOR_GROUPS, TENSOR_NAMES, StepRecord
+from .base import (
+    Contribution,
+    Evidence,
+    Finding,
+    Monitor,
+    MonitorConfig,
+    MonitorContext,
+    register_monitor,
+)
 
 logger = logging.getLogger(__name__)
 
@@ -139,23 +148,38 @@ class _TensorSums:
         return (t_sums, self.t_counts), (g_sums, self.g_counts)
 
 
+@dataclass(frozen=True)
+class NoiseConfig(MonitorConfig):
+    """Settings of the noise monitor: the level of its tests, and the check period (the size
+    of its step buffer)."""
+
+    alpha: float = 0.05
+    check_every: int = 5
+
+
 @register_monitor("noise")
-class NoiseMonitor:
+class NoiseMonitor(Monitor):
     """Variance per tensor and per group, independence across steps, precision."""
 
-    name = "noise"
+    label = "noise"
+    config_class = NoiseConfig
+    needs = (TENSOR_NAMES, TENSOR_GROUPS, GROUP_NAMES)
 
     def __init__(self, ctx: MonitorContext) -> None:
         from ...stats.noise import NoiseIndependenceTest, NoiseVarianceTest
 
-        self.config = ctx.config
+        super().__init__(ctx)
+        self.config = self.settings
         alpha = self.config.alpha
         self.tensor_of = (np.zeros(0, dtype=np.int64) if ctx.noise_tensor is None
                           else host_copy(np.asarray(ctx.noise_tensor), np.int64))
-        self.group_of = (np.zeros(0, dtype=np.int64) if ctx.noise_group is None
-                         else host_copy(np.asarray(ctx.noise_group), np.int64))
-        self.tensor_names = list(ctx.tensor_names)
-        self.group_names = list(ctx.group_names)
+        groups = ctx.fact_or(TENSOR_GROUPS)
+        self.group_of = (np.zeros(0, dtype=np.int64) if ctx.noise_tensor is None
+                         else np.zeros_like(self.tensor_of) if groups is None
+                         else host_copy(np.asarray(groups, dtype=np.int64)[self.tensor_of],
+                                        np.int64))
+        self.tensor_names = list(ctx.fact_or(TENSOR_NAMES, []))
+        self.group_names = list(ctx.fact_or(GROUP_NAMES, []))
         self.reason_off: str | None = None
         n_t = max(len(self.tensor_names), int(self.tensor_of.max()) + 1 if self.tensor_of.size
                   else 1)
@@ -177,10 +201,6 @@ class NoiseMonitor:
         self._precision_std: list[float | None] = []
         self._precision_result: dict[str, Any] | None = None
         self.log_wealth = 0.0
-
-    @property
-    def bets(self) -> bool:
-        return self.reason_off is None
 
     def observe(self, record: StepRecord) -> None:
         if self.reason_off is not None:
@@ -247,9 +267,6 @@ class NoiseMonitor:
             log_e[:] = self.log_wealth
         return Evidence(steps=steps, log_e=log_e, extra={})
 
-    def log_evidence(self) -> float | None:
-        return None if self.reason_off is not None else self.log_wealth
-
     def finalize(self, claimed_epsilon: float | None) -> None:
         if self._precision and self._precision_result is None:
             from ...stats.noise import low_precision_grid
@@ -310,7 +327,11 @@ class NoiseMonitor:
                 f"statistical proof", "noise generation"))
         return out
 
+    def contribution(self) -> Contribution:
+        return Contribution(section=self.report_section())
+
     def report_section(self) -> dict[str, Any]:
+        """This monitor's ``audits`` section."""
         out: dict[str, Any] = {"run": self.reason_off is None,
                                "reason_not_run": self.reason_off,
                                "coordinates": int(self.tensor_of.size),

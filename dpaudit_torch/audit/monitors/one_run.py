@@ -21,14 +21,15 @@ from __future__ import annotations
 import logging
 import math
 import time
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
 import torch
 
+from ...contract import EPSILON_OF_SIGMA, SAMPLE_RATE, StepRecord
 from ...registry import methods_of
-from ..record import StepRecord
-from .base import Evidence, Finding, MonitorContext, register_monitor
+from .base import Contribution, Evidence, Monitor, MonitorConfig, MonitorContext, register_monitor
 
 logger = logging.getLogger(__name__)
 
@@ -48,19 +49,33 @@ def _host_f64(*tensors: torch.Tensor) -> bool:
                for t in tensors)
 
 
+@dataclass(frozen=True)
+class OneRunConfig(MonitorConfig):
+    """Settings of the one-run game: the bounds' delta and level, the score, and the check
+    period (how many steps are scored together on the CPU)."""
+
+    delta: float = 1e-5
+    alpha: float = 0.05
+    one_run_score: str = "llr"
+    check_every: int = 5
+
+
 @register_monitor("one_run")
-class OneRunMonitor:
+class OneRunMonitor(Monitor):
     """Running scores of the one-run canaries; whole-run bounds and power at finalize."""
 
-    name = "one_run"
+    label = "one-run"
+    config_class = OneRunConfig
+    needs = (SAMPLE_RATE, EPSILON_OF_SIGMA)
 
     def __init__(self, ctx: MonitorContext) -> None:
-        self.config = ctx.config
+        super().__init__(ctx)
+        self.config = self.settings
         self.m = ctx.m_canaries
         self.device = torch.device(ctx.device)
         self.coins = ctx.coins
-        self.sample_rate = float(ctx.sample_rate)
-        self._epsilon_of_sigma = ctx.epsilon_of_sigma
+        self.sample_rate = float(ctx.fact_or(SAMPLE_RATE, 1.0))
+        self._epsilon_of_sigma = ctx.fact_or(EPSILON_OF_SIGMA)
         self._warn = ctx.warn
         self.methods = methods_of(self.name)
         self.steps = 0
@@ -169,9 +184,6 @@ class OneRunMonitor:
         self._flush()
         return None  # no evidence during training: the game is played once, at the end
 
-    def log_evidence(self) -> float | None:
-        return None
-
     def _score(self) -> str:
         """The configured score, or the sum when the likelihood ratio is undefined (a step with
         no noise claimed)."""
@@ -243,8 +255,14 @@ class OneRunMonitor:
         logger.info("one-run power simulation took %.2f s", time.perf_counter() - t0)
         return out
 
-    def findings(self) -> list[Finding]:
-        return []
+    def contribution(self) -> Contribution:
+        """Its whole-run bounds, the scores split by the revealed coins (``one_run_scores``),
+        the power statement (``power``) and the IN count (in ``canaries``)."""
+        sec = self.report_section()
+        return Contribution(
+            bounds={m: (sec["bounds"][m], sec["details"][m]) for m in sec["bounds"]},
+            fields={"one_run_scores": sec["scores"], "power": sec["power"]},
+            canaries={"one_run_in": sec["n_in"]})
 
     def report_section(self) -> dict[str, Any]:
         """The bounds, their details, the scores split by the revealed coins and the power

@@ -17,30 +17,49 @@ and does not bet.
 from __future__ import annotations
 
 import logging
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
 
-from ..record import StepRecord
-from .base import Evidence, Finding, MonitorContext, register_monitor
+from ...contract import N_RECORDS, SAMPLE_RATE, StepRecord
+from .base import (
+    Contribution,
+    Evidence,
+    Finding,
+    Monitor,
+    MonitorConfig,
+    MonitorContext,
+    register_monitor,
+)
 
 logger = logging.getLogger(__name__)
 
 __all__ = ["SamplingMonitor"]
 
 
+@dataclass(frozen=True)
+class SamplingConfig(MonitorConfig):
+    """Settings of the sampling monitor: the level of its test and of its rate interval."""
+
+    alpha: float = 0.05
+
+
 @register_monitor("sampling")
-class SamplingMonitor:
+class SamplingMonitor(Monitor):
     """Tests n_t ~ Binomial(N, q) at every step; a confidence interval for q at the end."""
 
-    name = "sampling"
+    label = "sampling (batch sizes not Poisson)"
+    config_class = SamplingConfig
+    needs = (SAMPLE_RATE, N_RECORDS)
 
     def __init__(self, ctx: MonitorContext) -> None:
         from ...stats.sampling import PoissonBatchTest
 
-        self.config = ctx.config
-        self.rate = float(ctx.sample_rate)
-        self.n_records = ctx.n_records
+        super().__init__(ctx)
+        self.config = self.settings
+        self.rate = float(ctx.fact_or(SAMPLE_RATE, 1.0))
+        self.n_records = ctx.fact_or(N_RECORDS)
         self.reason_off: str | None = None
         self.test: Any = None
         if self.n_records is None:
@@ -51,11 +70,6 @@ class SamplingMonitor:
         self._buffer: list[tuple[int, int]] = []
         self._flags: list[bool | Any] = []
         self._first = True
-
-    @property
-    def bets(self) -> bool:
-        """Whether this monitor contributes evidence to the decision."""
-        return self.test is not None
 
     def observe(self, record: StepRecord) -> None:
         if self._first:
@@ -80,12 +94,6 @@ class SamplingMonitor:
         log_e = self.test.update_with_trajectory(sizes)  # the wealth after each step
         return Evidence(steps=steps, log_e=log_e, extra={})
 
-    def log_evidence(self) -> float | None:
-        return None if self.test is None else float(self.test.log_wealth)
-
-    def finalize(self, claimed_epsilon: float | None) -> None:
-        return None
-
     def findings(self) -> list[Finding]:
         if self.test is None or not self.test.rejected:
             return []
@@ -103,7 +111,11 @@ class SamplingMonitor:
             return None
         return self.test.rate_interval(alpha)
 
+    def contribution(self) -> Contribution:
+        return Contribution(section=self.report_section())
+
     def report_section(self) -> dict[str, Any]:
+        """This monitor's ``audits`` section."""
         out: dict[str, Any] = {"rate": self.rate, "n_records": self.n_records,
                                "run": self.test is not None, "reason_not_run": self.reason_off}
         if self.test is not None:

@@ -20,15 +20,25 @@ import logging
 import math
 import warnings
 from collections.abc import Sequence
+from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
 import torch
 
-from ...registry import tester_class
+from ...contract import NOISE_MULTIPLIER, StepRecord
+from ...registry import ONE_STEP, tester_class
 from ..config import DEFAULT_NULL_GRID, DEFAULT_TEST_OPTIONS
-from ..record import StepRecord
-from .base import Evidence, Finding, MonitorContext, plain_state, register_monitor
+from .base import (
+    Contribution,
+    Evidence,
+    Finding,
+    Monitor,
+    MonitorConfig,
+    MonitorContext,
+    plain_state,
+    register_monitor,
+)
 
 logger = logging.getLogger(__name__)
 
@@ -83,15 +93,34 @@ def _zero(dev: torch.device) -> torch.Tensor:
     return torch.zeros((), dtype=torch.float64, device=dev)
 
 
+@dataclass(frozen=True)
+class SequentialPairsConfig(MonitorConfig):
+    """Settings of the sequential pairs: the level, the testers (names registered in
+    :data:`dpaudit_torch.registry.TESTERS`) and their options, and the per-step null (None: the
+    Gaussian mechanism of the optimizer's noise multiplier, :func:`per_step_null_grid`)."""
+
+    alpha: float = 0.05
+    tests: tuple[str, ...] = ("mmd", "hockey_stick")
+    per_step_null: tuple[float, float] | None = None
+    test_options: dict[str, dict[str, Any]] = field(default_factory=dict)
+
+    def tester_options(self, name: str) -> dict[str, Any]:
+        """The keyword options tester ``name`` is built with (defaults, then the user's)."""
+        return {**DEFAULT_TEST_OPTIONS.get(name, {}), **self.test_options.get(name, {})}
+
+
 @register_monitor("sequential_pairs")
-class SequentialPairsMonitor:
+class SequentialPairsMonitor(Monitor):
     """Buffers the pairs of every step and feeds them to the sequential testers at each check."""
 
-    name = "sequential_pairs"
+    label = "sequential pairs (per-step guarantee violated)"
+    config_class = SequentialPairsConfig
+    needs = (NOISE_MULTIPLIER,)
     _STATS = ("w_sum", "w_sumsq", "w_maxabs", "y_sum", "y_sumsq")
 
     def __init__(self, ctx: MonitorContext) -> None:
-        self.config = ctx.config
+        super().__init__(ctx)
+        self.config = self.settings
         self.k = ctx.k_pairs
         self.device = torch.device(ctx.device)
         self._warn = ctx.warn
@@ -109,6 +138,17 @@ class SequentialPairsMonitor:
         self.w_count = 0
         self.y_count = 0
         self._w_pending: list[tuple[torch.Tensor, bool | torch.Tensor]] = []
+        sigma = ctx.fact_or(NOISE_MULTIPLIER)
+        if sigma is not None:  # else the owner starts it (tests feeding records by hand)
+            self.start(float(sigma))
+
+    def columns(self) -> tuple[str, ...]:
+        """The sequential lower bound and each tester's log-wealth, after every step."""
+        return ("epsilon_lower_bound", *self.tests)
+
+    def metric_name(self, column: str) -> str:
+        return ("epsilon_lower_bound_sequential" if column == "epsilon_lower_bound"
+                else f"log_wealth_{column}")
 
     # ------------------------------------------------------------------ segments
     def start(self, sigma: float, start_step: int = 0) -> None:
@@ -327,15 +367,9 @@ class SequentialPairsMonitor:
         self.bound = float(bounds[-1])
         return comb, tests_lw, bounds
 
-    def log_evidence(self) -> float:
-        return self.log_wealth
-
     def sequential_bound(self) -> float:
         """The anytime per-step lower bound: the largest grid epsilon rejected in any segment."""
         return max([0.0] + [s.bound() for s in self.segments])
-
-    def finalize(self, claimed_epsilon: float | None) -> None:
-        return None
 
     def findings(self) -> list[Finding]:
         if self.log_wealth < math.log(1.0 / self.config.alpha):
@@ -344,7 +378,17 @@ class SequentialPairsMonitor:
                         f"the canary pairs: a training step leaks more than the per-step null "
                         f"({self.segment.null_text()}) allows: bad noise, clipping or scaling "
                         f"(anytime-valid tests at level {self.config.alpha:g})",
-                        "the canary pairs' coordinates")]
+                        "the canary pairs' coordinates", scope=ONE_STEP)]
+
+    def contribution(self) -> Contribution:
+        """The per-step bound (``sequential``), the testers' section (``sequential``; the
+        engine adds the decision's fields) and the interference that was removed."""
+        sec = self.report_section()
+        sigma = self.ctx.fact_or(NOISE_MULTIPLIER)
+        sigma = float(sigma) if sigma is not None and sigma > 0 else None
+        return Contribution(bounds={"sequential": (sec["bound"], sec["details"])},
+                            fields={"sequential": sec["sequential"],
+                                    "interference": self.interference_summary(sigma)})
 
     # ------------------------------------------------------------------ report
     def report_section(self) -> dict[str, Any]:

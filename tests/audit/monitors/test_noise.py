@@ -9,6 +9,7 @@ import torch
 
 from dpaudit_torch.audit import AuditConfig, MonitorContext, StepRecord
 from dpaudit_torch.audit.monitors.noise import PRECISION_STEPS, NoiseMonitor
+from dpaudit_torch.contract import GROUP_NAMES, TENSOR_GROUPS, TENSOR_NAMES
 
 U = 2816  # noise-audit coordinates per step: 8 steps -> 22,528 values
 STD = 1e-3  # the claimed noise std, raw units
@@ -18,8 +19,8 @@ def _monitor() -> NoiseMonitor:
     cfg = AuditConfig(k_pairs=2, m_canaries=4)
     ctx = MonitorContext(config=cfg, k_pairs=2, m_canaries=4, device="cpu", warn=lambda _m: None,
                          noise_tensor=np.zeros(U, dtype=np.int64),
-                         noise_group=np.zeros(U, dtype=np.int64),
-                         tensor_names=["fc.weight"], group_names=["group 0"])
+                         facts={TENSOR_GROUPS: [0], TENSOR_NAMES: ["fc.weight"],
+                                GROUP_NAMES: ["group 0"]})
     return NoiseMonitor(ctx)
 
 

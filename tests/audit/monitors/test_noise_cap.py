@@ -20,6 +20,7 @@ from dpaudit_torch.canaries import (
     draw_noise_coordinates,
     noise_allotment,
 )
+from dpaudit_torch.contract import GROUP_NAMES, TENSOR_GROUPS, TENSOR_NAMES
 
 #: the parameter shapes of benchmarks/scale.py's 100M transformer (V 10000, d 768, L 12, S 32):
 #: 150 tensors, 212,480 coordinates at 2,048 per tensor
@@ -74,9 +75,10 @@ def test_large_model_is_capped_evenly_and_off_the_canaries() -> None:
 def _monitor(tensor_of: np.ndarray, n_tensors: int) -> NoiseMonitor:
     cfg = AuditConfig(k_pairs=2, m_canaries=4)
     ctx = MonitorContext(config=cfg, k_pairs=2, m_canaries=4, device="cpu", warn=lambda _m: None,
-                         noise_tensor=tensor_of, noise_group=np.zeros_like(tensor_of),
-                         tensor_names=[f"t{i}" for i in range(n_tensors)],
-                         group_names=["group 0"])
+                         noise_tensor=tensor_of,
+                         facts={TENSOR_GROUPS: [0] * n_tensors,
+                                TENSOR_NAMES: [f"t{i}" for i in range(n_tensors)],
+                                GROUP_NAMES: ["group 0"]})
     return NoiseMonitor(ctx)
 
 

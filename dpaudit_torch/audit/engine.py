@@ -1,0 +1,286 @@
+"""The audit engine: the step loop, the checks and the decision over every registered monitor.
+
+Framework-free: it is fed :class:`~dpaudit_torch.contract.StepRecord` by an adapter (the Opacus
+tap, or a test) and never names a monitor. Per audited step (:meth:`AuditEngine.on_step`):
+
+1. the record's finiteness is checked (a non-finite observation is refused before the update,
+   or dropped with ``on_nonfinite="skip"``);
+2. every monitor observes it (monitors that count releases also see dropped steps);
+3. every ``check_every`` steps, the check (:meth:`AuditEngine.check`, one host synchronisation):
+   the monitors process what they buffered and return their evidence, which the decision
+   (:class:`~dpaudit_torch.audit.decision.Decision`) averages into one e-process against
+   1/alpha (docs/design.md section 1);
+4. the claimed epsilon is read every ``claimed_every`` steps (and at the first);
+5. the callbacks get the metrics, and a proven violation is acted on (stop / raise / warn).
+
+At the end :meth:`AuditEngine.finalize` runs the last check and every monitor's whole-run
+statistics; the report is gathered by :mod:`dpaudit_torch.audit.assemble`.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable
+from typing import Any
+
+import numpy as np
+import torch
+
+from ..contract import StepRecord
+from .config import AuditConfig
+from .decision import Decision
+from .monitors import Finding, Monitor, plain_state
+
+logger = logging.getLogger(__name__)
+
+__all__ = ["AuditEngine", "PrivacyViolationError", "DECISION"]
+
+#: the name findings of the decision itself carry (no single monitor crossed 1/alpha)
+DECISION = ("decision", "combined decision (no single monitor on its own)")
+
+StepCallback = Callable[[dict[str, Any]], Any]
+
+
+class PrivacyViolationError(RuntimeError):
+    """Raised (``on_violation="raise"``) before the update of the step at which the sequential
+    audit proved that the per-step privacy guarantee does not hold."""
+
+    def __init__(self, message: str, step: int | None = None) -> None:
+        super().__init__(message)
+        self.step = step
+
+
+class AuditEngine:
+    """The monitors, the decision and the bookkeeping of one audit.
+
+    Args:
+        config: the audit's settings.
+        monitors: name -> monitor, in the order they run.
+        warn: records a warning for the report.
+        read_claim: returns (accountant steps, claimed epsilon) or None before any step.
+        share_decision: under DDP, takes this process's decision and returns rank 0's
+            ``(violation, violation_step, crossed_at)``; None without DDP.
+        callbacks: receive :meth:`metrics` after every audited step (errors logged only).
+    """
+
+    def __init__(self, config: AuditConfig, monitors: dict[str, Monitor],
+                 warn: Callable[[str], None],
+                 read_claim: Callable[[], tuple[int, float | None] | None] | None = None,
+                 share_decision: Callable[[Decision], tuple[bool, int | None, int | None]]
+                 | None = None,
+                 callbacks: list[StepCallback] | None = None) -> None:
+        self.config = config
+        self.monitors = monitors
+        self.warn = warn
+        self._read_claim = read_claim
+        self._share = share_decision
+        self.callbacks = list(callbacks or [])
+        self.decision = self.new_decision(monitors)
+        self.step = 0  # audited (observed) logical steps
+        self.steps_at_attach = 0  # the training step count when the audit began
+        self.should_stop = False
+        self.raised = False
+        #: (accountant steps, claimed epsilon) at every read of the accountant
+        self.claimed_history: list[tuple[int, float | None]] = []
+        #: optimizer steps that did not pass through the DP clipping (not audited)
+        self.unobserved_steps = 0
+        #: steps whose observation was dropped as non-finite (``on_nonfinite="skip"``)
+        self.skipped_nonfinite = 0
+        self._nonfinite_flags: list[torch.Tensor] = []  # deferred finiteness since the check
+
+    def new_decision(self, monitors: dict[str, Monitor]) -> Decision:
+        """A fresh decision whose history has the monitors' columns."""
+        cols = [c for m in monitors.values() for c in m.columns()]
+        return Decision(self.config.alpha, self.config.history_stride, cols)
+
+    # ------------------------------------------------------------------ state
+    @property
+    def violation(self) -> bool:
+        return self.decision.violation
+
+    @property
+    def claimed_epsilon(self) -> float | None:
+        """The last claimed epsilon read (None before the first read)."""
+        return self.claimed_history[-1][1] if self.claimed_history else None
+
+    def labels(self) -> dict[str, str]:
+        """How the report names each monitor (and the decision)."""
+        return {**{n: m.label for n, m in self.monitors.items()}, DECISION[0]: DECISION[1]}
+
+    def metrics(self) -> dict[str, Any]:
+        """Host-side metrics (no device synchronisation): the wealth as of the last check, the
+        claimed epsilon as of the last read, and every history column."""
+        d = self.decision
+        out: dict[str, Any] = {
+            "step": self.steps_at_attach + self.step, "audited_steps": self.step,
+            "combined_log_wealth": d.log_wealth, "decision_threshold_log": d.threshold_log,
+            "violation": d.violation, "claimed_epsilon": self.claimed_epsilon}
+        for m in self.monitors.values():
+            for col in m.columns():
+                out[m.metric_name(col)] = d.latest.get(col, 0.0)
+        return out
+
+    # ------------------------------------------------------------------ the step
+    def unobserved(self) -> None:
+        """An optimizer step ran without passing through the DP clipping."""
+        self.unobserved_steps += 1
+        if self.unobserved_steps == 1:
+            self.warn("an optimizer step ran without passing through the DP optimizer's "
+                      "clipping (e.g. original_optimizer.step() called directly); it is not "
+                      "audited")
+
+    def before_step(self) -> None:
+        """With ``on_violation="raise"``, a step after a proven violation is refused."""
+        if self.decision.violation and self.config.on_violation == "raise":
+            raise PrivacyViolationError(self.violation_message(), self.decision.violation_step)
+
+    def on_step(self, rec: StepRecord) -> None:
+        """Observe one audited step (see the module docstring)."""
+        cfg = self.config
+        skip = cfg.on_nonfinite == "skip"
+        if rec.finite is False and not skip:  # refused before any state changes
+            bad = np.nonzero(~np.isfinite(rec.values.cpu().numpy()))[0][:3].tolist()
+            raise ValueError(
+                f"non-finite gradient at canary coordinate(s) {bad} (design order) at step "
+                f"{rec.step}: the audit refuses this observation; the update was not applied")
+        if rec.finite is False:
+            self.skipped_nonfinite += 1
+        elif isinstance(rec.finite, torch.Tensor):
+            self._nonfinite_flags.append(rec.finite)
+        for m in self.monitors.values():
+            # a dropped step still was a release: monitors that count releases see it (and
+            # must not use its values); the others see finite steps only
+            if rec.finite is not False or m.observes_nonfinite:
+                m.observe(rec)
+        self.step = step = self.step + 1
+        if step % cfg.check_every == 0:
+            self.check()
+        if step % cfg.claimed_every == 0 or step == 1:
+            self.read_claim()
+        if self.callbacks:
+            metrics = self.metrics()
+            for fn in self.callbacks:
+                try:
+                    fn(dict(metrics))
+                except Exception as e:  # noqa: BLE001 - a logging callback must not break training
+                    logger.warning("on_step callback %r failed: %r", fn, e)
+        if self.decision.violation and not self.raised:
+            self.act()
+
+    def check(self) -> None:
+        """Feed what the monitors buffered, take the decision (one host synchronisation)."""
+        flags, self._nonfinite_flags = self._nonfinite_flags, []
+        if flags:  # accelerators: finiteness of the buffered steps, checked here
+            ok = torch.stack(flags).cpu()
+            if not bool(ok.all()):
+                if self.config.on_nonfinite == "skip":
+                    self.skipped_nonfinite += int((~ok).sum())
+                else:
+                    steps = sorted({s for m in self.monitors.values()
+                                    for s in m.discard_pending()})
+                    span = f"{steps[0]}..{steps[-1]}" if steps else "since the last check"
+                    raise ValueError(
+                        f"non-finite gradient at canary coordinates during steps {span}: those "
+                        f"observations are discarded and this step's update was not applied")
+        evidence = {n: m.advance() for n, m in self.monitors.items()}
+        self.decision.update(evidence, now=self.steps_at_attach + self.step)
+        if self._share is not None:
+            d = self.decision
+            if d.adopt(*self._share(d)):
+                self.warn("sequential decision differed from rank 0's; rank 0's decision is "
+                          "used")
+
+    def read_claim(self) -> float | None:
+        """Read the accountant's epsilon now (kept once per accountant step count)."""
+        got = self._read_claim() if self._read_claim is not None else None
+        if got is None:
+            return None
+        steps, eps = got
+        if not self.claimed_history or self.claimed_history[-1][0] != steps:
+            self.claimed_history.append((steps, eps))
+        else:
+            self.claimed_history[-1] = (steps, eps)
+        return eps
+
+    # ------------------------------------------------------------------ violations
+    def findings(self) -> list[Finding]:
+        """Every monitor's findings (a monitor whose findings fail is logged and skipped)."""
+        out: list[Finding] = []
+        for m in self.monitors.values():
+            try:
+                out += m.findings()
+            except Exception as e:  # noqa: BLE001 - wording must not break the decision
+                logger.debug("findings() of monitor %s failed: %r", m.name, e)
+        return out
+
+    def violation_message(self) -> str:
+        """Names the deciding monitor(s) and what each found (their violation findings)."""
+        from ..report.wording import violation_message
+
+        return violation_message([f.to_dict() for f in self.findings()],
+                                 self.decision.violation_step, self.config.alpha,
+                                 self.decision.log_wealth, labels=self.labels())
+
+    def act(self) -> None:
+        """Act on a proven violation as configured (``on_violation``)."""
+        self.raised = True
+        msg = self.violation_message()
+        mode = self.config.on_violation
+        if mode == "warn":
+            logger.warning(msg)
+            return
+        self.should_stop = True
+        if mode == "stop":
+            logger.warning(msg + "; should_stop is set")
+        else:
+            logger.error(msg + "; raising before this step's update")
+            raise PrivacyViolationError(msg, self.decision.violation_step)
+
+    # ------------------------------------------------------------------ the end
+    def finalize(self) -> float | None:
+        """The last check, the claimed epsilon, every monitor's whole-run statistics; returns
+        the claimed epsilon."""
+        self.check()
+        if self.decision.violation and not self.raised:
+            self.raised = True
+            if self.config.on_violation in ("stop", "raise"):
+                self.should_stop = True
+            logger.warning(self.violation_message())
+        if self.step:
+            self.decision.record(self.steps_at_attach + self.step)  # the final point
+        else:
+            self.warn("finalize() after 0 audited steps: no training step was audited, so "
+                      "this report holds no evidence about the run")
+        claimed = self.read_claim()
+        for m in self.monitors.values():
+            m.finalize(claimed)
+        return claimed
+
+    # ------------------------------------------------------------------ checkpoint
+    def state_dict(self) -> dict[str, Any]:
+        """Every monitor's state and settings (under its name), the decision, the counters."""
+        return {
+            "monitors": {n: plain_state(m.state_dict()) for n, m in self.monitors.items()},
+            "monitor_settings": {n: m.settings.to_dict() for n, m in self.monitors.items()},
+            "decision": self.decision.state_dict(),
+            "counters": {"step": self.step, "steps_at_attach": self.steps_at_attach,
+                         "should_stop": self.should_stop, "raised": self.raised,
+                         "unobserved_steps": self.unobserved_steps,
+                         "skipped_nonfinite": self.skipped_nonfinite},
+            "claimed": [[s, e] for s, e in self.claimed_history],
+        }
+
+    def restore(self, config: AuditConfig, monitors: dict[str, Monitor], decision: Decision,
+                sd: dict[str, Any]) -> None:
+        """Swap in monitors and a decision already loaded, and the counters of ``sd``."""
+        c = sd["counters"]
+        self.config, self.monitors, self.decision = config, monitors, decision
+        self.step = int(c["step"])
+        self.steps_at_attach = int(c["steps_at_attach"])
+        self.should_stop = bool(c["should_stop"])
+        self.raised = bool(c["raised"])
+        self.unobserved_steps = int(c["unobserved_steps"])
+        self.skipped_nonfinite = int(c["skipped_nonfinite"])
+        self.claimed_history = [(int(s), None if e is None else float(e))
+                                for s, e in sd["claimed"]]
+        self._nonfinite_flags = []
