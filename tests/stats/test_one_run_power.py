@@ -1,8 +1,7 @@
-"""Tests of the one-run scores and of the power simulation (docs/one_run.md, "How many canaries
-and steps"; docs/design.md section 6).
+"""Tests of the one-run power simulation (docs/one_run.md, "How many canaries and steps";
+docs/design.md section 6); the per-step scores themselves are tested in test_one_run_scores.py.
 
-The per-step log-likelihood-ratio score against its direct formula and at extreme inputs; the
-simulations (the Binomial shortcut of the sum score and the conditional-normal approximation of
+The simulations (the Binomial shortcut of the sum score and the conditional-normal approximation of
 the llr score) against step-by-step simulations, with tolerances from standard errors; the bound
 of the simulated game equal to the auditor's OneRunAudit call; monotonicity, the search for the
 smallest refutable epsilon, the cases without power, argument checks, determinism, and coverage
@@ -17,8 +16,6 @@ import warnings
 
 import numpy as np
 import pytest
-import torch
-from scipy import stats
 
 from dpaudit_torch.stats.one_run import OneRunAudit
 from dpaudit_torch.stats.one_run_power import (
@@ -28,78 +25,8 @@ from dpaudit_torch.stats.one_run_power import (
     simulate_one_run_bounds,
     simulate_scores,
 )
-from dpaudit_torch.stats.one_run_scores import (
-    DEFAULT_SCORE,
-    SCORES,
-    accumulate_llr,
-    llr_step_score,
-    step_score,
-)
 
 DELTA, ALPHA = 1e-5, 0.05
-
-
-# ------------------------------------------------------------------------------------------------
-# the llr score
-# ------------------------------------------------------------------------------------------------
-@pytest.mark.parametrize(("q", "sigma", "c"), [(0.05, 1.0, 1.0), (0.3, 0.7, 2.0), (1.0, 1.5, 1.0),
-                                               (1e-3, 4.0, 0.5)])
-def test_llr_matches_the_likelihood_ratio(q: float, sigma: float, c: float) -> None:
-    z = np.random.default_rng(0).normal(0.5, 2.0, 200)
-    # IN: mixture (1 - q) N(0, s^2) + q N(c, s^2); OUT: N(0, s^2)
-    direct = np.log((1 - q) * stats.norm.pdf(z, 0, sigma) + q * stats.norm.pdf(z, c, sigma)
-                    ) - np.log(stats.norm.pdf(z, 0, sigma))
-    got = llr_step_score(z, q, sigma, c)
-    assert isinstance(got, np.ndarray) and got.dtype == np.float64
-    np.testing.assert_allclose(got, direct, rtol=1e-10, atol=1e-12)
-    t = llr_step_score(torch.tensor(z, dtype=torch.float32), q, sigma, c)
-    assert isinstance(t, torch.Tensor) and t.dtype == torch.float64
-    np.testing.assert_allclose(t.numpy(), llr_step_score(z.astype(np.float32), q, sigma, c))
-    assert step_score("llr", z, q, sigma, c) == pytest.approx(got)
-    np.testing.assert_array_equal(step_score("sum", z, q, sigma, c), z)
-    assert step_score("sum", torch.ones(2), q, sigma).dtype == torch.float64
-
-
-def test_llr_is_stable_at_extremes() -> None:
-    q, sigma = 0.01, 0.1
-    z = np.array([1e4, -1e4, 0.0, 1e308])
-    got = llr_step_score(z, q, sigma)
-    assert np.isfinite(got[:3]).all()
-    assert got[0] == pytest.approx(math.log(q) + (1e4 - 0.5) / sigma**2, rel=1e-12)
-    assert got[1] == pytest.approx(math.log1p(-q), rel=1e-12)  # no cancellation near log(1-q)
-    assert got[3] == math.inf  # a huge observation is huge evidence, never NaN
-    t = llr_step_score(torch.tensor([1e4, -1e4], dtype=torch.float64), q, sigma)
-    assert torch.isfinite(t).all()
-    # tiny q: log(1 - q) to full relative precision
-    assert llr_step_score(-50.0, 1e-12, 1.0) == pytest.approx(-1e-12, rel=1e-9)
-
-
-@pytest.mark.parametrize("q,sigma", [(0.01, 1.0), (0.5, 0.3), (1.0, 2.0), (1e-4, 0.05)])
-def test_in_place_llr_update_equals_the_score(q: float, sigma: float) -> None:
-    """The auditor's per-step update (in place, in scratch arrays) adds exactly
-    llr_step_score, extremes included."""
-    rng = np.random.default_rng(0)
-    z = np.concatenate([rng.normal(0.0, 10.0, 1000), [1e4, -1e4, 0.0]])
-    acc = np.full_like(z, 3.0)
-    accumulate_llr(z, acc, q, sigma, scratch=(np.empty_like(z), np.empty_like(z)))
-    np.testing.assert_allclose(acc - 3.0, llr_step_score(z, q, sigma), rtol=1e-12, atol=1e-12)
-
-
-@pytest.mark.parametrize(
-    ("kwargs", "message"),
-    [({"q": 0.0}, "0.0"), ({"q": 1.5}, "1.5"), ({"sigma": 0.0}, "sigma"),
-     ({"sigma": math.inf}, "inf"), ({"c": -1.0}, "-1.0"), ({"c": math.nan}, "nan")],
-)
-def test_llr_rejects_bad_parameters(kwargs: dict, message: str) -> None:
-    args = {"q": 0.1, "sigma": 1.0, "c": 1.0} | kwargs
-    with pytest.raises(ValueError, match=message):
-        llr_step_score(np.zeros(3), **args)
-
-
-def test_scores_constants() -> None:
-    assert set(SCORES) == {"llr", "sum"} and DEFAULT_SCORE in SCORES
-    with pytest.raises(ValueError, match="'max'"):
-        step_score("max", np.zeros(2), 0.1, 1.0)
 
 
 # ------------------------------------------------------------------------------------------------
