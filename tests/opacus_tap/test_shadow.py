@@ -1,8 +1,7 @@
 """The compiled replica of Opacus's joint-norm clipping (``ShadowClipper.clip``): the same
 column sums as Opacus's own call on the shadow, checked against that call at its first step and
 every ``REPLICA_CHECK_EVERY`` steps, switched off for good when the two disagree, and never used
-for clipping code that is not Opacus's; and, under ghost clipping, the compiled addition of the
-already clipped canaries, equal to the torch additions."""
+for clipping code that is not Opacus's. (Ghost clipping's compiled addition: test_ghost.py.)"""
 
 from __future__ import annotations
 
@@ -15,7 +14,6 @@ from conftest import make_private_setup
 from dpaudit_torch._compiled import compiled, set_compiled
 from dpaudit_torch.audit import PrivacyAuditor
 from dpaudit_torch.opacus_tap import shadow
-from dpaudit_torch.opacus_tap.ghost import GhostInjection
 from dpaudit_torch.opacus_tap.shadow import ShadowClipper
 from dpaudit_torch.testing.bugs import apply_bug
 
@@ -113,27 +111,3 @@ def test_replica_only_for_opacus_own_code_and_compiled_kernels():
         assert aud.step == 2 and aud.tap.injector.shadow.replica_steps == 0
     finally:
         set_compiled(was)
-
-
-def _ghost_run(compiled_add: bool) -> tuple[torch.Tensor, ...]:
-    s = make_private_setup(mode="ghost", seed=3)
-    aud = PrivacyAuditor(s.engine, s.optimizer, s.loader, seed=2, k_pairs=8,
-                         m_canaries=96, check_every=3)
-    inj = aud.tap.injector
-    assert isinstance(inj.strategy, GhostInjection)
-    inj.strategy.compiled_add = compiled_add
-    projections = []
-    for x, y in s.batches(7, batch=24):
-        s.step(x, y)
-        projections.append(aud.tap.reader.last_values.clone())
-    # every step's canaries added by the compiled pass, or none
-    assert inj.compiled_adds == (7 if compiled_add else 0) and aud.design.n_spread
-    return (torch.stack(projections), aud.monitors["one_run"].scores["llr"].clone(),
-            *[p.detach().clone() for p in s.model.parameters()])
-
-
-def test_ghost_compiled_addition_equals_torch_addition():
-    """Under ghost clipping the clipped canaries are added by one compiled pass on the CPU;
-    twin runs against the torch additions (one ``index_add_`` per tensor) are identical."""
-    for u, v in zip(_ghost_run(True), _ghost_run(False)):
-        assert torch.equal(u, v)

@@ -1,0 +1,93 @@
+"""The accountant view (``opacus_tap/accountant.py``): steps, history and epsilon read off
+Opacus's own accountant, against that accountant; fresh accountants of the same class for
+hypothetical runs; a failing read reported, never raised."""
+
+from __future__ import annotations
+
+import pytest
+from conftest import make_private_setup
+from opacus.accountants import PRVAccountant, RDPAccountant
+
+from dpaudit_torch.opacus_tap.accountant import AccountantView
+
+DELTA = 1e-5
+
+
+def _trained(accountant: str = "rdp"):
+    """Three steps at sigma = 1, then four at sigma = 1.5: two history entries, seven steps."""
+    s = make_private_setup(accountant=accountant, sigma=1.0)
+    s.train(3)
+    s.optimizer.noise_multiplier = 1.5
+    s.train(4)
+    return s
+
+
+@pytest.mark.parametrize("accountant,cls", [("rdp", RDPAccountant), ("prv", PRVAccountant)])
+def test_steps_history_and_epsilon_against_opacus(accountant, cls):
+    s = _trained(accountant)
+    acc = s.engine.accountant
+    warned: list[str] = []
+    view = AccountantView(acc, warned.append)
+    assert view.name == cls.__name__
+    # len(accountant) counts history segments, not steps
+    assert len(acc) == len(acc.history) == 2
+    assert view.steps() == 7 == sum(n for _, _, n in acc.history)
+    q = s.loader.sample_rate
+    assert view.history_since(0) == [(1.0, q, 3), (1.5, q, 4)]
+    assert view.history_since(2) == [(1.0, q, 1), (1.5, q, 4)]
+    assert view.history_since(5) == [(1.5, q, 2)]
+    assert view.history_since(7) == []
+    eps = view.epsilon(DELTA)
+    assert eps == acc.get_epsilon(delta=DELTA) == s.engine.get_epsilon(DELTA)
+    assert view.epsilon_of_history(view.history_since(0), DELTA) == pytest.approx(eps, rel=1e-12)
+    assert not warned
+
+
+def test_epsilon_of_a_hypothetical_run_by_a_fresh_accountant():
+    s = make_private_setup(sigma=1.2)
+    s.train(5)
+    view = AccountantView(s.engine.accountant, lambda _m: None)
+    q = s.loader.sample_rate
+    ref = RDPAccountant()
+    ref.history = [(1.2, q, 5)]
+    assert view.epsilon_for(1.2, q, 5, DELTA) == ref.get_epsilon(delta=DELTA)
+    assert view.epsilon_for(1.2, q, 5, DELTA) == pytest.approx(view.epsilon(DELTA), rel=1e-12)
+    assert view.epsilon_for(1.2, q, 50, DELTA) > view.epsilon_for(1.2, q, 5, DELTA)
+    assert view.epsilon_for(2.4, q, 5, DELTA) < view.epsilon_for(1.2, q, 5, DELTA)
+    assert len(s.engine.accountant.history) == 1  # the real accountant untouched
+
+
+def test_no_epsilon_before_the_first_step():
+    s = make_private_setup()
+    view = AccountantView(s.engine.accountant, lambda _m: None)
+    assert view.steps() == 0 and view.epsilon(DELTA) is None and view.history_since(0) == []
+
+
+class _Broken:
+    history = [(1.0, 0.1, 2)]
+
+    def get_epsilon(self, delta: float) -> float:
+        raise ArithmeticError("no epsilon today")
+
+
+def test_failing_read_is_reported_not_raised():
+    warned: list[str] = []
+    view = AccountantView(_Broken(), warned.append)
+    assert view.steps() == 2 and view.name == "_Broken"
+    assert view.epsilon(DELTA) is None
+    assert len(warned) == 1 and "no epsilon today" in warned[0] and "get_epsilon" in warned[0]
+
+
+class _Odd:
+    def __init__(self, history: object) -> None:
+        self.history = history
+
+    def get_epsilon(self, delta: float) -> float:
+        return 0.0
+
+
+def test_histories_it_cannot_read():
+    assert AccountantView(_Odd(None), print).history_since(0) is None
+    bad = AccountantView(_Odd([(1.0, 0.1, "two"), (1.0, 0.1, 3)]), print)
+    assert bad.history_since(0) is None
+    assert bad.steps() == 2  # unreadable step counts: one step per entry
