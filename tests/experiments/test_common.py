@@ -1,4 +1,6 @@
-"""Experiment runners (dpaudit_torch.experiments): protocol, determinism, checks, intervals."""
+"""Experiment runners (dpaudit_torch.experiments.common and the type-I runner): the method
+registry, seeds, intervals, the type-I protocol.  Table 1's runner, formatting and checks are
+tested in test_table1.py."""
 
 from __future__ import annotations
 
@@ -14,96 +16,6 @@ from scipy import stats as sps
 from dpaudit_torch import experiments as ex
 from dpaudit_torch import mechanisms as mech
 from dpaudit_torch.stats.thresholds import gaussian_delta
-
-
-def _small_table1(**kw: object) -> list[ex.Table1Row]:
-    args = dict(epsilons=(0.01,), runs=2, budget=200, progress=False,
-                mechanisms=("NonDPLaplace2", "DPGaussian"), seed=3)
-    args.update(kw)
-    return ex.run_table1(**args)  # type: ignore[arg-type]
-
-
-def test_run_table1_structure_and_determinism() -> None:
-    rows = _small_table1()
-    assert [(r.mechanism, r.method) for r in rows] == [
-        (n, m) for n in ("NonDPLaplace2", "DPGaussian")
-        for m in ("mmd_r0.5", "mmd_r1", "hockey_stick")
-    ]
-    for r in rows:
-        assert r.runs == 2 and r.budget == 200 and r.variant == "dp_auditorium"
-        assert len(r.rejected_at) == 2
-        assert r.delta == (1e-5 if "Gaussian" in r.mechanism else 0.0)
-        for v in r.rejected_at:
-            # a rejection needs at least one pair beyond the burn-in, and stays within budget
-            assert v is None or 2 < v <= 200
-        assert 0.0 <= r.rate <= 1.0
-        d = r.to_dict()
-        assert d["rate"] == r.rate and d["rejected_at"] == list(r.rejected_at)
-    again = _small_table1()
-    assert [r.rejected_at for r in rows] == [r.rejected_at for r in again]
-    other = _small_table1(seed=4)
-    assert [r.rejected_at for r in rows] != [r.rejected_at for r in other]
-
-
-def test_methods_see_the_same_stream() -> None:
-    """Common random numbers: a method's result does not depend on which others run with it."""
-    both = _small_table1(methods=("mmd_r1", "hockey_stick"))
-    alone = _small_table1(methods=("hockey_stick",))
-    hs_both = [r.rejected_at for r in both if r.method == "hockey_stick"]
-    assert hs_both == [r.rejected_at for r in alone]
-
-
-def test_hockey_stick_detects_dp_auditorium_leak_quickly() -> None:
-    """The dp_auditorium DP rows are not DP (atom at 0, delta ~ 1/2): caught within 200 pairs."""
-    rows = ex.run_table1(epsilons=(0.1,), runs=3, budget=200, methods=("hockey_stick",),
-                         mechanisms=("DPLaplace",), progress=False)
-    assert rows[0].rate == 1.0
-
-
-def test_format_table1_and_paper_numbers() -> None:
-    rows = _small_table1()
-    md = ex.format_table1(rows)
-    assert "| NonDPLaplace2 | 0.01 | 1.00 / 192 |" in md
-    assert "| DPGaussian | 0.01 | 0.00 / - |" in md
-    assert "MMD R=1/2" in md and "hockey-stick" in md and "Kutta" in md
-    assert ex.format_table1([]) == "(no rows)"
-    assert len(ex.PAPER_TABLE1) == 12
-    assert ex.KUTTA_TABLE1[("NonDPGaussian1", 0.01)] == 59.0
-
-
-def _row(name: str, eps: float, method: str, hits: list[int | None]) -> ex.Table1Row:
-    return ex.Table1Row(name, eps, 1e-5, "dp_auditorium", method, len(hits), 5000, 0.05,
-                        tuple(hits))
-
-
-def test_table1_checks_logic() -> None:
-    rows = [
-        _row("NonDPGaussian1", 0.01, "mmd_r0.5", [264 * 1.2] * 4),       # +20%: pass
-        _row("NonDPGaussian1", 0.1, "mmd_r0.5", [562 * 1.3] * 4),        # +30%: fail
-        _row("NonDPGaussian2", 0.1, "mmd_r0.5", [None] * 4),             # rate 0 vs 0.05: pass
-        _row("DPGaussian", 0.01, "mmd_r0.5", [100, None, None, None]),   # 0.25 vs 0: fail
-        _row("NonDPGaussian1", 0.01, "mmd_r1", [0.69 * 264] * 4),        # 0.69x: pass
-        _row("NonDPLaplace1", 0.1, "mmd_r1", [None] * 4),                # no rejection: fail
-        _row("NonDPGaussian1", 0.01, "hockey_stick", [50] * 4),          # 0.19x, beats Kutta
-        _row("NonDPGaussian2", 0.1, "hockey_stick", [100, 100, None, 100]),  # rate < 1: fail
-        _row("DPGaussian", 0.1, "hockey_stick", [30] * 4),               # not a NonDP row
-    ]
-    checks = ex.table1_checks(rows)
-    by = {(c["check"], c["cell"]): c["passed"] for c in checks}
-    assert by[("MMD R=1/2 mean pairs within 25% of paper", "NonDPGaussian1 eps=0.01")]
-    assert not by[("MMD R=1/2 mean pairs within 25% of paper", "NonDPGaussian1 eps=0.1")]
-    assert by[("MMD R=1/2 rejection rate within 0.2 of paper", "NonDPGaussian2 eps=0.1")]
-    assert not by[("MMD R=1/2 rejection rate within 0.2 of paper", "DPGaussian eps=0.01")]
-    assert by[("MMD R=1 mean pairs <= 0.7x paper", "NonDPGaussian1 eps=0.01")]
-    assert not by[("MMD R=1 mean pairs <= 0.7x paper", "NonDPLaplace1 eps=0.1")]
-    assert by[("hockey-stick rate 1.0 and mean pairs <= 0.25x paper", "NonDPGaussian1 eps=0.01")]
-    assert not by[("hockey-stick rate 1.0 and mean pairs <= 0.25x paper",
-                   "NonDPGaussian2 eps=0.1")]
-    assert by[("goal: hockey-stick fewer pairs than Kutta et al.", "NonDPGaussian1 eps=0.01")]
-    assert not by[("goal: MMD R=1 fewer pairs than Kutta et al.", "NonDPLaplace1 eps=0.1")]
-    assert not any(c["cell"] == "DPGaussian eps=0.1" for c in checks)
-    md = ex.format_table1_checks(checks)
-    assert md.count("\n") == len(checks) + 1 and "NO" in md and "yes" in md
 
 
 def test_clopper_pearson_matches_scipy_and_closed_forms() -> None:
@@ -155,24 +67,6 @@ def test_run_type1_small() -> None:
     leak = ex.NullCase("leak", mech.get("DPLaplace", epsilon=0.1), (0.1,), (0.0,))
     hs = ex.run_type1([leak], methods=("hockey_stick",), runs=3, pairs=300, progress=False)
     assert hs[0].rejections == 3
-
-
-@pytest.mark.parametrize(
-    "kwargs, match",
-    [
-        ({"methods": ("mmd_r2",)}, "mmd_r2"),
-        ({"methods": ()}, "empty"),
-        ({"variant": "exact"}, "exact"),
-        ({"mechanisms": ("Gaussian",)}, "Gaussian"),
-        ({"runs": 0}, "0"),
-        ({"budget": -5}, "-5"),
-        ({"alpha": 1.5}, "1.5"),
-        ({"epsilons": (0.1, -0.2)}, "-0.2"),
-    ],
-)
-def test_run_table1_bad_input(kwargs: dict, match: str) -> None:
-    with pytest.raises(ValueError, match=match):
-        ex.run_table1(progress=False, **kwargs)
 
 
 def test_misc_bad_input() -> None:
@@ -240,12 +134,3 @@ def test_experiment_methods_come_from_the_tester_registry() -> None:
         ex.ExperimentMethod("x", "nope", (), "x")
     for name in ex.__all__:
         assert getattr(ex, name) is not None
-
-
-def test_table1_checks_read_the_method_entry() -> None:
-    """Checks follow the registry entry: an unregistered method gets none."""
-    rows = [_row("NonDPGaussian1", 0.01, "somebody_else", [10] * 4)]
-    assert ex.table1_checks(rows) == []
-    entry = ex.EXPERIMENT_METHODS["hockey_stick"]
-    assert entry.detects_all and entry.pairs_target == 0.25 and not entry.paper_config
-    assert ex.EXPERIMENT_METHODS["mmd_r0.5"].paper_config
