@@ -422,3 +422,18 @@ class SecretCoins:
         """The IN mask (bool [m]); marks the coins as revealed."""
         self._revealed = True
         return self._in.clone()
+
+
+def draw_audit_canaries(shapes: list[tuple[int, ...]], k_pairs: int, m_canaries: int,
+                        seeds: dict[str, int], spread: tuple[int, int] | None,
+                        noise_per_tensor: int, noise_total: int | None
+                        ) -> tuple[CanaryDesign, tuple[torch.Tensor, torch.Tensor], SecretCoins]:
+    """Everything an audit draws before its first step, from the seeds of
+    :func:`derive_seeds`: the canary design (with ``spread = (pairs, width)`` spread pairs, or
+    None), then the noise-audit coordinates from the same stream, and the secret coins."""
+    gen = torch.Generator().manual_seed(seeds["design"])
+    design = draw_design(shapes, k_pairs, m_canaries, gen)
+    if spread is not None:
+        design = add_spread_pairs(design, spread[0], spread[1], gen)
+    noise = draw_noise_coordinates(design, noise_per_tensor, gen, noise_total)
+    return design, noise, SecretCoins(m_canaries, torch.Generator().manual_seed(seeds["secret"]))

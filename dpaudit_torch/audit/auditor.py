@@ -9,33 +9,24 @@ Two lines in a training loop that already uses Opacus::
             break
     report = auditor.finalize()
 
-A facade that only wires three parts (docs/auditor.md "How it works"; docs/design.md sections
-5 and 6): the Opacus adapter (:class:`~dpaudit_torch.opacus_tap.OpacusTap`: canaries through
-Opacus's own clipping, one :class:`~dpaudit_torch.contract.StepRecord` per released step, the
-facts the monitors ask for), the engine (:class:`~dpaudit_torch.audit.engine.AuditEngine`: the
-registered monitors, the checks, the anytime-valid decision) and the report
-(:mod:`dpaudit_torch.audit.assemble`); checkpoints are laid out by
-:mod:`dpaudit_torch.audit.checkpoint`.
+A facade (docs/auditor.md "How it works") that wires the Opacus adapter
+(:class:`~dpaudit_torch.opacus_tap.OpacusTap`), the engine
+(:class:`~dpaudit_torch.audit.engine.AuditEngine`: the registered monitors, the checks, the
+decision), the report (:mod:`.assemble`) and the checkpoint layout (:mod:`.checkpoint`).
 """
 
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from typing import Any
 
 import torch
 
-from ..canaries import (
-    SecretCoins,
-    add_spread_pairs,
-    derive_seeds,
-    draw_design,
-    draw_noise_coordinates,
-)
+from ..canaries import SecretCoins, derive_seeds, draw_audit_canaries
 from . import checkpoint
-from .config import AuditConfig, default_m_canaries
-from .engine import AuditEngine, PrivacyViolationError
+from .config import AuditConfig
+from .engine import AuditEngine, PrivacyViolationError, StepCallback, step_callbacks
 from .monitors import MonitorContext, build_monitors
 
 logger = logging.getLogger(__name__)
@@ -45,21 +36,12 @@ __all__ = ["PrivacyAuditor", "PrivacyViolationError", "STATE_VERSION"]
 #: the layout of :meth:`PrivacyAuditor.state_dict` (:mod:`dpaudit_torch.audit.checkpoint`)
 STATE_VERSION = checkpoint.STATE_VERSION
 
-StepCallback = Callable[[dict[str, Any]], Any]
-
-
-def _callbacks(on_step: Any) -> list[StepCallback]:
-    if on_step is None:
-        return []
-    if callable(on_step):
-        return [on_step]
-    if isinstance(on_step, Sequence) and all(callable(f) for f in on_step):
-        return list(on_step)
-    raise TypeError(f"on_step must be a callable or a sequence of callables, got {on_step!r}")
-
-
 def _engine_attr(name: str, doc: str) -> Any:
     return property(lambda self: getattr(self.engine, name), doc=doc)
+
+
+def _decision_attr(name: str, doc: str) -> Any:
+    return property(lambda self: getattr(self.engine.decision, name), doc=doc)
 
 
 class PrivacyAuditor:
@@ -105,7 +87,7 @@ class PrivacyAuditor:
         if alpha is not None:
             settings["alpha"] = alpha
         cfg = AuditConfig.from_kwargs(config, **settings)
-        callbacks = _callbacks(on_step)
+        callbacks = step_callbacks(on_step)
         self.warnings: list[str] = []
         self.tap = tap = OpacusTap(privacy_engine, optimizer, data_loader, self.warn,
                                    model=model, delta=cfg.delta)
@@ -115,44 +97,21 @@ class PrivacyAuditor:
         except (RuntimeError, TypeError) as e:
             raise ValueError(f"device must name a torch device, got {cfg.device!r} ({e})"
                              ) from None
-        if cfg.m_canaries is None:  # the default, sized to the model
-            cfg = cfg.replace(m_canaries=default_m_canaries(tap.n_coordinates, cfg.k_pairs))
-        assert cfg.m_canaries is not None
-        need = 2 * cfg.k_pairs + cfg.m_canaries
-        if need > tap.n_coordinates:
-            raise ValueError(
-                f"the model has {tap.n_coordinates} trainable coordinates, fewer than the "
-                f"{need} canary coordinates requested (2 * k_pairs + m_canaries); lower k_pairs "
-                f"or m_canaries")
-        if cfg.compiled_kernels is None:  # by the model's size (dpaudit_torch/_compiled.py)
-            cfg = cfg.replace(compiled_kernels=tap.n_coordinates < COMPILED_BELOW)
-        self.config = cfg
+        self.config = cfg = cfg.sized_for(tap.n_coordinates, COMPILED_BELOW)
         # process-wide while attached: which implementation the host kernels run (never changes
         # a result); detach() / finalize() put back what the process had
         self._kernels_before = kernels_compiled()
         set_compiled(bool(cfg.compiled_kernels))
         seeds, self.seed_policy = derive_seeds(cfg.seed)
-        share = None
-        if tap.world_size > 1:  # after all validation: collectives every rank reaches
-            from ..opacus_tap.ddp import broadcast_decision, share_seeds
-
-            seeds, self.seed_policy = share_seeds(seeds, self.seed_policy, cfg.seed is not None,
-                                                  tap.rank, tap.param_device, self.warn)
-
-            def share(d: Any) -> tuple[bool, int | None, int | None]:
-                return broadcast_decision(d.violation, d.violation_step, d.crossed_at,
-                                          tap.param_device)
-        design_gen = torch.Generator().manual_seed(seeds["design"])
-        self.design = draw_design(tap.shapes, cfg.k_pairs, cfg.m_canaries, design_gen)
-        if not tap.clipping()[1]:  # spread canaries (flat clipping: per-layer bounds differ)
-            self.design = add_spread_pairs(self.design, cfg.spread_pairs, cfg.spread_tensors,
-                                           design_gen)
-        #: the noise-audit coordinates U (drawn after the design, from the same stream)
-        self.noise_coords = draw_noise_coordinates(self.design, cfg.noise_coordinates_per_tensor,
-                                                   design_gen, cfg.noise_coordinates_total)
-        self.coins = SecretCoins(cfg.m_canaries, torch.Generator().manual_seed(seeds["secret"]))
+        seeds, self.seed_policy = tap.share_seeds(seeds, self.seed_policy, cfg.seed, self.warn)
+        #: the canary design, the noise-audit coordinates U and the secret IN/OUT coins
+        self.design, self.noise_coords, self.coins = draw_audit_canaries(
+            tap.shapes, cfg.k_pairs, cfg.m_canaries, seeds,
+            None if tap.clipping()[1] else (cfg.spread_pairs, cfg.spread_tensors),
+            cfg.noise_coordinates_per_tensor, cfg.noise_coordinates_total)
         monitors = build_monitors(self.monitor_context(self.coins, self.noise_coords))
-        self.engine = AuditEngine(cfg, monitors, self.warn, tap.read_claim, share, callbacks)
+        self.engine = AuditEngine(cfg, monitors, self.warn, tap.read_claim,
+                                  tap.decision_sharer(), callbacks)
         self.engine.steps_at_attach = tap.steps_at_attach
         tap.build(self.design, self.coins, torch.Generator().manual_seed(seeds["mechanics"]),
                   cfg.canary_norm, self.device, self.on_internal_failure, self.noise_coords)
@@ -197,35 +156,20 @@ class PrivacyAuditor:
     unobserved_steps = _engine_attr("unobserved_steps", "Steps that bypassed the clipping.")
     skipped_nonfinite = _engine_attr("skipped_nonfinite", "Steps dropped as non-finite.")
 
-    @property
-    def attached(self) -> bool:
-        return self.tap.attached
+    attached = property(lambda self: self.tap.attached, doc="Is the auditor attached?")
+    is_main_process = property(lambda self: self.tap.rank == 0, doc="True on the rank that "
+                               "writes the report (rank 0; always True without DDP).")
 
-    @property
-    def is_main_process(self) -> bool:
-        """True on the rank that writes the report (rank 0; always True without DDP)."""
-        return self.tap.rank == 0
+    violation_step = _decision_attr("violation_step", "The training step at which the violation "
+                                                      "decision was available, or None.")
+    crossed_at_step = _decision_attr("crossed_at", "The training step whose observation first "
+                                                   "pushed the combined wealth over 1/alpha.")
+    combined_log_wealth = _decision_attr("log_wealth", "Log of the decision's e-process (as of "
+                                                       "the last check).")
 
-    @property
-    def violation_step(self) -> int | None:
-        """Training step at which the violation decision was available, or None."""
-        return self.engine.decision.violation_step
-
-    @property
-    def crossed_at_step(self) -> int | None:
-        """Training step whose observation first pushed the combined wealth over 1/alpha."""
-        return self.engine.decision.crossed_at
-
-    @property
-    def combined_log_wealth(self) -> float:
-        """Log of the decision's e-process (as of the last check)."""
-        return self.engine.decision.log_wealth
-
-    @property
-    def latest_metrics(self) -> dict[str, Any]:
-        """Host-side audit metrics (no device synchronisation): the wealth as of the last check,
-        the claimed epsilon as of the last accountant read."""
-        return self.engine.metrics()
+    latest_metrics = property(lambda self: self.engine.metrics(), doc="Host-side audit metrics "
+                              "(no device synchronisation): the wealth as of the last check, the "
+                              "claimed epsilon as of the last accountant read.")
 
     # ------------------------------------------------------------------ the hook
     def on_internal_failure(self, exc: BaseException) -> None:
@@ -297,10 +241,6 @@ class PrivacyAuditor:
         layout: :mod:`dpaudit_torch.audit.checkpoint`). **It contains the secret coins**: keep it
         as private as the model's weights. Call it between steps; to resume, build a new auditor
         with the same configuration on the resumed run, then :meth:`load_state_dict`."""
-        inj = self.tap.injector
-        if inj is not None and inj.in_step:
-            raise RuntimeError("state_dict() called inside an optimizer step; call it between "
-                               "steps")
         if self._report is not None:
             raise RuntimeError("state_dict() of a finalized auditor; checkpoint before "
                                "finalize()")

@@ -49,7 +49,11 @@ READS = (2, 3)
 
 
 def write_state(aud: PrivacyAuditor) -> dict[str, Any]:
-    """The checkpoint of ``aud`` (tensors and plain types; ``torch.save``-able)."""
+    """The checkpoint of ``aud`` (tensors and plain types; ``torch.save``-able), between
+    steps only."""
+    inj = aud.tap.injector
+    if inj is not None and inj.in_step:
+        raise RuntimeError("state_dict() called inside an optimizer step; call it between steps")
     mask, revealed = aud.coins.state()
     return {
         "version": STATE_VERSION,

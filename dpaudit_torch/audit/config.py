@@ -212,6 +212,25 @@ class AuditConfig:
         """The keyword options tester ``name`` is built with (defaults, then the user's)."""
         return {**DEFAULT_TEST_OPTIONS.get(name, {}), **self.test_options.get(name, {})}
 
+    def sized_for(self, n_coordinates: int, compiled_below: int) -> AuditConfig:
+        """This configuration for a model of ``n_coordinates`` trainable coordinates: the
+        default ``m_canaries`` sized to it (:func:`default_m_canaries`), the kernels compiled
+        below ``compiled_below`` coordinates where not set; ValueError when the canaries do not
+        fit in the model."""
+        cfg = self
+        if cfg.m_canaries is None:
+            cfg = cfg.replace(m_canaries=default_m_canaries(n_coordinates, cfg.k_pairs))
+        assert cfg.m_canaries is not None
+        need = 2 * cfg.k_pairs + cfg.m_canaries
+        if need > n_coordinates:
+            raise ValueError(
+                f"the model has {n_coordinates} trainable coordinates, fewer than the {need} "
+                f"canary coordinates requested (2 * k_pairs + m_canaries); lower k_pairs or "
+                f"m_canaries")
+        if cfg.compiled_kernels is None:  # by the model's size (dpaudit_torch/_compiled.py)
+            cfg = cfg.replace(compiled_kernels=n_coordinates < compiled_below)
+        return cfg
+
     def replace(self, **changes: Any) -> AuditConfig:
         """A copy with some settings changed (validated again)."""
         return dataclasses.replace(self, **changes)

@@ -20,7 +20,7 @@ statistics; the report is gathered by :mod:`dpaudit_torch.audit.assemble`.
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import numpy as np
@@ -33,12 +33,23 @@ from .monitors import Finding, Monitor, plain_state
 
 logger = logging.getLogger(__name__)
 
-__all__ = ["AuditEngine", "PrivacyViolationError", "DECISION"]
+__all__ = ["AuditEngine", "PrivacyViolationError", "DECISION", "StepCallback", "step_callbacks"]
 
 #: the name findings of the decision itself carry (no single monitor crossed 1/alpha)
 DECISION = ("decision", "combined decision (no single monitor on its own)")
 
 StepCallback = Callable[[dict[str, Any]], Any]
+
+
+def step_callbacks(on_step: Any) -> list[StepCallback]:
+    """``on_step`` (None, a callable or a sequence of callables) as a list; TypeError else."""
+    if on_step is None:
+        return []
+    if callable(on_step):
+        return [on_step]
+    if isinstance(on_step, Sequence) and all(callable(f) for f in on_step):
+        return list(on_step)
+    raise TypeError(f"on_step must be a callable or a sequence of callables, got {on_step!r}")
 
 
 class PrivacyViolationError(RuntimeError):

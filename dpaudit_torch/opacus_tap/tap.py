@@ -224,6 +224,27 @@ class OpacusTap:
             return None
         return steps, self.accountant.epsilon(self.delta)
 
+    def share_seeds(self, seeds: dict[str, int], policy: str, seed: int | None,
+                    warn: Callable[[str], None]) -> tuple[dict[str, int], str]:
+        """Under DDP, rank 0's seeds on every rank (a collective every rank reaches); as they
+        are without DDP."""
+        if self.world_size == 1:
+            return seeds, policy
+        from .ddp import share_seeds
+
+        return share_seeds(seeds, policy, seed is not None, self.rank, self.param_device, warn)
+
+    def decision_sharer(self) -> Callable[[Any], tuple[bool, int | None, int | None]] | None:
+        """Under DDP, a function taking this rank's decision and returning rank 0's
+        ``(violation, violation_step, crossed_at)`` (one collective per check); None
+        without DDP."""
+        if self.world_size == 1:
+            return None
+        from .ddp import broadcast_decision
+
+        dev = self.param_device
+        return lambda d: broadcast_decision(d.violation, d.violation_step, d.crossed_at, dev)
+
     # ------------------------------------------------------------------ checkpoint
     def state_dict(self) -> dict[str, Any]:
         """The adapter's part of a checkpoint: where the canary mechanics' generator stands
