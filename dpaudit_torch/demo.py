@@ -151,7 +151,7 @@ def run_demo(
         optimizer, loader = bugs.apply_to_training(engine, optimizer, loader, config.bug)
         logger.info("applied bug %r", config.bug)
 
-    auditor = PrivacyAuditor(engine, optimizer, loader, config=audit_config)
+    auditor = PrivacyAuditor(engine, optimizer, loader, model=model, config=audit_config)
     criterion = nn.CrossEntropyLoss()
     step = 0
     stopped_early = False

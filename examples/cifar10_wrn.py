@@ -323,7 +323,7 @@ def run(args: argparse.Namespace) -> int:
                 args.depth, args.width, n_params, data_name, n, sigma, sample_rate)
 
     auditor = PrivacyAuditor(
-        engine, optimizer, loader, delta=args.delta, alpha=args.alpha,
+        engine, optimizer, loader, delta=args.delta, alpha=args.alpha, model=model,
         m_canaries=args.m_canaries, k_pairs=args.k_pairs, seed=args.seed,
     )
     criterion = nn.CrossEntropyLoss()

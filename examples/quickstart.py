@@ -41,7 +41,7 @@ model, optimizer, loader = engine.make_private(
     noise_multiplier=1.0, max_grad_norm=1.0,
 )
 
-auditor = PrivacyAuditor(engine, optimizer, loader, delta=1e-5)  # added line 1
+auditor = PrivacyAuditor(engine, optimizer, loader, delta=1e-5, model=model)  # added line 1
 
 step = 0
 while step < args.steps and not auditor.should_stop:

@@ -152,7 +152,7 @@ class PrivacyAuditCallback(_Callback):
         self.report_dir = None
         self._stop_logged = False
         self.auditor = PrivacyAuditor(engine, optimizer, loader, config=self.config,
-                                      on_step=self._on_step)
+                                      on_step=self._on_step, model=pl_module)
         logger.info("privacy auditor attached to %s (delta=%g)", type(optimizer).__name__,
                     self.delta)
 

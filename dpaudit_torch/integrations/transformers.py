@@ -216,8 +216,10 @@ class PrivacyAuditCallback(_TrainerCallback):
         self._output_dir = getattr(args, "output_dir", None)
         self._is_main = bool(getattr(state, "is_world_process_zero", True))
         self._dp_optimizer = optimizer
-        self.auditor = PrivacyAuditor(self.engine, optimizer, loader,
-                                                config=self.config, on_step=self._on_step)
+        model = kwargs.get("model")
+        self.auditor = PrivacyAuditor(self.engine, optimizer, loader, config=self.config,
+                                      on_step=self._on_step,
+                                      model=model if hasattr(model, "named_parameters") else None)
         if float(getattr(args, "max_grad_norm", 0.0) or 0.0) > 0:
             logger.info("TrainingArguments.max_grad_norm=%s clips the non-private gradient, which "
                         "Opacus replaces at the step; set max_grad_norm=0 to skip that work",
