@@ -188,8 +188,20 @@ def capture_released(setup: Any, design: Any) -> list[torch.Tensor]:
     return out
 
 
+#: how a report written by the engine names its monitors (``AuditReport.monitor_labels``)
+MONITOR_LABELS = {
+    "sequential_pairs": "sequential pairs (per-step guarantee violated)",
+    "noise": "noise",
+    "sampling": "sampling (batch sizes not Poisson)",
+    "accounting": "accounting",
+    "one_run": "one-run",
+    "decision": "combined decision (no single monitor on its own)",
+}
+
+
 def make_report(kind: str = "violation", n_steps: int = 120, m: int = 400) -> AuditReport:
-    """A report shaped like PrivacyAuditor.finalize() output (synthetic numbers, fixed seed)."""
+    """A report shaped like PrivacyAuditor.finalize() output (synthetic numbers, fixed seed),
+    with the engine's ``monitor_labels`` (:data:`MONITOR_LABELS`) and no findings."""
     rng = np.random.default_rng(7)
     steps = list(range(0, n_steps, 2))
     drift = 0.08 if kind == "violation" else -0.01
@@ -254,4 +266,17 @@ def make_report(kind: str = "violation", n_steps: int = 120, m: int = 400) -> Au
         config={"alpha": 0.05, "burn_in": 20, "tests": ["mmd", "hockey_stick"]},
         seed_policy="secret: canary coins drawn from os.urandom",
         warnings=["clipping was active on 3% of real examples"],
+        monitor_labels=dict(MONITOR_LABELS),
     )
+
+
+def power_dict(**changes: Any) -> dict[str, Any]:
+    """A report's ``power`` object shaped like one_run_power(...).to_dict(), with ``changes``."""
+    d = {"expected_bound": 0.4123, "expected_bound_quantiles": [0.3, 0.52],
+         "min_refutable_epsilon": 4.567, "min_refutable_sigma": 0.61, "claimed_epsilon": 2.0,
+         "target_power": 0.8, "mean_inclusions": 15.0, "replicates": 200, "score": "llr",
+         "method": "steinke", "mode": "exact", "seconds": 1.5, "warnings": [],
+         "no_power": False, "note": None, "sigma": 1.1, "q": 0.05, "steps": 300, "m": 1000,
+         "c": 1.0, "delta": 1e-5, "alpha": 0.05}
+    d.update(changes)
+    return d

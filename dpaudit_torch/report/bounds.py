@@ -12,8 +12,10 @@ from :mod:`dpaudit_torch.registry`.
 from __future__ import annotations
 
 from ..registry import bound_method
-from .markup import ReportView, esc, generic, method_label, num, scalar
-from .text import is_num, per_step_delta, scope_text
+from .formatting import scope_text
+from .markup import esc, generic, method_label, num, scalar
+from .schema import is_num, per_step_delta
+from .view import ReportView
 
 __all__ = ["bounds_section"]
 

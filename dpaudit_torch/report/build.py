@@ -1,4 +1,4 @@
-"""Assembling an :class:`~dpaudit_torch.report.schema.AuditReport` from the parts of an audit.
+"""Building an :class:`~dpaudit_torch.report.AuditReport` from the parts of an audit.
 
 The engine hands over what each part produced (the monitors' bounds and sections, the decision,
 the adapter's facts about the training); this module applies the rules that turn them into a
@@ -13,9 +13,9 @@ from collections.abc import Mapping
 from typing import Any
 
 from ..registry import BOUND_METHODS, WHOLE_RUN, refuting_methods
-from .schema import AuditReport
+from .audit_report import AuditReport
 
-__all__ = ["BoundResult", "assemble_report", "THREAT_MODEL_NOTES"]
+__all__ = ["BoundResult", "build_report", "assemble_report", "THREAT_MODEL_NOTES"]
 
 #: what every white-box audit report says about its threat model
 THREAT_MODEL_NOTES = (
@@ -34,10 +34,10 @@ def _order(bounds: Mapping[str, BoundResult]) -> list[str]:
     return known + [m for m in bounds if m not in BOUND_METHODS]
 
 
-def assemble_report(*, claimed_epsilon: float | None, bounds: Mapping[str, BoundResult],
-                    warnings: list[str], threat_notes: list[str], every_step_observed: bool,
-                    clipping_exercised: bool, findings: list[dict[str, Any]] | None = None,
-                    **fields: Any) -> AuditReport:
+def build_report(*, claimed_epsilon: float | None, bounds: Mapping[str, BoundResult],
+                 warnings: list[str], threat_notes: list[str], every_step_observed: bool,
+                 clipping_exercised: bool, findings: list[dict[str, Any]] | None = None,
+                 **fields: Any) -> AuditReport:
     """The report of one audit.
 
     Args:
@@ -46,9 +46,11 @@ def assemble_report(*, claimed_epsilon: float | None, bounds: Mapping[str, Bound
         warnings: the audit's warnings so far (a copy is extended and stored).
         threat_notes: notes on what the canaries exercise (added after the standard ones).
         every_step_observed, clipping_exercised: the threat model's flags.
-        findings: the monitors' findings (dicts with monitor, level, message, where); a
-            "refuted" finding is added for every bound that refutes the claim.
-        **fields: every other :class:`AuditReport` field, as is.
+        findings: the monitors' findings (dicts with monitor, level, message, where, and
+            optionally scope); a "refuted" finding is added for every bound that refutes the
+            claim.
+        **fields: every other :class:`AuditReport` field, as is (e.g. ``monitor_labels``: how
+            the report names each monitor).
     """
     order = _order(bounds)
     eps = {m: float(bounds[m][0]) for m in order}
@@ -82,3 +84,8 @@ def assemble_report(*, claimed_epsilon: float | None, bounds: Mapping[str, Bound
         warnings=notes,
         **fields,
     )
+
+
+#: the former name of :func:`build_report`, kept until ``dpaudit_torch/audit/assemble.py`` calls
+#: :func:`build_report` (then removed)
+assemble_report = build_report

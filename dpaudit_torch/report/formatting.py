@@ -1,5 +1,10 @@
-"""How the report writes numbers and scopes in words (HTML, summary text): one place, so that
-the page, the summary and the tests agree."""
+"""How the report writes numbers, scopes and its recurring sentences in words: one place, so that
+the HTML page, the plain-text summary and the tests agree.
+
+Shared by both renderers: a function whose words hold numbers takes a ``number`` writer (the page
+passes one that tags each number with its field, :func:`dpaudit_torch.report.markup.num`) and a
+``text`` writer for recorded strings (the page escapes them); the defaults write plain text.
+"""
 
 from __future__ import annotations
 
@@ -9,18 +14,13 @@ from numbers import Integral, Real
 from typing import Any
 
 from ..registry import ONE_STEP, WHOLE_RUN, bound_method
+from .schema import is_num
 
-__all__ = ["format_number", "scope_text", "power_sentence", "is_num", "per_step_null_plain",
-           "per_step_delta", "NO_STEPS_SENTENCE", "no_steps_audited"]
+__all__ = ["format_number", "scope_text", "power_sentence", "NO_STEPS_SENTENCE"]
 
 #: what the report says when the auditor saw no training step
 NO_STEPS_SENTENCE = ("No training step was audited (finalize() was called after 0 audited "
                      "steps), so this report holds no evidence about the run.")
-
-def is_num(v: Any) -> bool:
-    """True for an int or float (not a bool)."""
-    return isinstance(v, (int, float)) and not isinstance(v, bool)
-
 
 _SCOPE_NAMES = {WHOLE_RUN: "whole training run", ONE_STEP: "one training step"}
 
@@ -109,43 +109,3 @@ def power_sentence(power: dict[str, Any], number: Callable[[Any, str], str] | No
             f"even for a true {eps} far above it."
         )
     return first + "."
-
-
-def no_steps_audited(training: dict[str, Any]) -> bool:
-    """Did the auditor record that it saw no training step (``training.audited_steps == 0``)?"""
-    n = training.get("audited_steps")
-    return is_num(n) and n == 0
-
-
-def per_step_null_plain(null: Any) -> str | None:
-    """The per-step null hypothesis (``sequential.per_step_null``) in words, or None."""
-    if not isinstance(null, dict):
-        return None
-    kind = null.get("type")
-    if kind == "gaussian_profile":
-        eps = null.get("epsilons")
-        grid = (
-            f", tested at {len(eps)} points of its privacy profile (epsilon from "
-            f"{format_number(min(eps))} to {format_number(max(eps))})"
-            if isinstance(eps, list) and eps and all(is_num(x) for x in eps) else ""
-        )
-        return (f"each step is the Gaussian mechanism with noise multiplier "
-                f"{format_number(null.get('noise_multiplier'))} (sensitivity C){grid}")
-    if kind == "explicit":
-        return (f"each step is (epsilon = {format_number(null.get('epsilon'))}, delta = "
-                f"{format_number(null.get('delta'))})-DP")
-    return None
-
-
-def per_step_delta(bound: Any, details: dict[str, Any]) -> float | None:
-    """The delta at which a per-step bound holds: that of the grid point equal to ``bound``
-    (``lower_bound_details.sequential.grid_epsilons`` / ``grid_deltas``), or None (no grid
-    point was rejected, or no grid was recorded)."""
-    eps, deltas = details.get("grid_epsilons"), details.get("grid_deltas")
-    if not (is_num(bound) and bound > 0 and isinstance(eps, list) and isinstance(deltas, list)
-            and len(eps) == len(deltas)):
-        return None
-    for e, d in zip(eps, deltas):
-        if is_num(e) and is_num(d) and math.isclose(e, bound, rel_tol=1e-12, abs_tol=0.0):
-            return float(d)
-    return None

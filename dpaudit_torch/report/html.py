@@ -6,10 +6,11 @@ tests, the plots, the threat model and the provenance; the report's JSON is embe
 block. How to read it: docs/report.md, "Reading the report".
 
 This module writes the page skeleton and the verdict (naming the deciding monitors of a proven
-violation, :mod:`dpaudit_torch.report.wording`); the bounds (the whole-run claim and its bounds,
-and apart from them the per-step bound) are in :mod:`dpaudit_torch.report.bounds`, the other
-sections in :mod:`dpaudit_torch.report.sections`, the building blocks in
-:mod:`dpaudit_torch.report.markup`.
+violation as the report's ``monitor_labels`` does, :mod:`dpaudit_torch.report.wording`); the
+bounds (the whole-run claim and its bounds, and apart from them the per-step bound) are in
+:mod:`dpaudit_torch.report.bounds`, the other sections in :mod:`dpaudit_torch.report.sections`,
+the building blocks in :mod:`dpaudit_torch.report.markup` and the page's view of the report in
+:mod:`dpaudit_torch.report.view`.
 What each bound method may prove (its scope, whether it may refute the claim) is read from
 :mod:`dpaudit_torch.registry`: only a family-free bound on the whole run, the one-run bound of
 Steinke, Nasr & Jagielski (NeurIPS 2023), refutes an (eps, delta) claim; the f-DP one-run test of
@@ -20,13 +21,15 @@ the sequential tests (docs/design.md section 4) is about one training step.
 from __future__ import annotations
 
 from .bounds import bounds_section
-from .markup import ReportView, esc, json_for_script, kv_section, method_label, num
-from .schema import JSON_NAME, AuditReport, power_sentence
+from .formatting import NO_STEPS_SENTENCE, power_sentence
+from .markup import esc, json_for_script, kv_section, method_label, num
+from .schema import JSON_NAME, ReportData, no_steps_audited
 from .sections import plots_section, provenance_section, sequential_section, strength_section
-from .text import NO_STEPS_SENTENCE, no_steps_audited, per_step_null_plain
-from .wording import deciders_text, deciding_findings, monitor_label
+from .view import ReportView
+from .wording import decided_per_step, deciders_text, deciding_findings, monitor_label
 
-__all__ = ["render_html"]
+__all__ = ["render_html", "render_page", "verdict_section", "findings_text", "power_text",
+           "meaning_text", "violation_text", "config_shown"]
 
 # the HTML page
 # ----------------------------------------------------------------------------------------------
@@ -69,7 +72,7 @@ footer { margin-top: 2.5rem; font-size: 0.85rem; color: #5a6270; }
 """
 
 
-def render_html(report: AuditReport) -> str:
+def render_html(report: ReportData) -> str:
     """The page of ``report`` (validated first: ValueError names a bad field)."""
     return render_page(ReportView(report))
 
@@ -119,6 +122,8 @@ def render_page(v: ReportView) -> str:
 
 
 def verdict_section(v: ReportView) -> str:
+    """The verdict box: the verdict in plain words, the findings, the power sentence and what
+    the verdict does and does not mean."""
     d, r = v.d, v.r
     claim = num(d["claimed_epsilon"], "claimed_epsilon")
     delta = num(d["delta"], "delta")
@@ -149,7 +154,7 @@ def verdict_section(v: ReportView) -> str:
             )
             text += (
                 f"<p>The audit also proved{at} a violation; deciding monitor(s): "
-                f"{deciders_text(d['findings'], esc)}.</p>"
+                f"{deciders_text(d['findings'], esc, d['monitor_labels'])}.</p>"
             )
     elif d["violation"]:
         css = "verdict-violation"
@@ -213,6 +218,8 @@ def power_text(v: ReportView) -> str:
 
 
 def meaning_text(v: ReportView) -> str:
+    """What the verdict means: a rejection is a proof at level alpha; "nothing found" is not a
+    proof of privacy (with the largest epsilon the audit could have certified)."""
     d = v.d
     if d["claim_refuted"] or d["violation"]:
         extra = ""
@@ -254,14 +261,14 @@ def violation_text(v: ReportView) -> str:
     if found:
         items = "".join(
             f'<li data-monitor="{esc(f.get("monitor"))}"><strong>'
-            f'{esc(monitor_label(f.get("monitor")))}</strong>'
+            f'{esc(monitor_label(f.get("monitor"), d["monitor_labels"]))}</strong>'
             + (f" ({esc(f['where'])})" if f.get("where") else "")
             + f": {esc(f.get('message'))}</li>" for f in found)
         who = f'<p>Deciding monitor(s):</p><ul id="deciding-monitors">{items}</ul>'
     else:
         who = "<p>The deciding monitor was not recorded in this report.</p>"
-    null = (f"<p>{v.per_step_null_text()}</p>"
-            if any(f.get("monitor") == "sequential_pairs" for f in found) else "")
+    # a deciding finding about the per-step guarantee: say which per-step null it rejected
+    null = f"<p>{v.per_step_null_text()}</p>" if decided_per_step(found) else ""
     return (
         f"<p>The audit proved{at}, at level α = {num(d['alpha'], 'alpha')} (an anytime-valid "
         "decision over every monitor's evidence), that the training is less private than the "
@@ -275,7 +282,7 @@ def config_shown(v: ReportView) -> dict:
     """The configuration as recorded, with ``per_step_null`` written out as the null that was
     used (the recorded value is null when the default was used)."""
     cfg = dict(v.d["config"])
-    used = per_step_null_plain(v.d["sequential"].get("per_step_null"))
+    used = v.per_step_null_words()
     if "per_step_null" in cfg and used is not None:
         default = " (the default: the optimizer's noise multiplier)" if (
             cfg["per_step_null"] is None) else ""

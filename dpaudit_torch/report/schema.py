@@ -1,8 +1,10 @@
-"""The audit report's data: :class:`AuditReport`, its validation and its JSON (``audit.json``).
+"""The audit report's data: its fields (:class:`ReportData`), their checks and their JSON
+(``audit.json``).
 
-:class:`AuditReport` is a plain dataclass of JSON-able fields (schema documented field by field in
-``docs/report.md``). :class:`~dpaudit_torch.audit.PrivacyAuditor` builds one in ``finalize()``;
-anyone can build one piecemeal (every field has a default), e.g. for a black-box audit.
+:class:`ReportData` is a plain dataclass of JSON-able fields (schema documented field by field in
+``docs/report.md``); :class:`~dpaudit_torch.report.AuditReport` is that dataclass with its files
+and renderings. :class:`~dpaudit_torch.audit.PrivacyAuditor` builds one in ``finalize()``; anyone
+can build one piecemeal (every field has a default), e.g. for a black-box audit.
 
 The numbers it carries come from:
 
@@ -14,6 +16,10 @@ The numbers it carries come from:
 * the power of the one-run audit (schema 1.1, field ``power``): simulated bounds of a correct
   implementation with the run's settings (:mod:`dpaudit_torch.stats.one_run_power`).
 
+Monitors are named by the report's own data (field ``monitor_labels``, schema 1.3, filled by the
+engine), never by a table of this package; a finding's optional ``scope`` (the registry's
+:data:`~dpaudit_torch.registry.ONE_STEP`) says that it is about the per-step guarantee.
+
 Every epsilon here is a statistical LOWER bound: the report can prove a privacy claim false; it can
 never prove a claim true.
 
@@ -21,9 +27,10 @@ JSON encoding: ``audit.json`` is strict JSON (RFC 8259). Non-finite floats, whic
 hold, are written as the strings ``"Infinity"``, ``"-Infinity"`` and ``"NaN"`` and read back as
 floats, wherever they occur.
 
-The names of the bound methods and what each may prove (scope, family, whether it may refute the
-claim) are read from :mod:`dpaudit_torch.registry`; the HTML page is rendered by
-:mod:`dpaudit_torch.report.html`.
+This module is the data layer of the report package and imports none of its renderers: the
+class users get, :class:`~dpaudit_torch.report.audit_report.AuditReport`, is :class:`ReportData`
+plus its files and renderings (``save``, ``to_html``, ``summary_text``), defined above both. The
+names of the bound methods and what each may prove are read from :mod:`dpaudit_torch.registry`.
 """
 
 from __future__ import annotations
@@ -39,18 +46,17 @@ from dataclasses import dataclass, field
 from importlib import metadata
 from numbers import Integral, Real
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
-from .text import format_number, is_num, power_sentence, scope_text
+from ..registry import ONE_STEP, WHOLE_RUN, bound_method
 
 logger = logging.getLogger(__name__)
 
 __all__ = [
-    "AuditReport",
+    "ReportData",
     "SCHEMA_VERSION",
     "JSON_NAME",
     "HTML_NAME",
-    "format_number",
     "library_versions",
     "VERDICT_REFUTED",
     "VERDICT_NOTHING",
@@ -61,19 +67,22 @@ __all__ = [
     "VERDICT_EXIT_CODES",
     "verdict_phrase",
     "FINDING_LEVELS",
+    "FINDING_SCOPES",
     "plain",
     "encode_nonfinite",
     "decode_nonfinite",
     "is_num",
-    "scope_text",
-    "power_sentence",
+    "no_steps_audited",
+    "is_one_step",
+    "per_step_delta",
 ]
 
 #: version of the ``audit.json`` schema written by this module (see docs/report.md)
-SCHEMA_VERSION = "1.2"
+SCHEMA_VERSION = "1.3"
 #: fields added after 1.0, with the minor version that introduced them (a document of an older
 #: minor version must not carry them; reading it fills in their defaults)
-_FIELDS_SINCE = {"power": 1, "findings": 2, "claim_inconsistent": 2, "audits": 2}
+_FIELDS_SINCE = {"power": 1, "findings": 2, "claim_inconsistent": 2, "audits": 2,
+                 "monitor_labels": 3}
 #: file names written by :meth:`AuditReport.save`
 JSON_NAME = "audit.json"
 HTML_NAME = "report.html"
@@ -106,8 +115,14 @@ def verdict_phrase(verdict: str) -> str:
 
 #: levels of a finding (``findings[i]["level"]``)
 FINDING_LEVELS = ("violation", "refuted", "inconsistent", "finding", "note")
+#: what a finding may say it is about (optional ``findings[i]["scope"]``, the registry's scopes):
+#: :data:`~dpaudit_torch.registry.ONE_STEP` marks a finding about the per-step guarantee
+FINDING_SCOPES = (WHOLE_RUN, ONE_STEP)
 
-#: how the report names the scope of a bound (the registry's scopes)
+
+def is_num(v: Any) -> bool:
+    """True for an int or float (not a bool)."""
+    return isinstance(v, (int, float)) and not isinstance(v, bool)
 
 _NONFINITE_TO_STR = {math.inf: "Infinity", -math.inf: "-Infinity"}
 _STR_TO_NONFINITE = {"Infinity": math.inf, "-Infinity": -math.inf, "NaN": math.nan}
@@ -256,14 +271,22 @@ def _check_fields(d: dict[str, Any]) -> None:
     _need(isinstance(w, list) and all(isinstance(x, str) for x in w), "warnings",
           "a list of strings", w)
     _check_power(g("power"))
-    fs = g("findings")
+    _check_findings(g("findings"))
+    labels = g("monitor_labels")
+    _need(isinstance(labels, dict) and all(isinstance(v, str) for v in labels.values()),
+          "monitor_labels", "a dict {monitor: label} of strings", labels)
+
+
+def _check_findings(fs: Any) -> None:
+    """``findings``: dicts with monitor, level, message, where, and optionally scope (1.3)."""
     _need(isinstance(fs, list), "findings", "a list of dicts", fs)
     for i, f in enumerate(fs):
         _need(isinstance(f, dict) and isinstance(f.get("monitor"), str)
               and f.get("level") in FINDING_LEVELS and isinstance(f.get("message"), str)
-              and (f.get("where") is None or isinstance(f.get("where"), str)),
+              and (f.get("where") is None or isinstance(f.get("where"), str))
+              and (f.get("scope") is None or f.get("scope") in FINDING_SCOPES),
               f"findings[{i}]", f"a dict with monitor, level (one of {FINDING_LEVELS}), "
-              f"message and where", f)
+              f"message, where and optionally scope (one of {FINDING_SCOPES})", f)
 
 
 def _check_power(p: Any) -> None:
@@ -312,14 +335,48 @@ def _minor(version: str) -> int:
         raise ValueError(f"malformed audit report schema_version {version!r}") from None
 
 
+def no_steps_audited(training: dict[str, Any]) -> bool:
+    """Did the auditor record that it saw no training step (``training.audited_steps == 0``)?"""
+    n = training.get("audited_steps")
+    return is_num(n) and n == 0
+
+
+def is_one_step(method: str) -> bool:
+    """Does the bound of ``method`` speak about one training step (the registry's scope; False
+    for a method this version does not know, e.g. from a newer writer)?"""
+    spec = bound_method(method)
+    return spec is not None and spec.scope == ONE_STEP
+
+
+def per_step_delta(bound: Any, details: dict[str, Any]) -> float | None:
+    """The delta at which a per-step bound holds: that of the grid point equal to ``bound``
+    (``lower_bound_details.sequential.grid_epsilons`` / ``grid_deltas``), or None (no grid
+    point was rejected, or no grid was recorded)."""
+    eps, deltas = details.get("grid_epsilons"), details.get("grid_deltas")
+    if not (is_num(bound) and bound > 0 and isinstance(eps, list) and isinstance(deltas, list)
+            and len(eps) == len(deltas)):
+        return None
+    for e, d in zip(eps, deltas):
+        if is_num(e) and is_num(d) and math.isclose(e, bound, rel_tol=1e-12, abs_tol=0.0):
+            return float(d)
+    return None
+
+
 # ----------------------------------------------------------------------------------------------
-# the report
+# the report's data
 # ----------------------------------------------------------------------------------------------
+
+#: the class :meth:`ReportData.from_dict` and :meth:`ReportData.load` build (a subclass's own)
+_R = TypeVar("_R", bound="ReportData")
 
 
 @dataclass
-class AuditReport:
-    """Result of a privacy audit: claimed epsilon beside audited lower bounds, and how it was run.
+class ReportData:
+    """The fields of an audit report, their checks, their JSON and the verdict they give.
+
+    Use :class:`dpaudit_torch.report.AuditReport`, which is this dataclass plus its files and
+    renderings (``save``, ``to_html``, ``summary_text``); the renderers of this package read a
+    report through this class only, so that the schema never imports them.
 
     Every field is a plain JSON-able value and has a default, so a report can be built piecemeal.
     The schema is documented field by field in ``docs/report.md`` (version :data:`SCHEMA_VERSION`).
@@ -327,6 +384,7 @@ class AuditReport:
     Lower bounds hold with probability at least ``1 - alpha`` over the audit's randomness
     (canary coins); they can prove a claim false, never true.
     """
+
 
     schema_version: str = SCHEMA_VERSION
     created_at: str = field(default_factory=_utc_now)
@@ -355,6 +413,9 @@ class AuditReport:
     findings: list[dict] = field(default_factory=list)
     claim_inconsistent: bool = False
     audits: dict = field(default_factory=dict)
+    #: (since 1.3) monitor name -> how the report names it, filled by the engine; a monitor
+    #: without a label is shown under its name
+    monitor_labels: dict[str, str] = field(default_factory=dict)
 
     # -- plain data ------------------------------------------------------------------------------
 
@@ -376,7 +437,7 @@ class AuditReport:
         )
 
     @classmethod
-    def from_dict(cls, d: Any) -> AuditReport:
+    def from_dict(cls: type[_R], d: Any) -> _R:
         """Build a report from :meth:`to_dict` output (or parsed ``audit.json``), validating it.
 
         Accepts any ``1.x`` schema version; fields unknown to this version are ignored (with a
@@ -423,31 +484,8 @@ class AuditReport:
 
     # -- files -----------------------------------------------------------------------------------
 
-    def save(self, directory: str | os.PathLike[str]) -> Path:
-        """Write ``audit.json`` and a self-contained ``report.html`` into ``directory``.
-
-        The directory is created if needed. Returns the directory as a :class:`~pathlib.Path`.
-
-        Raises:
-            ValueError: the report does not validate.
-            OSError: the directory cannot be created or written; one error whose message names
-                the directory (the underlying error is its ``__cause__``).
-        """
-        out = Path(directory)
-        text = self.to_json()
-        page = self.to_html()
-        try:
-            out.mkdir(parents=True, exist_ok=True)
-            _atomic_write(out / JSON_NAME, text + "\n")
-            _atomic_write(out / HTML_NAME, page)
-        except OSError as exc:
-            why = exc.strerror or str(exc) or type(exc).__name__
-            raise OSError(f"cannot write the audit report into {str(out)!r}: {why}") from exc
-        logger.info("audit report written to %s", out)
-        return out
-
     @classmethod
-    def load(cls, path: str | os.PathLike[str]) -> AuditReport:
+    def load(cls: type[_R], path: str | os.PathLike[str]) -> _R:
         """Read a report from ``audit.json`` or from the directory that holds it.
 
         Raises:
@@ -495,32 +533,3 @@ class AuditReport:
         if any(f.get("level") == "finding" for f in self.findings):
             return VERDICT_FINDING
         return VERDICT_NOTHING
-
-    def summary_text(self) -> str:
-        """A few plain-language lines: the verdict, the whole-run claim beside its lower bounds,
-        the per-step bound on a line of its own, the deciding monitors and the findings
-        (:func:`dpaudit_torch.report.summary.summary_text`)."""
-        from .summary import summary_text
-
-        return summary_text(self)
-
-    def to_html(self) -> str:
-        """The self-contained HTML page (no network access; plots inline)."""
-        from .html import render_html  # the renderer imports this module
-
-        return render_html(self)
-
-
-def _atomic_write(path: Path, text: str) -> None:
-    """Write via a temporary file in the same directory and rename (readers never see half)."""
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-    try:
-        with open(tmp, "w", encoding="utf-8") as fh:
-            fh.write(text)
-        os.replace(tmp, path)
-    except BaseException:
-        try:
-            os.unlink(tmp)
-        except OSError:
-            pass
-        raise

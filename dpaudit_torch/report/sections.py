@@ -10,8 +10,9 @@ combined log-wealth with log(1/alpha) (Ville's inequality). The testers' names c
 from __future__ import annotations
 
 from . import plots
-from .markup import ReportView, esc, generic, method_label, num, scalar, tester_label
+from .markup import esc, generic, method_label, num, scalar, tester_label
 from .schema import is_num
+from .view import ReportView
 
 __all__ = ["sequential_section", "plots_section", "strength_section", "provenance_section"]
 

@@ -10,35 +10,17 @@ two are never on the same line, and the per-step bound is never compared with th
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
-
-from ..registry import ONE_STEP, bound_method
-from .text import (
-    NO_STEPS_SENTENCE,
-    format_number,
-    no_steps_audited,
-    per_step_delta,
-    power_sentence,
-    scope_text,
-)
+from .formatting import NO_STEPS_SENTENCE, format_number, power_sentence, scope_text
+from .schema import VERDICT_NOTHING, ReportData, is_one_step, no_steps_audited, per_step_delta
 from .wording import deciders_text, deciding_findings
-
-if TYPE_CHECKING:  # pragma: no cover
-    from .schema import AuditReport
 
 __all__ = ["summary_text"]
 
 
-def _is_one_step(method: str) -> bool:
-    spec = bound_method(method)
-    return spec is not None and spec.scope == ONE_STEP
-
-
-def summary_text(report: AuditReport) -> str:
+def summary_text(report: ReportData) -> str:
     """A few plain-language lines: the verdict, the whole-run claim and its lower bounds, then
-    (separately) the per-step bound, the deciding monitors and the other findings."""
-    from .schema import VERDICT_NOTHING
-
+    (separately) the per-step bound, the deciding monitors (named by the report's
+    ``monitor_labels``) and the other findings."""
     r = report
     level = format_number(100.0 * (1.0 - r.alpha))
     lines = [f"Verdict: {r.verdict}."]
@@ -47,8 +29,8 @@ def summary_text(report: AuditReport) -> str:
     acc = f" (accountant: {r.accountant})" if r.accountant else ""
     lines.append(f"Whole-run claim: epsilon = {format_number(r.claimed_epsilon)} at delta = "
                  f"{format_number(r.delta)}{acc}.")
-    whole = [m for m in r.epsilon_lower_bounds if not _is_one_step(m)]
-    step = [m for m in r.epsilon_lower_bounds if _is_one_step(m)]
+    whole = [m for m in r.epsilon_lower_bounds if not is_one_step(m)]
+    step = [m for m in r.epsilon_lower_bounds if is_one_step(m)]
     for method in whole:
         scope = (scope_text(method, article=True, with_family=True)
                  or "a scope this version of dpaudit_torch does not know")
@@ -76,9 +58,10 @@ def summary_text(report: AuditReport) -> str:
     if r.violation:
         at = "" if r.violation_step is None else f" at training step {r.violation_step}"
         stop = " Training was stopped early." if r.stopped_early else ""
+        deciders = deciders_text(r.findings, labels=r.monitor_labels)
         lines.append(f"The audit proved{at} that the training is less private than claimed "
                      f"(anytime-valid decision at level alpha = {format_number(r.alpha)}). "
-                     f"Deciding monitor(s): {deciders_text(r.findings)}.{stop}")
+                     f"Deciding monitor(s): {deciders}.{stop}")
         shown = list(deciding_findings(r.findings))
     for f in r.findings:
         if f.get("level") in ("violation", "inconsistent", "finding") and f not in shown:

@@ -6,7 +6,7 @@ refute lies below the claim, or a finding of level ``"violation"`` while ``viola
 rendering such a document would show a verdict its own numbers deny. :func:`validate` finds
 these contradictions; the ``dpaudit report`` command refuses a document that has any.
 
-The rules are those by which :func:`dpaudit_torch.report.build.assemble_report` and the auditor
+The rules are those by which :func:`dpaudit_torch.report.build.build_report` and the auditor
 fill the fields (which bound may refute a claim comes from :mod:`dpaudit_torch.registry`: only a
 family-free bound on the whole run, Steinke, Nasr & Jagielski, NeurIPS 2023), so every report the
 library writes passes. A report built by hand with only some fields (e.g. a black-box audit
@@ -16,13 +16,11 @@ without findings) passes as long as what it holds agrees.
 from __future__ import annotations
 
 import math
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from ..registry import bound_method, refuting_methods
-from .text import format_number, is_num
-
-if TYPE_CHECKING:  # pragma: no cover
-    from .schema import AuditReport
+from .formatting import format_number
+from .schema import ReportData, is_num
 
 __all__ = ["InconsistentReportError", "contradictions", "validate"]
 
@@ -114,15 +112,24 @@ def _numbers(d: dict[str, Any]) -> list[str]:
     if power_claim is not None and not _same(power_claim, d["claimed_epsilon"]):
         out.append(f"power.claimed_epsilon {format_number(power_claim)} differs from "
                    f"claimed_epsilon {format_number(d['claimed_epsilon'])}")
-    acc = d["audits"].get("accounting")
-    if isinstance(acc, dict) and isinstance(acc.get("inconsistent"), bool) and (
-            acc["inconsistent"] != d["claim_inconsistent"]):
-        out.append(f"claim_inconsistent is {str(d['claim_inconsistent']).lower()} but "
-                   f"audits.accounting.inconsistent is {str(acc['inconsistent']).lower()}")
+    out += _inconsistency(d)
     return out
 
 
-def contradictions(report: AuditReport) -> list[str]:
+def _inconsistency(d: dict[str, Any]) -> list[str]:
+    """``claim_inconsistent`` against the monitors' sections that record ``inconsistent`` (a
+    bool): true exactly when one of them is."""
+    flags = {name: sec["inconsistent"] for name, sec in d["audits"].items()
+             if isinstance(sec, dict) and isinstance(sec.get("inconsistent"), bool)}
+    claim = d["claim_inconsistent"]
+    disagree = [n for n, flag in flags.items() if flag and not claim]
+    if flags and claim and not any(flags.values()):
+        disagree = list(flags)
+    return [f"claim_inconsistent is {str(claim).lower()} but audits.{n}.inconsistent is "
+            f"{str(flags[n]).lower()}" for n in disagree]
+
+
+def contradictions(report: ReportData) -> list[str]:
     """Every contradiction between the fields of ``report`` (empty when it is consistent), and
     "no results" when it holds no lower bound, no sequential test and no finding.
 
@@ -135,7 +142,7 @@ def contradictions(report: AuditReport) -> list[str]:
     return _refutation(d) + _findings(d) + _sequential(d) + _numbers(d)
 
 
-def validate(report: AuditReport) -> None:
+def validate(report: ReportData) -> None:
     """Raise if the fields of ``report`` contradict each other or it holds no results.
 
     Raises:
