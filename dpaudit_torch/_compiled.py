@@ -3,7 +3,7 @@
 The package's host kernels (``stats/_kernels.py``, ``opacus_tap/_step_kernels.py``) are written
 once, in the subset of Python that Numba compiles. :func:`kernel` wraps each in a
 :class:`Kernel`, which compiles it with Numba at its first compiled call (or when
-:func:`dpaudit_torch._numba.warm_up` prepares it) and, while the process is in Python mode
+:func:`dpaudit_torch._warmup.warm_up` prepares it) and, while the process is in Python mode
 (:func:`set_compiled`), runs the Python source itself. In Python mode Numba is never imported:
 its LLVM libraries and the loaded machine code (about 100 MB of resident memory, measured in
 docs/benchmarks.md, "The auditor at scale") stay out of the process. This module imports

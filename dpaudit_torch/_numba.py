@@ -14,9 +14,10 @@ Three things, all decided before the first kernel is compiled:
   this module's logger, which the ``dpaudit`` command shows; where nobody configured logging
   it is logged at WARNING instead, so that Python's last-resort handler prints it and a script's
   first seconds are not silent). Loading them from the cache is silent.
-* **Compiling before training** (:func:`warm_up`): the auditor compiles, or loads, every kernel
-  for the argument types that the audit will pass, when it is attached, so that the first
-  training steps are not the ones that wait for the compiler.
+* **Compiling before training** (:func:`dpaudit_torch._warmup.warm_up`, with
+  :func:`compile_all`): the auditor compiles, or loads, every kernel for the argument types
+  that the audit will pass, when it is attached, so that the first training steps are not the
+  ones that wait for the compiler.
 """
 
 from __future__ import annotations
@@ -36,7 +37,7 @@ from numba.core import event as numba_event
 logger = logging.getLogger(__name__)
 
 __all__ = ["CacheChoice", "cache_choice", "choose_cache", "njit_kernel", "user_cache_dir",
-           "warm_up"]
+           "compile_all", "host_grads_type"]
 
 #: the package directory and the directories holding compiled kernels
 PACKAGE_DIR = Path(__file__).resolve().parent
@@ -218,21 +219,12 @@ def njit_kernel(fn: Callable[..., Any], options: dict[str, Any]) -> Any:
 
 
 # ---------------------------------------------------------------------------- warm-up
-def warm_up(params: Sequence[Any] = (), host: bool = True) -> int:
-    """Compile (or load from the cache) every kernel for the argument types the audit passes.
-
-    ``params``: the audited parameter tensors; when ``host`` is true and they are CPU tensors of
-    one NumPy float dtype, the one-pass observation kernel is also prepared for their number
-    and dtype. Returns how many kernels were compiled (0: all loaded from the cache, or ready)."""
-    from .opacus_tap import _step_kernels
-    from .stats import _kernels
-
+def compile_all(jobs: Sequence[tuple[Any, Any]]) -> int:
+    """Compile (or load from the cache) each ``(dispatcher, signature)`` of ``jobs``; returns
+    how many kernels were compiled (0: all loaded from the cache, or ready). The jobs of an
+    audit are listed by :func:`dpaudit_torch._warmup.warm_up`."""
     before = _state["compiled"]
     start = time.perf_counter()
-    jobs = list(_kernels.signatures()) + list(_step_kernels.signatures())
-    grads = _host_grads_type(params) if host else None
-    if grads is not None:
-        jobs += _step_kernels.observe_signatures(grads, len(params))
     for disp, sig in jobs:
         disp.compile(sig)
     compiled = _state["compiled"] - before
@@ -241,7 +233,7 @@ def warm_up(params: Sequence[Any] = (), host: bool = True) -> int:
     return compiled
 
 
-def _host_grads_type(params: Sequence[Any]) -> Any:
+def host_grads_type(params: Sequence[Any]) -> Any:
     """The NumPy dtype of the parameters' gradients if the compiled CPU observation reads them
     (every tensor on the CPU, one float dtype NumPy knows), else None."""
     import torch

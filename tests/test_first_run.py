@@ -75,8 +75,8 @@ def test_this_numba_accepts_the_user_cache_locator(tmp_path: Path) -> None:
 
 
 _WARM = ("import logging, sys; logging.basicConfig(level=logging.INFO, stream=sys.stderr, "
-         "format='%(name)s: %(message)s'); from dpaudit_torch import _numba; "
-         "print(_numba.cache_choice().where, _numba.warm_up())")
+         "format='%(name)s: %(message)s'); from dpaudit_torch import _numba, _warmup; "
+         "print(_numba.cache_choice().where, _warmup.warm_up())")
 
 
 def test_compile_message_once_then_silent_from_the_cache(tmp_path: Path) -> None:
@@ -111,7 +111,7 @@ def test_compile_message_shown_without_logging_configured(tmp_path: Path) -> Non
     Python's last-resort handler), and nothing else from the package."""
     env = {k: v for k, v in os.environ.items() if not k.startswith("NUMBA_")}
     env["NUMBA_CACHE_DIR"] = str(tmp_path / "numba")
-    code = "from dpaudit_torch import _numba; print(_numba.warm_up())"
+    code = "from dpaudit_torch import _warmup; print(_warmup.warm_up())"
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env,
                          timeout=300, cwd=tmp_path)
     assert out.returncode == 0, out.stderr

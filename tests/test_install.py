@@ -124,7 +124,7 @@ def test_wheel_installs_and_runs_from_any_directory_read_only(tmp_path: Path) ->
     # a second process loads the kernels from that cache: no compile, no message
     again = _run([*prefix, str(bindir / "python"), "-c",
                   "import logging; logging.basicConfig(level=logging.INFO); "
-                  "from dpaudit_torch import _numba; print(_numba.warm_up())"],
+                  "from dpaudit_torch import _warmup; print(_warmup.warm_up())"],
                  cwd=work, env=env)
     assert again.returncode == 0, again.stderr
     assert again.stdout.strip() == "0" and "compiling" not in again.stderr

@@ -117,7 +117,7 @@ class PrivacyAuditor:
                   cfg.canary_norm, self.device, self.on_internal_failure, self.noise_coords)
         self._report: Any = None
         if cfg.compiled_kernels:
-            from .._numba import warm_up
+            from .._warmup import warm_up
 
             # compile (once; later: load from Numba's cache) every kernel before the first step
             warm_up(tap.params, host=self.device.type == "cpu")

@@ -309,7 +309,7 @@ def clip_joint(index: np.ndarray, E: int, which: np.ndarray, clip: np.ndarray,
 
 def signatures() -> list[tuple[object, tuple[object, ...]]]:
     """(kernel, argument types) of :func:`plan_step` as the injector calls it, for
-    :func:`dpaudit_torch._numba.warm_up`."""
+    :func:`dpaudit_torch._warmup.warm_up`."""
     from numba import types as nt
 
     i, i1, f = nt.int64, nt.int64[::1], nt.float64

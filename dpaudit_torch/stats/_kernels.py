@@ -558,7 +558,7 @@ def record_chunk(traj: np.ndarray, c: int, thr: float, thr_g: float, start: int,
 
 def signatures() -> list[tuple[object, tuple[object, ...]]]:
     """(kernel, argument types) of every call the sequential tests make (C-contiguous float64
-    and int64 arrays, Python ints and floats), for :func:`dpaudit_torch._numba.warm_up`."""
+    and int64 arrays, Python ints and floats), for :func:`dpaudit_torch._warmup.warm_up`."""
     from numba import types as nt
 
     f1, f2, f3 = nt.float64[::1], nt.float64[:, ::1], nt.float64[:, :, ::1]
