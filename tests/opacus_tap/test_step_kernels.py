@@ -124,19 +124,21 @@ def test_stream_crosses_blocks_and_resumes_exactly(monkeypatch):
 
 def test_state_of_the_step_counted_stream_resumes_at_its_uniform():
     """A state written before the geometric inclusions ("mechanics_pos" counted steps of k + m
-    uniforms, no "mechanics_unit") resumes at the same uniform of the same stream."""
+    uniforms, no "mechanics_unit" in the adapter's part of the state) resumes at the same uniform
+    of the same stream."""
     cfg = dict(k_pairs=4, m_canaries=30, check_every=3)
     s = make_private_setup(sigma=1.0)
     aud = PrivacyAuditor(s.engine, s.optimizer, s.loader, seed=5, **cfg)
     sd = aud.state_dict()
-    sd.pop("mechanics_unit")
-    sd["mechanics_pos"] = 3  # three old steps of 4 + 30 uniforms
+    tap = sd["tap"]
+    tap.pop("mechanics_unit")
+    tap["mechanics_pos"] = 3  # three old steps of 4 + 30 uniforms
     s2 = make_private_setup(sigma=1.0)
     other = PrivacyAuditor(s2.engine, s2.optimizer, s2.loader, seed=9, **cfg)
     other.load_state_dict(sd)
     state, used = other.tap.injector.draw_position()
-    assert used == 3 * 34 and torch.equal(state, sd["mechanics_rng"])
+    assert used == 3 * 34 and torch.equal(state, tap["mechanics_rng"])
     g = torch.Generator()
-    g.set_state(sd["mechanics_rng"])
+    g.set_state(tap["mechanics_rng"])
     stream = torch.rand(200, generator=g, dtype=torch.float64).numpy()
     np.testing.assert_array_equal(other.tap.injector.next_uniforms(), stream[102:102 + 5])
