@@ -15,7 +15,7 @@ from typing import Any
 from ..registry import BOUND_METHODS, WHOLE_RUN, refuting_methods
 from .audit_report import AuditReport
 
-__all__ = ["BoundResult", "build_report", "assemble_report", "THREAT_MODEL_NOTES"]
+__all__ = ["BoundResult", "build_report", "THREAT_MODEL_NOTES"]
 
 #: what every white-box audit report says about its threat model
 THREAT_MODEL_NOTES = (
@@ -84,8 +84,3 @@ def build_report(*, claimed_epsilon: float | None, bounds: Mapping[str, BoundRes
         warnings=notes,
         **fields,
     )
-
-
-#: the former name of :func:`build_report`, kept until ``dpaudit_torch/audit/assemble.py`` calls
-#: :func:`build_report` (then removed)
-assemble_report = build_report

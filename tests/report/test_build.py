@@ -9,7 +9,6 @@ from conftest import MONITOR_LABELS
 
 from dpaudit_torch.registry import ONE_STEP
 from dpaudit_torch.report import AuditReport, contradictions
-from dpaudit_torch.report import build as build_module
 from dpaudit_torch.report.build import THREAT_MODEL_NOTES, build_report
 
 
@@ -61,7 +60,3 @@ def test_findings_threat_model_and_other_fields() -> None:
         "notes": [*THREAT_MODEL_NOTES, "canaries bypass nothing"]}
     assert report.verdict == "violation proven at step 4"
     AuditReport.from_dict(report.to_dict())
-
-
-def test_assemble_report_is_the_former_name() -> None:
-    assert build_module.assemble_report is build_report

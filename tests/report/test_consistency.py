@@ -245,7 +245,9 @@ def test_cli_report_refuses_contradictions_and_empty_reports(runs: dict,
 #: objects whose keys are names (methods, tests, monitors), not fixed fields: their values are
 #: checked under "<path>.<name>", the objects themselves are described in words
 _NAMED = {"epsilon_lower_bounds", "lower_bound_details", "sequential.tests",
-          "config.test_options", "config.monitor_options", "monitor_labels"}
+          "config.test_options", "config.monitor_options", "monitor_labels", "audits"}
+#: each monitor documents its own ``audits.<name>`` section on its page
+MONITOR_DOCS = REPO / "docs" / "monitors"
 _ROOT = "audit.json"
 
 
@@ -262,14 +264,22 @@ def _keys_by_path(value: Any, path: str, out: dict[str, set[str]]) -> None:
 
 
 def _documented() -> list[tuple[list[str], set[str], set[str]]]:
-    """(paths, keys, optional keys) of every heading of docs/report.md followed by a key (or
-    field) table; a key whose first cell says "(optional)" may be absent from a real report."""
+    """(paths, keys, optional keys) of every heading of docs/report.md, and of the monitors'
+    pages docs/monitors/*.md, followed by a key (or field) table; a key whose first cell says
+    "(optional)" may be absent from a real report."""
+    out: list[tuple[list[str], set[str], set[str]]] = []
+    for doc in [DOC, *sorted(MONITOR_DOCS.glob("*.md"))]:
+        out += _documented_in(doc)
+    return out
+
+
+def _documented_in(doc: Path) -> list[tuple[list[str], set[str], set[str]]]:
     sections: list[tuple[list[str], set[str], set[str]]] = []
     paths: list[str] | None = None
     keys: set[str] = set()
     optional: set[str] = set()
     in_table = False
-    for line in DOC.read_text(encoding="utf-8").splitlines():
+    for line in doc.read_text(encoding="utf-8").splitlines():
         if line.startswith("#"):
             if paths and keys:
                 sections.append((paths, keys, optional))
