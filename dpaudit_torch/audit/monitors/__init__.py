@@ -25,6 +25,7 @@ from .noise import NoiseMonitor
 from .sampling import SamplingMonitor
 from .one_run import OneRunMonitor
 from .accounting import AccountingMonitor
+from .coverage import CoverageMonitor  # noqa: F401 - registered on import
 # isort: on
 
 #: the monitors an audit runs unless its configuration says otherwise, in registry order
