@@ -312,3 +312,50 @@ def test_checkpoint_of_the_previous_layout_resumes_to_the_same_report():
     assert exp_d["violation"] and exp_d["violation_step"] > CUT
     for key in exp_d:
         assert got_d[key] == exp_d[key], key
+
+
+def test_resume_with_another_set_of_monitors_notes_each_and_keeps_the_decision_valid():
+    """Resumed without a monitor the checkpoint has (``disable_monitors``): its last e-value
+    stays in the decision's average (frozen), with a note. Resumed with a monitor the
+    checkpoint lacks: it starts fresh, reports, and does not bet, with a note. A monitor's own
+    settings that differ are refused, naming it."""
+    import copy
+
+    batches = _batches()
+    s = _setup()
+    aud = PrivacyAuditor(s.engine, s.optimizer, s.loader, seed=3,
+                         disable_monitors=("coverage",), **CONFIG)
+    _train(s, aud, batches[:4])  # past a check: the noise monitor has bet
+    ck = copy.deepcopy(_checkpoint(s, aud))
+    last_noise = aud.decision.state_dict()["last"]["noise"]
+    assert last_noise != 0.0
+    # without the noise monitor: frozen in the average
+    r, fewer = _restored_with(ck, disable_monitors=("noise", "coverage"))
+    assert "noise" not in fewer.monitors and fewer.decision.frozen == {"noise": last_noise}
+    assert any("'noise'" in w and "frozen" in w for w in fewer.warnings)
+    _train(r, fewer, batches[4:])
+    assert fewer.finalize().audits.get("noise") is None
+    # with the coverage monitor the checkpoint lacks: fresh, excluded from the decision
+    r2, more = _restored_with(ck)
+    assert "coverage" in more.monitors and more.decision.excluded == {"coverage"}
+    assert any("'coverage'" in w and "started fresh" in w for w in more.warnings)
+    _train(r2, more, batches[4:])
+    assert more.finalize().audits["coverage"]["run"] is False  # no model was handed over
+    # a monitor's own settings differ: refused, naming it
+    s3 = _setup()
+    other = PrivacyAuditor(s3.engine, s3.optimizer, s3.loader, seed=None,
+                           disable_monitors=("coverage",),
+                           monitor_options={"sampling": {"alpha": 0.01}}, **CONFIG)
+    with pytest.raises(ValueError, match="monitor 'sampling' was run with settings"):
+        other.load_state_dict(ck["auditor"])
+
+
+def _restored_with(ck: dict[str, Any], **settings: Any) -> tuple[Any, PrivacyAuditor]:
+    s = _setup()
+    s.model.load_state_dict(ck["model"])
+    s.optimizer.load_state_dict(ck["optimizer"])
+    s.engine.accountant.load_state_dict(ck["accountant"])
+    s.optimizer.generator.set_state(ck["noise_rng"])
+    aud = PrivacyAuditor(s.engine, s.optimizer, s.loader, seed=None, **settings, **CONFIG)
+    aud.load_state_dict(ck["auditor"])
+    return s, aud
