@@ -42,7 +42,7 @@ import numpy as np
 import torch
 
 from ..canaries import CanaryDesign
-from .observation import GradientReader, _CoordinateSet
+from .observation import CoordinateSet, GradientReader
 from .plan import StepPlan
 
 logger = logging.getLogger(__name__)
@@ -322,7 +322,7 @@ class ShardedGradientReader(GradientReader):
 
     @torch.no_grad()
     def _gather(self, get: Callable[[int], torch.Tensor | None], scale: torch.Tensor,
-                what: str, cs: _CoordinateSet | None = None) -> torch.Tensor:
+                what: str, cs: CoordinateSet | None = None) -> torch.Tensor:
         cs = self._coords if cs is None else cs
         raw = self._stash.get(id(cs))
         if raw is None:

@@ -76,7 +76,7 @@ class _HostBuffers:
     the process's heap as training shapes it (docs/auditor.md, "Memory"). The values of a step
     are overwritten by the next one: a monitor that keeps them copies them."""
 
-    def __init__(self, canary: _CoordinateSet, noise: _CoordinateSet | None, k: int) -> None:
+    def __init__(self, canary: CoordinateSet, noise: CoordinateSet | None, k: int) -> None:
         n_c, u = canary.n, 0 if noise is None else noise.n
         self.n_canary, self.n_noise, self.k = n_c, u, k
         parts = [canary] if noise is None else [canary, noise]
@@ -97,7 +97,7 @@ class _HostBuffers:
         self.rel_t, self.noise_raw_t, self.noise_t = t(self.rel), t(self.noise_raw), t(self.noise)
 
 
-class _CoordinateSet:
+class CoordinateSet:
     """A fixed set of (tensor, flat index) coordinates and how to gather them: the host arrays of
     the compiled pass, and (built at their first use: the compiled CPU path never needs them) per
     tensor the flat indices on the device (tensor-major) and the permutation back to the given
@@ -187,9 +187,9 @@ class GradientReader:
         self.compiled = compiled
         self.k = design.k_pairs
         all_param, all_flat = design.coordinates()
-        self._coords = _CoordinateSet(all_param, all_flat, design.n_params, device)
+        self._coords = CoordinateSet(all_param, all_flat, design.n_params, device)
         self._noise = (None if noise_coords is None or not noise_coords[0].numel()
-                       else _CoordinateSet(noise_coords[0], noise_coords[1], design.n_params,
+                       else CoordinateSet(noise_coords[0], noise_coords[1], design.n_params,
                                            device))
         # the compiled CPU path reads every coordinate in design order directly
         self._host = device.type == "cpu" and all(p.device.type == "cpu" for p in params)
@@ -216,7 +216,7 @@ class GradientReader:
         self.last_values: torch.Tensor | None = None
 
     # ------------------------------------------------------------------ helpers
-    def _per_entry(self, values: list[float], cache: str, cs: _CoordinateSet | None = None
+    def _per_entry(self, values: list[float], cache: str, cs: CoordinateSet | None = None
                    ) -> torch.Tensor:
         """A per-parameter factor spread over the gathered entries (rebuilt only when the factors
         change, e.g. every step under adaptive clipping)."""
@@ -256,7 +256,7 @@ class GradientReader:
 
     @torch.no_grad()
     def _gather(self, get: Callable[[int], torch.Tensor | None], scale: torch.Tensor,
-                what: str, cs: _CoordinateSet | None = None) -> torch.Tensor:
+                what: str, cs: CoordinateSet | None = None) -> torch.Tensor:
         cs = self._coords if cs is None else cs
         parts = []
         for i, flat in zip(cs.which, cs.flat):
