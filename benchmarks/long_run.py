@@ -215,8 +215,8 @@ def _reading(c: dict[tuple[str, str], list[dict[str, Any]]], cap: int) -> str:
             f"On the non-DP stream the log-wealth reached {max(r['lw_max'] for r in nd):.4g} "
             f"(the wealth as a product would be e^{max(r['lw_max'] for r in nd):.0f}, far beyond "
             f"float64's e^{LOG_FLOAT64_MAX:.2f}); it is a sum of `log1p` terms, and "
-            "`tests/test_long_run.py` checks it against an independent `math.fsum` recomputation "
-            "beyond e^800. "
+            "`tests/stats/test_long_run.py` checks it against an independent `math.fsum` "
+            "recomputation beyond e^800. "
         )
     nl = [r for (n, s), rs in c.items() if s == "null" for r in rs]
     if nl:

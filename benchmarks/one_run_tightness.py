@@ -17,7 +17,7 @@ coordinate, in units of the clipping norm C, is 1{present} + N(0, sigma^2).  Two
 For each (eps, seed, score) the audit reports Steinke and f-DP bounds with the default strategy
 (Bonferroni over the 1-2-5 grid of guess counts, valid) and the best guess count uncorrected (the
 diagnostic, which is what the section-6 targets are), one- and two-sided.  A second part re-runs
-the coverage simulation of tests/test_one_run.py at 10x its size.
+the coverage simulation of tests/stats/test_one_run.py at 10x its size.
 
 Run:  .venv/bin/python benchmarks/one_run_tightness.py            (about 5 minutes, one thread)
       .venv/bin/python benchmarks/one_run_tightness.py --quick    (smoke test, nothing written)
@@ -144,7 +144,7 @@ def tightness(seeds: int, m: int, steps: int) -> tuple[str, dict]:
 
 
 # ------------------------------------------------------------------------------------------------
-# coverage at 10x the suite's size (same games as tests/test_one_run.py)
+# coverage at 10x the suite's size (same games as tests/stats/test_one_run.py)
 # ------------------------------------------------------------------------------------------------
 MU, EPS0, M_COV = 2.0, 2.0, 100
 

@@ -273,7 +273,7 @@ def main() -> None:
             f"{worst['variant']}), so this check can only catch a gross failure of validity; "
             "the validity of the Steinke test itself is checked where it is tight (its exact "
             "rejection probability for randomized response, and coverage simulations: "
-            "docs/one_run.md, \"How well it works\", tests/test_one_run.py). What the "
+            "docs/one_run.md, \"How well it works\", tests/stats/test_one_run.py). What the "
             "subtraction buys is power: median bound with W subtracted -> left in: " + loss
             + ".")
         print(table)

@@ -37,7 +37,7 @@ approximation of the whole sum is not good enough: the log-likelihood ratio of a
 right-skewed (mostly near log(1 - q), occasionally large), and a normal sum underestimates the
 upper tail of the OUT scores, which is where the audit's guesses are made (it overstated the
 bound by about 15 %).  The approximation only affects a power estimate, never a bound on real
-data; ``tests/test_one_run_power.py`` and ``benchmarks/one_run_scores.py`` compare it with the
+data; ``tests/stats/test_one_run_power.py`` and ``benchmarks/one_run_scores.py`` compare it with the
 exact simulation.
 """
 
