@@ -1,0 +1,181 @@
+"""The sampling monitor (dpaudit_torch/audit/monitors/sampling.py): the real batch sizes of
+hand-made step records tested against Binomial(N, q), as the Opacus adapter would hand them."""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+import numpy as np
+import pytest
+import torch
+
+from dpaudit_torch.audit import AuditConfig, MonitorContext, StepRecord, build_monitors
+from dpaudit_torch.audit.monitors import SamplingMonitor
+from dpaudit_torch.canaries import SecretCoins
+from dpaudit_torch.contract import N_RECORDS, SAMPLE_RATE
+from dpaudit_torch.stats.sampling import rate_interval
+
+K, M = 2, 4
+N, Q = 256, 0.125  # 32 examples per step on average
+CHECK = 5
+
+
+def _monitor(facts: dict[Any, Any] | None = None, **options: Any) -> SamplingMonitor:
+    cfg = AuditConfig(k_pairs=K, m_canaries=M, monitor_options={"sampling": options})
+    warned: list[str] = []
+    ctx = MonitorContext(config=cfg, k_pairs=K, m_canaries=M, device="cpu", warn=warned.append,
+                         coins=SecretCoins(M, torch.Generator().manual_seed(0)),
+                         facts={SAMPLE_RATE: Q, N_RECORDS: N} if facts is None else facts)
+    mon = build_monitors(ctx, ("sampling",))["sampling"]
+    assert isinstance(mon, SamplingMonitor)
+    return mon
+
+
+def _rec(step: int, n_real: int | None, finite: bool | torch.Tensor = True) -> StepRecord:
+    v = torch.zeros(2 * K + M, dtype=torch.float64)
+    return StepRecord(step=step, values=v, x=v[:K], y=v[K:2 * K],
+                      coins=torch.tensor([True, False]), sigma=1.0, sigma_claimed=1.0,
+                      n_real=n_real, finite=finite)
+
+
+def _poisson(n: int, seed: int) -> list[int]:
+    return np.random.default_rng(seed).binomial(N, Q, n).tolist()
+
+
+def _feed(mon: SamplingMonitor, sizes: list[int], start: int = 1) -> list[Any]:
+    """Observe the sizes, advancing every CHECK steps; the evidence of every check."""
+    out = []
+    for i, n in enumerate(sizes):
+        mon.observe(_rec(start + i, n))
+        if (start + i) % CHECK == 0:
+            out.append(mon.advance())
+    return out
+
+
+def test_buffers_batch_sizes_and_bets_on_them_at_each_check() -> None:
+    mon = _monitor()
+    assert mon.rate == Q and mon.n_records == N and mon.reason_off is None
+    for t, n in enumerate([30, 35, 28], start=1):
+        mon.observe(_rec(t, n))
+    assert mon.test.n_steps == 0  # nothing processed before the check
+    ev = mon.advance()
+    assert ev is not None and ev.steps == [1, 2, 3] and ev.log_e.shape == (3,)
+    assert ev.extra == {} and np.all(np.isfinite(ev.log_e))
+    assert mon.test.n_steps == 3 and mon.test.total == 93
+    assert ev.log_e[-1] == pytest.approx(mon.test.log_wealth)
+    assert mon.advance() is None  # nothing buffered since
+    assert mon.rate_interval(0.05) == pytest.approx(rate_interval(93, N, 3, 0.05))
+
+
+def test_steps_flagged_non_finite_on_the_device_are_left_out() -> None:
+    mon = _monitor()
+    mon.observe(_rec(1, 30))
+    mon.observe(_rec(2, 31, finite=torch.tensor(False)))
+    mon.observe(_rec(3, 33, finite=torch.tensor(True)))
+    ev = mon.advance()
+    assert ev is not None and ev.steps == [1, 3] and mon.test.total == 63
+    mon.observe(_rec(4, 32, finite=torch.tensor(False)))
+    assert mon.advance() is None  # every buffered step dropped
+
+
+def test_correct_poisson_sizes_give_no_finding_and_a_section() -> None:
+    mon = _monitor()
+    sizes = _poisson(100, seed=3)
+    _feed(mon, sizes)
+    assert mon.findings() == [] and not mon.test.rejected
+    c = mon.contribution()
+    assert c.bounds == {} and c.fields == {} and c.canaries == {} and c.verdict is None
+    sec = c.section
+    assert sec is not None
+    assert (sec["rate"], sec["n_records"], sec["run"], sec["reason_not_run"]) == (Q, N, True, None)
+    assert sec["n_steps"] == 100 and sec["mean_batch_size"] == pytest.approx(np.mean(sizes))
+    assert sec["rejected"] is False and sec["rejected_at"] is None
+    lo, hi = sec["rate_interval"]
+    assert lo < Q < hi
+    assert sec["rate_interval"] == pytest.approx(list(rate_interval(sum(sizes), N, 100, 0.05)))
+
+
+def test_fixed_size_batches_are_rejected_quickly() -> None:
+    """The power check: a loader that always gives N q = 32 examples (a shuffled loader) is
+    decided within 50 steps."""
+    mon = _monitor()
+    evidence = _feed(mon, [32] * 50)
+    assert mon.test.rejected and mon.test.rejected_at <= 50
+    log_e = np.concatenate([e.log_e for e in evidence])
+    assert log_e[-1] >= math.log(20.0)
+    (f,) = mon.findings()
+    assert f.monitor == "sampling" and f.level == "violation" and f.where == "data loader"
+    assert f.scope is None
+    assert f"rejected after {mon.test.rejected_at} steps" in f.message
+    assert "q = 0.125" in f.message and "N = 256" in f.message
+    assert mon.contribution().section["rejected"] is True
+
+
+def test_alpha_comes_from_the_audit_or_the_monitors_options() -> None:
+    assert _monitor().test.alpha == 0.05
+    strict = _monitor(alpha=0.001)
+    assert strict.settings.alpha == 0.001 and strict.test.alpha == 0.001
+
+
+def test_correct_sizes_are_rarely_rejected_over_seeded_runs() -> None:
+    """Type I: 40 seeded runs of 100 Poisson batch sizes each; at most n alpha + 3 sd of the
+    binomial rejections (Ville's inequality bounds each run's rejection probability by alpha)."""
+    runs, alpha = 40, 0.05
+    rejected = 0
+    for seed in range(runs):
+        mon = _monitor()
+        _feed(mon, _poisson(100, seed=100 + seed))
+        rejected += int(mon.test.rejected)
+    assert rejected <= runs * alpha + 3 * math.sqrt(runs * alpha * (1 - alpha))
+
+
+def test_without_the_dataset_size_it_does_not_run_and_says_why() -> None:
+    mon = _monitor({SAMPLE_RATE: Q})
+    assert mon.test is None and mon.n_records is None
+    _feed(mon, [32] * 10)
+    assert mon.advance() is None and mon.findings() == [] and mon.rate_interval(0.05) is None
+    sec = mon.contribution().section
+    assert sec == {"rate": Q, "n_records": None, "run": False,
+                   "reason_not_run": "the data loader's dataset has no length, so the number of "
+                                     "records N that Poisson sampling draws from is unknown"}
+    bare = _monitor({})  # no rate either: taken as 1
+    assert bare.rate == 1.0 and bare.contribution().section["run"] is False
+
+
+def test_without_batch_sizes_it_does_not_run_and_says_why() -> None:
+    mon = _monitor()
+    mon.observe(_rec(1, None))  # ghost clipping: the adapter cannot count the real examples
+    mon.observe(_rec(2, 32))
+    assert mon.test is None and mon.advance() is None and mon.findings() == []
+    sec = mon.contribution().section
+    assert sec["run"] is False and "ghost clipping" in sec["reason_not_run"]
+
+
+def test_state_round_trip_gives_the_same_later_results() -> None:
+    sizes = _poisson(33, seed=5) + [32] * 60
+    mon = _monitor()
+    _feed(mon, sizes[:23])  # steps 21..23 still buffered
+    sd = mon.state_dict()
+    assert [b[0] for b in sd["buffer"]] == [21, 22, 23]
+    again = _monitor()
+    again.load_state_dict(sd)
+    ev1 = _feed(mon, sizes[23:], start=24)
+    ev2 = _feed(again, sizes[23:], start=24)
+    assert ev1[0].steps == ev2[0].steps == [21, 22, 23, 24, 25]
+    for a, b in zip(ev1, ev2):
+        np.testing.assert_array_equal(a.log_e, b.log_e)
+    assert mon.findings() == again.findings() and mon.findings()
+    assert mon.contribution() == again.contribution()
+
+
+def test_state_of_a_monitor_that_did_not_run() -> None:
+    off = _monitor({SAMPLE_RATE: Q})
+    sd = off.state_dict()
+    assert sd["test"] is None
+    with pytest.raises(ValueError, match="dataset size unknown"):
+        _monitor({SAMPLE_RATE: Q}).load_state_dict(_monitor().state_dict())
+    on = _monitor()
+    on.load_state_dict(sd)  # a state written without the test: it stays off
+    assert on.test is None and on.contribution().section["run"] is False
+    assert on.contribution().section["reason_not_run"] == off.reason_off
