@@ -26,7 +26,7 @@ Imports nothing of the package but the standard library and torch.
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, Generic, Protocol, TypeVar
 
 import torch
@@ -109,7 +109,7 @@ class Fact(Generic[T]):
     what the value is. Facts compare by name."""
 
     name: str
-    meaning: str
+    meaning: str = field(compare=False)
 
     def __repr__(self) -> str:
         return f"Fact({self.name!r})"
