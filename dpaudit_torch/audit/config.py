@@ -232,7 +232,11 @@ class AuditConfig:
         return cfg
 
     def replace(self, **changes: Any) -> AuditConfig:
-        """A copy with some settings changed (validated again)."""
+        """A copy with some settings changed (validated again). A ``spread_pairs`` that is the
+        default (every pair, ``k_pairs``) follows a new ``k_pairs``."""
+        if "k_pairs" in changes and "spread_pairs" not in changes and \
+                self.spread_pairs == self.k_pairs:
+            changes["spread_pairs"] = None
         return dataclasses.replace(self, **changes)
 
     @classmethod

@@ -96,9 +96,7 @@ class AccountingMonitor(Monitor):
         """Interval for (measured noise std) / (claimed), from sum xi^2 ~ chi2(n) x ratio^2."""
         from scipy import stats as sps
 
-        for flag, k in self._xi_flags:  # deferred finiteness: count the finite steps only
-            self._xi_count += k * int(bool(flag))
-        self._xi_flags = []
+        self._count_deferred()  # deferred finiteness: count the finite steps only
         n = self._xi_count
         if n < 2:
             return None
@@ -202,7 +200,15 @@ class AccountingMonitor(Monitor):
         return Contribution(section=dict(self.result),
                             verdict="inconsistent" if self.result.get("inconsistent") else None)
 
+    def _count_deferred(self) -> None:
+        """Add the noise values of the steps whose finiteness was deferred (device flags) to
+        the count, once (a host synchronisation: at finalize or a checkpoint only)."""
+        for flag, k in self._xi_flags:
+            self._xi_count += k * int(bool(flag))
+        self._xi_flags = []
+
     def state_dict(self) -> dict[str, Any]:
+        self._count_deferred()  # the sum of squares already holds those steps
         return {"releases": self.releases, "examples": self.examples,
                 "examples_known": self.examples_known, "micro_steps": self.micro_steps,
                 "sigmas": sorted(self.sigmas), "xi_sumsq": float(self._xi_sumsq),

@@ -295,9 +295,8 @@ class NoiseMonitor(Monitor):
 
     def findings(self) -> list[Finding]:
         out: list[Finding] = []
-        thr = math.log(1.0 / self.config.alpha)
-        if self.reason_off is None:
-            if self.by_tensor.log_wealth >= thr or self.by_group.log_wealth >= thr:
+        if self.reason_off is None:  # a rejection at any step stands (Ville)
+            if self.by_tensor.rejected or self.by_group.rejected:
                 t = self.by_tensor.worst_group()
                 g = self.by_group.worst_group()
                 est = float(self.by_tensor.variance_ratio_estimate()[t, 0])
@@ -308,7 +307,7 @@ class NoiseMonitor(Monitor):
                     f"at level {self.config.alpha:g})",
                     f"{self._name(self.tensor_names, t, 'tensor')}; worst parameter group: "
                     f"{self._name(self.group_names, g, 'group')}"))
-            if self.independence.log_wealth >= thr:
+            if self.independence.rejected:
                 lag = self.independence.worst_lag()
                 out.append(Finding(
                     self.name, "violation",

@@ -129,6 +129,8 @@ class SequentialPairsMonitor(Monitor):
         self._offset = 0.0  # log-wealth carried over from earlier segments
         self._test_offset = {t: 0.0 for t in self.tests}
         self.log_wealth = 0.0  # this monitor's e-process (log), after the last processed step
+        #: the largest it has been (a crossing of 1/alpha at any step is a rejection: Ville)
+        self.max_log_wealth = 0.0
         self.test_log_wealth = {t: 0.0 for t in self.tests}
         self.bound = 0.0  # sequential lower bound after the last processed step
         self.reset_buffers()
@@ -363,6 +365,7 @@ class SequentialPairsMonitor(Monitor):
         tests_lw = {t: (self._test_offset[t] + per_test[t] if t in per_test
                         else np.full(n, self.test_log_wealth[t])) for t in self.tests}
         self.log_wealth = float(comb[-1])
+        self.max_log_wealth = max(self.max_log_wealth, float(comb.max()))
         self.test_log_wealth = {t: float(v[-1]) for t, v in tests_lw.items()}
         self.bound = float(bounds[-1])
         return comb, tests_lw, bounds
@@ -372,7 +375,7 @@ class SequentialPairsMonitor(Monitor):
         return max([0.0] + [s.bound() for s in self.segments])
 
     def findings(self) -> list[Finding]:
-        if self.log_wealth < math.log(1.0 / self.config.alpha):
+        if self.max_log_wealth < math.log(1.0 / self.config.alpha):
             return []
         return [Finding(self.name, "violation",
                         f"the canary pairs: a training step leaks more than the per-step null "
@@ -460,6 +463,7 @@ class SequentialPairsMonitor(Monitor):
                          for s in self.segments],
             "offset": self._offset, "test_offset": dict(self._test_offset),
             "log_wealth": self.log_wealth, "test_log_wealth": dict(self.test_log_wealth),
+            "max_log_wealth": self.max_log_wealth,
             "bound": self.bound,
             "buffer_x": stack(self.buffer_x), "buffer_y": stack(self.buffer_y),
             "buffer_ok": torch.tensor([bool(torch.as_tensor(o)) for o in self.buffer_ok],
@@ -491,6 +495,8 @@ class SequentialPairsMonitor(Monitor):
         self._offset = float(sd["offset"])
         self._test_offset = {k: float(v) for k, v in sd["test_offset"].items()}
         self.log_wealth = float(sd["log_wealth"])
+        # states written before the maximum was kept: the wealth when they were written
+        self.max_log_wealth = float(sd.get("max_log_wealth", self.log_wealth))
         self.test_log_wealth = {k: float(v) for k, v in sd["test_log_wealth"].items()}
         self.bound = float(sd["bound"])
         n = len(sd["buffer_steps"])

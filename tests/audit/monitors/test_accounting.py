@@ -242,9 +242,6 @@ def test_state_round_trip_gives_the_same_result() -> None:
     assert mon.findings() == again.findings()
 
 
-@pytest.mark.xfail(strict=True, reason="bug: state_dict() leaves out the noise counts of steps "
-                   "whose finiteness is deferred (device flags, resolved only at finalize), "
-                   "while their sum of squares is saved")
 def test_state_round_trip_with_deferred_finiteness() -> None:
     recs = _records(4, finite=lambda: torch.tensor(True))
     mon = _monitor()

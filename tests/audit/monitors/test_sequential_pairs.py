@@ -164,9 +164,6 @@ def test_too_little_noise_is_a_one_step_violation() -> None:
     assert evidence[-1].extra["epsilon_lower_bound"][-1] == mon.bound
 
 
-@pytest.mark.xfail(strict=True, reason="bug: findings() looks at the current log-wealth, not "
-                   "whether it ever reached 1/alpha, so a crossing that the wealth later falls "
-                   "back from (on_violation='warn': training goes on) loses its finding")
 def test_a_crossing_keeps_its_finding_when_the_wealth_falls_back() -> None:
     mon, _ = _monitor()
     crossed = None
