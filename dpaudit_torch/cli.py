@@ -37,7 +37,19 @@ class _Parser(argparse.ArgumentParser):
 
 
 def _writable_dir(path: str) -> Path:
+    """``path`` as a writable directory (created if missing); a UsageError saying what is wrong
+    otherwise (an existing file where the directory or one of its parents should be, no
+    permission, ...)."""
     p = Path(path)
+    for q in (p, *p.parents):  # the nearest existing path must be a directory
+        if q.exists() or q.is_symlink():
+            if not q.is_dir():
+                if q == p:
+                    raise UsageError(f"--out {path!r} is an existing file, not a directory: "
+                                     f"give a directory (it is created if missing)")
+                raise UsageError(f"--out {path!r} cannot be a directory: {str(q)!r} is an "
+                                 f"existing file, not a directory")
+            break
     try:
         p.mkdir(parents=True, exist_ok=True)
         with tempfile.NamedTemporaryFile(dir=p, prefix=".dpaudit-write-test-"):

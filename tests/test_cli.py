@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from dpaudit_torch.cli import EXIT_USAGE, main
+from dpaudit_torch.cli import EXIT_USAGE, UsageError, _writable_dir, main
 
 
 def _run(args: list[str], cwd: Path | None = None) -> subprocess.CompletedProcess[str]:
@@ -71,3 +71,17 @@ def test_report_wrong_schema(tmp_path: Path) -> None:
 
 def test_report_missing_file(tmp_path: Path) -> None:
     _assert_one_line_usage_error(_run(["report", str(tmp_path / "nope.json")]), "nope.json")
+
+
+def test_out_naming_an_existing_file_says_so(tmp_path: Path) -> None:
+    """`--out file.json` where the file exists: the message says that --out is a file, not a
+    directory (not a bare "File exists"); `dpaudit report --out` checks it the same way."""
+    existing = tmp_path / "file.json"
+    existing.write_text("{}")
+    proc = _run(["demo", "--out", str(existing)])
+    _assert_one_line_usage_error(proc, f"--out {str(existing)!r} is an existing file, not a "
+                                       "directory")
+    assert "File exists" not in proc.stderr
+    with pytest.raises(UsageError, match=r"cannot be a directory: .*file\.json' is an existing "
+                                         r"file"):
+        _writable_dir(str(existing / "sub"))
