@@ -62,3 +62,37 @@ def test_every_python_example_runs(doc: str, tmp_path: Path, registry_restored: 
     auditor = ns.get("auditor")
     if auditor is not None and auditor.attached:
         auditor.detach()
+
+
+def _doc_texts() -> dict[str, str]:
+    docs = [ROOT / "README.md", ROOT / "CONTRIBUTING.md", *sorted((ROOT / "docs").rglob("*.md"))]
+    return {str(p.relative_to(ROOT)): p.read_text(encoding="utf-8") for p in docs}
+
+
+def test_the_docs_say_what_the_public_classes_have() -> None:
+    """What the documents say about the package's public classes holds: no "`X` has no `m`" for
+    a method X has (docs/examples.md said `PrivacyAuditor` had no `state_dict` long after it
+    had one), and every ``X.m(`` they name exists."""
+    import dpaudit_torch
+
+    found: list[str] = []
+    for doc, text in _doc_texts().items():
+        flat = " ".join(text.split())  # sentences wrap across lines
+        for cls, attr in re.findall(r"`(\w+)` has no `(\w+)`", flat):
+            if hasattr(getattr(dpaudit_torch, cls, None), attr):
+                found.append(f"{doc}: `{cls}` has no `{attr}`, but it has")
+        for cls, attr in re.findall(r"`(\w+)\.(\w+)\(", flat):
+            obj = getattr(dpaudit_torch, cls, None)
+            if isinstance(obj, type) and not hasattr(obj, attr):
+                found.append(f"{doc}: `{cls}.{attr}(` does not exist")
+    assert found == []
+    examples = " ".join(_doc_texts()["docs/examples.md"].split())
+    assert "`PrivacyAuditor.state_dict()` / `load_state_dict()`" in examples
+
+
+def test_the_check_of_what_the_classes_have_sees_a_false_denial() -> None:
+    import dpaudit_torch
+
+    text = "`PrivacyAuditor` has no `state_dict` yet"
+    (cls, attr), = re.findall(r"`(\w+)` has no `(\w+)`", text)
+    assert hasattr(getattr(dpaudit_torch, cls), attr)
