@@ -140,13 +140,19 @@ def test_claimed_epsilon_history_has_no_duplicate_steps(runs: dict) -> None:
 
 # ---------------------------------------------------------------- 0 steps
 def test_finalize_after_zero_steps_warns_and_says_so(caplog: pytest.LogCaptureFixture) -> None:
-    a = _auditor(make_private_setup())
+    a = _auditor(make_private_setup(sigma=1.5))
     with caplog.at_level(logging.WARNING, logger="dpaudit_torch"):
         report = a.finalize()
     assert "finalize() after 0 audited steps" in caplog.text
     assert any("finalize() after 0 audited steps" in w for w in report.warnings)
     assert report.training["audited_steps"] == 0
     assert NO_STEPS_SENTENCE in report.summary_text()
+    # sigma = 1.5 was claimed: the power note names the missing steps, with the claimed sigma
+    assert report.power["note"] == ("no training step was audited: the power statement is "
+                                    "not defined")
+    assert report.power["sigma"] == 1.5
+    assert "no noise multiplier was claimed" not in report.summary_text()
+    assert "no training step was audited" in report.summary_text()
     verdict = _section(report.to_html(), "verdict")
     assert 'id="no-steps"' in verdict and html.escape(NO_STEPS_SENTENCE) in verdict
     validate(report)  # consistent: it holds (zero) bounds

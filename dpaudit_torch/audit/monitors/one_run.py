@@ -27,7 +27,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from ...contract import EPSILON_OF_SIGMA, SAMPLE_RATE, StepRecord
+from ...contract import EPSILON_OF_SIGMA, NOISE_MULTIPLIER, SAMPLE_RATE, StepRecord
 from ...registry import methods_of
 from .base import Contribution, Evidence, Monitor, MonitorConfig, MonitorContext, register_monitor
 
@@ -49,6 +49,15 @@ def _host_f64(*tensors: torch.Tensor) -> bool:
                for t in tensors)
 
 
+def _positive_or_zero(value: Any) -> float:
+    """``value`` as a float if it is a finite positive number, else 0."""
+    try:
+        v = float(value)
+    except (TypeError, ValueError):
+        return 0.0
+    return v if v > 0 and math.isfinite(v) else 0.0
+
+
 @dataclass(frozen=True)
 class OneRunConfig(MonitorConfig):
     """Settings of the one-run game: the bounds' delta and level, the score, and the check
@@ -66,7 +75,7 @@ class OneRunMonitor(Monitor):
 
     label = "one-run"
     config_class = OneRunConfig
-    needs = (SAMPLE_RATE, EPSILON_OF_SIGMA)
+    needs = (SAMPLE_RATE, EPSILON_OF_SIGMA, NOISE_MULTIPLIER)
 
     def __init__(self, ctx: MonitorContext) -> None:
         super().__init__(ctx)
@@ -227,7 +236,10 @@ class OneRunMonitor(Monitor):
         """What this audit could have found (docs/one_run.md): never raises."""
         from ...stats.one_run_power import one_run_power
 
-        sigma = min(self.sigmas) if self.sigmas else 0.0
+        if self.sigmas:  # the smallest noise multiplier of the observed steps
+            sigma = min(self.sigmas)
+        else:  # no step observed: the optimizer's noise multiplier, as claimed now
+            sigma = _positive_or_zero(self.ctx.fact_or(NOISE_MULTIPLIER, 0.0))
         t0 = time.perf_counter()
         try:
             eps_of = self._epsilon_of_sigma
@@ -242,8 +254,11 @@ class OneRunMonitor(Monitor):
         except Exception as e:  # noqa: BLE001 - a power statement must not break finalize
             self._warn(f"one-run power simulation failed: {e!r}")
             return {"note": f"no power statement: the simulation failed ({e!r})"}
-        if not (sigma > 0):
+        if self.steps == 0:
+            out["note"] = "no training step was audited: the power statement is not defined"
+        elif not (sigma > 0):
             out["note"] = "no noise multiplier was claimed: the power statement is not defined"
+        if self.steps == 0 or not (sigma > 0):
             for key in ("expected_bound", "expected_bound_quantiles", "min_refutable_epsilon",
                         "min_refutable_sigma"):
                 if key in out:

@@ -14,7 +14,7 @@ import torch
 from dpaudit_torch.audit import AuditConfig, MonitorContext, StepRecord, build_monitors
 from dpaudit_torch.audit.monitors import OneRunMonitor
 from dpaudit_torch.canaries import SecretCoins
-from dpaudit_torch.contract import EPSILON_OF_SIGMA, SAMPLE_RATE
+from dpaudit_torch.contract import EPSILON_OF_SIGMA, NOISE_MULTIPLIER, SAMPLE_RATE
 from dpaudit_torch.registry import methods_of
 from dpaudit_torch.stats.one_run_scores import llr_step_score
 
@@ -210,6 +210,22 @@ def test_no_steps_no_bound() -> None:
     assert mon.power["no_power"] is True
     assert any("no power" in w for w in warned)
     assert mon.contribution().bounds["fdp"][0] == 0.0
+
+
+def test_no_steps_power_says_no_step_was_audited_with_the_claimed_sigma() -> None:
+    """finalize() after 0 steps: the note says that no training step was audited (not that no
+    noise multiplier was claimed), and the power statement carries the optimizer's sigma."""
+    mon, _, _ = _monitor(facts={SAMPLE_RATE: Q, EPSILON_OF_SIGMA: eps_of_sigma,
+                                NOISE_MULTIPLIER: 1.25})
+    mon.finalize(None)
+    p = mon.power
+    assert p["note"] == "no training step was audited: the power statement is not defined"
+    assert p["sigma"] == 1.25 and p["steps"] == 0 and p["no_power"] is True
+    assert p["expected_bound"] is None and p["min_refutable_epsilon"] is None
+    # without the fact the note is the same: the missing steps are what matters
+    bare, _, _ = _monitor(facts={SAMPLE_RATE: Q})
+    bare.finalize(None)
+    assert bare.power["note"] == p["note"]
 
 
 # ------------------------------------------------------------------ checkpoint
