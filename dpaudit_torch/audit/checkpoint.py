@@ -162,7 +162,8 @@ def load_state(aud: PrivacyAuditor, sd: dict[str, Any]) -> None:
                              f"from there, and it does not bet in the decision")
         for name in saved:
             if name not in monitors:
-                decision.freeze(name)
+                if name not in decision.excluded:  # one that never bet stays out
+                    decision.freeze(name)
                 notes.append(f"monitor {name!r} of the checkpoint is not run by this audit: "
                              f"its evidence up to audited step {step} stays in the decision "
                              f"(frozen), its findings are not reported")
