@@ -280,3 +280,27 @@ def power_dict(**changes: Any) -> dict[str, Any]:
          "c": 1.0, "delta": 1e-5, "alpha": 0.05}
     d.update(changes)
     return d
+
+
+def gaussian_step_records(n: int, k: int, m: int, sigma: float, noise: float, seed: int,
+                          start: int = 1, real: bool = False) -> list[Any]:
+    """n step records of a per-step Gaussian mechanism with k pairs and m one-run canaries: the
+    canary adds 1 (units of C) at the chosen coordinate of each pair, the noise has std
+    ``noise`` (``noise = sigma``: a correct implementation). ``real``: also the real data's
+    sums that were removed (all 0.5)."""
+    from dpaudit_torch.contract import StepRecord
+
+    g = torch.Generator().manual_seed(seed)
+    out = []
+    for t in range(n):
+        coins = torch.rand(k, generator=g) < 0.5
+        vals = noise * torch.randn(2 * k + m, generator=g, dtype=torch.float64)
+        vals[:k] += coins.double()
+        vals[k:2 * k] += (~coins).double()
+        x = torch.where(coins, vals[:k], vals[k:2 * k])
+        y = torch.where(coins, vals[k:2 * k], vals[:k])
+        out.append(StepRecord(
+            step=start + t, values=vals, x=x, y=y, coins=coins, sigma=sigma,
+            sigma_claimed=sigma,
+            real_sums=torch.full((2 * k + m,), 0.5, dtype=torch.float64) if real else None))
+    return out

@@ -73,14 +73,15 @@ def _checkpoint(s, aud) -> dict[str, Any]:
     }
 
 
-def _restored(ck: dict[str, Any]) -> tuple[Any, PrivacyAuditor]:
-    """A new setup and auditor (same configuration, unseeded) with the checkpoint's states."""
+def _restored(ck: dict[str, Any], **settings: Any) -> tuple[Any, PrivacyAuditor]:
+    """A new setup and auditor (same configuration, unseeded, ``settings`` added) with the
+    checkpoint's states."""
     s = _setup()
     s.model.load_state_dict(ck["model"])
     s.optimizer.load_state_dict(ck["optimizer"])
     s.engine.accountant.load_state_dict(ck["accountant"])
     s.optimizer.generator.set_state(ck["noise_rng"])
-    aud = PrivacyAuditor(s.engine, s.optimizer, s.loader, seed=None, **CONFIG)
+    aud = PrivacyAuditor(s.engine, s.optimizer, s.loader, seed=None, **settings, **CONFIG)
     aud.load_state_dict(ck["auditor"])
     return s, aud
 
@@ -296,13 +297,7 @@ def test_checkpoint_of_the_previous_layout_resumes_to_the_same_report():
     ck = torch.load(data / "auditor_state_v2.pt", weights_only=False)
     assert ck["auditor"]["version"] == 2
     expected = json.loads((data / "report_v2.json").read_text())
-    s = _setup()
-    s.model.load_state_dict(ck["model"])
-    s.optimizer.load_state_dict(ck["optimizer"])
-    s.engine.accountant.load_state_dict(ck["accountant"])
-    s.optimizer.generator.set_state(ck["noise_rng"])
-    aud = PrivacyAuditor(s.engine, s.optimizer, s.loader, seed=None, **CONFIG)
-    aud.load_state_dict(ck["auditor"])
+    s, aud = _restored(ck)
     _train(s, aud, _batches()[CUT:])
     got = json.loads(json.dumps(aud.finalize().to_dict(), default=str))
     new = set(monitors_pkg.monitor_names()) - set(ck["auditor"]["monitors"])
@@ -330,13 +325,13 @@ def test_resume_with_another_set_of_monitors_notes_each_and_keeps_the_decision_v
     last_noise = aud.decision.state_dict()["last"]["noise"]
     assert last_noise != 0.0
     # without the noise monitor: frozen in the average
-    r, fewer = _restored_with(ck, disable_monitors=("noise", "coverage"))
+    r, fewer = _restored(ck, disable_monitors=("noise", "coverage"))
     assert "noise" not in fewer.monitors and fewer.decision.frozen == {"noise": last_noise}
     assert any("'noise'" in w and "frozen" in w for w in fewer.warnings)
     _train(r, fewer, batches[4:])
     assert fewer.finalize().audits.get("noise") is None
     # with the coverage monitor the checkpoint lacks: fresh, excluded from the decision
-    r2, more = _restored_with(ck)
+    r2, more = _restored(ck)
     assert "coverage" in more.monitors and more.decision.excluded == {"coverage"}
     assert any("'coverage'" in w and "started fresh" in w for w in more.warnings)
     _train(r2, more, batches[4:])
@@ -348,14 +343,3 @@ def test_resume_with_another_set_of_monitors_notes_each_and_keeps_the_decision_v
                            monitor_options={"sampling": {"alpha": 0.01}}, **CONFIG)
     with pytest.raises(ValueError, match="monitor 'sampling' was run with settings"):
         other.load_state_dict(ck["auditor"])
-
-
-def _restored_with(ck: dict[str, Any], **settings: Any) -> tuple[Any, PrivacyAuditor]:
-    s = _setup()
-    s.model.load_state_dict(ck["model"])
-    s.optimizer.load_state_dict(ck["optimizer"])
-    s.engine.accountant.load_state_dict(ck["accountant"])
-    s.optimizer.generator.set_state(ck["noise_rng"])
-    aud = PrivacyAuditor(s.engine, s.optimizer, s.loader, seed=None, **settings, **CONFIG)
-    aud.load_state_dict(ck["auditor"])
-    return s, aud

@@ -10,7 +10,7 @@ import textwrap
 import numpy as np
 import pytest
 import torch
-from conftest import loads_in_fresh_process, make_private_setup
+from conftest import gaussian_step_records, loads_in_fresh_process, make_private_setup
 
 from dpaudit_torch.audit import (
     MONITORS,
@@ -29,20 +29,8 @@ K, M = 4, 40
 
 
 def _records(n: int, sigma: float, noise: float, seed: int, start: int = 1) -> list[StepRecord]:
-    """n steps of a per-step Gaussian mechanism: the canary adds 1 (units of C) at the chosen
-    coordinate, the noise has std ``noise`` (``noise = sigma``: a correct implementation)."""
-    g = torch.Generator().manual_seed(seed)
-    out = []
-    for t in range(n):
-        coins = torch.rand(K, generator=g) < 0.5
-        vals = noise * torch.randn(2 * K + M, generator=g, dtype=torch.float64)
-        vals[:K] += coins.double()
-        vals[K:2 * K] += (~coins).double()
-        x = torch.where(coins, vals[:K], vals[K:2 * K])
-        y = torch.where(coins, vals[K:2 * K], vals[:K])
-        out.append(StepRecord(step=start + t, values=vals, x=x, y=y, coins=coins, sigma=sigma,
-                              sigma_claimed=sigma))
-    return out
+    """n steps of a per-step Gaussian mechanism (conftest's ``gaussian_step_records``)."""
+    return gaussian_step_records(n, K, M, sigma, noise, seed, start)
 
 
 def _engine(cfg: AuditConfig, sigma: float) -> tuple[dict, Decision, list[str]]:

@@ -10,6 +10,7 @@ from typing import Any
 import numpy as np
 import pytest
 import torch
+from conftest import gaussian_step_records
 
 from dpaudit_torch.audit import AuditConfig, MonitorContext, StepRecord, build_monitors
 from dpaudit_torch.audit.config import DEFAULT_NULL_GRID
@@ -25,23 +26,8 @@ CHECK = 5
 
 def _records(n: int, sigma: float, noise: float, seed: int, start: int = 1,
              real: bool = False) -> list[StepRecord]:
-    """n steps of a per-step Gaussian mechanism: the canary adds 1 (units of C) at the chosen
-    coordinate of each pair, the noise has std ``noise`` (``noise = sigma``: a correct
-    implementation). ``real``: also the real data's sums that were removed (all 0.5)."""
-    g = torch.Generator().manual_seed(seed)
-    out = []
-    for t in range(n):
-        coins = torch.rand(K, generator=g) < 0.5
-        vals = noise * torch.randn(2 * K + M, generator=g, dtype=torch.float64)
-        vals[:K] += coins.double()
-        vals[K:2 * K] += (~coins).double()
-        x = torch.where(coins, vals[:K], vals[K:2 * K])
-        y = torch.where(coins, vals[K:2 * K], vals[:K])
-        out.append(StepRecord(
-            step=start + t, values=vals, x=x, y=y, coins=coins, sigma=sigma,
-            sigma_claimed=sigma,
-            real_sums=torch.full((2 * K + M,), 0.5, dtype=torch.float64) if real else None))
-    return out
+    """n steps of a per-step Gaussian mechanism (conftest's ``gaussian_step_records``)."""
+    return gaussian_step_records(n, K, M, sigma, noise, seed, start, real)
 
 
 def _monitor(sigma: float | None = 1.0, **cfg: Any) -> tuple[SequentialPairsMonitor, list[str]]:
