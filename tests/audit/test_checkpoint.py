@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -267,6 +268,11 @@ def test_checkpoint_of_the_first_state_layout_is_refused_by_version():
     assert aud.step == 2
 
 
+#: the sampling finding's step: "rejected after 6 steps" then, "at training step 6; ..." now
+_SAMPLING_STEP = re.compile(r"\((?:anytime-valid test rejected after|its own anytime-valid test "
+                            r"crossed 1/alpha at training step) (\d+)[^)]*\)")
+
+
 def _drop_new(d: Any, new: set[str]) -> Any:
     """A report dict without what this release adds to a run of the release that wrote the
     layout-2 checkpoint: the sections and findings of monitors it did not have, the labels,
@@ -280,6 +286,8 @@ def _drop_new(d: Any, new: set[str]) -> Any:
     d["warnings"] = [w for w in d["warnings"] if not any(repr(n) in w for n in new)]
     for f in d["findings"]:
         f.pop("scope", None)
+        if f.get("monitor") == "sampling":  # reworded since: it names the training step
+            f["message"] = _SAMPLING_STEP.sub(r"(rejected at \1)", f["message"])
     for k in ("monitors", "disable_monitors", "monitor_options"):
         d["config"].pop(k, None)
     return d

@@ -70,6 +70,8 @@ class SamplingMonitor(Monitor):
         self._buffer: list[tuple[int, int]] = []
         self._flags: list[bool | Any] = []
         self._first = True
+        #: the training step whose batch size made the test cross 1/alpha (None before)
+        self.rejected_step: int | None = None
 
     def observe(self, record: StepRecord) -> None:
         if self._first:
@@ -91,19 +93,30 @@ class SamplingMonitor(Monitor):
         self._buffer, self._flags = [], []
         if not steps:
             return None
+        seen, was = self.test.n_steps, self.test.rejected
         log_e = self.test.update_with_trajectory(sizes)  # the wealth after each step
+        if self.test.rejected and not was:  # the test's own count, as a training step
+            self.rejected_step = steps[self.test.rejected_at - seen - 1]
         return Evidence(steps=steps, log_e=log_e, extra={})
 
     def findings(self) -> list[Finding]:
         if self.test is None or not self.test.rejected:
             return []
-        at = self.test.rejected_at
+        n, step = self.test.rejected_at, self.rejected_step
+        # its own test's crossing; the verdict's step is another one: the check at which the
+        # audit's decision, averaging every monitor's evidence, crossed
+        if step is None:  # restored from a state that did not keep the training step
+            at = f"its own anytime-valid test crossed 1/alpha after {n} steps"
+        else:
+            seen = "" if step == n else f", the {_ordinal(n)} step it saw"
+            at = f"its own anytime-valid test crossed 1/alpha at training step {step}{seen}"
+        at += ("; the audit decides at its checks, on every monitor's evidence together, so "
+               "the verdict's step may differ")
         return [Finding(self.name, "violation",
                         f"the real batch sizes are not Poisson samples at the loader's rate "
-                        f"q = {self.rate:.4g} over N = {self.n_records} records (anytime-valid "
-                        f"test rejected after {at} steps): the accountant's sampling assumption "
-                        f"does not hold (fixed-size or otherwise non-Poisson batches)",
-                        "data loader")]
+                        f"q = {self.rate:.4g} over N = {self.n_records} records ({at}): the "
+                        f"accountant's sampling assumption does not hold (fixed-size or "
+                        f"otherwise non-Poisson batches)", "data loader")]
 
     def rate_interval(self, alpha: float) -> tuple[float, float] | None:
         """Exact interval for the per-step rate from every batch size seen (None when off)."""
@@ -126,7 +139,7 @@ class SamplingMonitor(Monitor):
 
     def state_dict(self) -> dict[str, Any]:
         return {"buffer": [list(b) for b in self._buffer], "first": self._first,
-                "reason_off": self.reason_off,
+                "reason_off": self.reason_off, "rejected_step": self.rejected_step,
                 "test": None if self.test is None else self.test.state_dict()}
 
     def load_state_dict(self, sd: dict[str, Any]) -> None:
@@ -141,3 +154,11 @@ class SamplingMonitor(Monitor):
         self._flags = [True] * len(self._buffer)
         self._first = bool(sd["first"])
         self.reason_off = sd["reason_off"]
+        step = sd.get("rejected_step")  # absent from states written before it was kept
+        self.rejected_step = None if step is None else int(step)
+
+
+def _ordinal(n: int) -> str:
+    """1st, 2nd, 3rd, 4th, ..., 11th, 12th, 13th, 21st, ..."""
+    suffix = "th" if 10 <= n % 100 <= 20 else {1: "st", 2: "nd", 3: "rd"}.get(n % 10, "th")
+    return f"{n}{suffix}"

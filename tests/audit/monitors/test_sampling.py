@@ -107,9 +107,41 @@ def test_fixed_size_batches_are_rejected_quickly() -> None:
     (f,) = mon.findings()
     assert f.monitor == "sampling" and f.level == "violation" and f.where == "data loader"
     assert f.scope is None
-    assert f"rejected after {mon.test.rejected_at} steps" in f.message
+    assert (f"its own anytime-valid test crossed 1/alpha at training step "
+            f"{mon.test.rejected_at};" in f.message)  # attached at step 0: the same count
+    assert mon.rejected_step == mon.test.rejected_at
     assert "q = 0.125" in f.message and "N = 256" in f.message
     assert mon.contribution().section["rejected"] is True
+
+
+def test_the_message_names_the_training_step_of_the_crossing() -> None:
+    """Attached at training step 100, with a step dropped as non-finite: the test's own count
+    (its rejected_at) and the training step differ, and the message gives the training step
+    (the verdict's step is the check of the decision, which may come later: it says so)."""
+    mon = _monitor()
+    step, fed = 100, 0
+    while not mon.test.rejected and fed < 60:
+        for _ in range(CHECK):
+            step += 1
+            mon.observe(_rec(step, 32, finite=torch.tensor(step != 102)))
+        mon.advance()
+        fed += CHECK
+    n = mon.test.rejected_at
+    assert n is not None
+    # steps 101, 103, 104, ...: the n-th step the test saw is training step 101 + n
+    assert mon.rejected_step == 101 + n
+    (f,) = mon.findings()
+    assert n == 16  # the seeds are fixed
+    assert ("crossed 1/alpha at training step 117, the 16th step it saw; the audit decides at "
+            "its checks" in f.message)
+    assert "verdict's step may differ" in f.message
+    # a state written before the training step was kept: the message falls back to the count
+    sd = mon.state_dict()
+    del sd["rejected_step"]
+    again = _monitor()
+    again.load_state_dict(sd)
+    assert again.rejected_step is None
+    assert f"crossed 1/alpha after {n} steps;" in again.findings()[0].message
 
 
 def test_alpha_comes_from_the_audit_or_the_monitors_options() -> None:
