@@ -13,6 +13,7 @@ import logging
 import os
 import sys
 import tempfile
+import warnings
 from pathlib import Path
 from typing import Any
 
@@ -58,6 +59,18 @@ def _writable_dir(path: str) -> Path:
         raise UsageError(f"output directory {path!r} is not writable ({exc.strerror or exc})") \
             from None
     return p
+
+
+def _log_warning(message: Warning | str, category: type[Warning], filename: str, lineno: int,
+                 file: Any = None, line: str | None = None) -> None:
+    """The command's ``warnings.showwarning``: the command shows its own output, so a Python
+    warning becomes a log record (logger ``py.warnings``): at WARNING for this package's own
+    warnings (e.g. a tester that cannot reject its null), at INFO, shown with ``-v``, for other
+    libraries' (Opacus, NumPy, torch)."""
+    ours = category.__module__.split(".")[0] == __package__
+    logging.getLogger("py.warnings").log(
+        logging.WARNING if ours else logging.INFO, "%s: %s (%s:%d)", category.__name__,
+        message, filename, lineno)
 
 
 def _seed(text: str) -> int | None:
@@ -206,6 +219,15 @@ def _cmd_report(args: argparse.Namespace) -> int:
 
 def main(argv: list[str] | None = None) -> int:
     """Entry point of the ``dpaudit`` command; returns the exit code."""
+    shown = warnings.showwarning
+    warnings.showwarning = _log_warning  # the command's output is its own (see _log_warning)
+    try:
+        return _main(argv)
+    finally:
+        warnings.showwarning = shown
+
+
+def _main(argv: list[str] | None) -> int:
     parser = _build_parser()
     try:
         args = parser.parse_args(argv)

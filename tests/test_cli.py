@@ -85,3 +85,25 @@ def test_out_naming_an_existing_file_says_so(tmp_path: Path) -> None:
     with pytest.raises(UsageError, match=r"cannot be a directory: .*file\.json' is an existing "
                                          r"file"):
         _writable_dir(str(existing / "sub"))
+
+
+def test_python_warnings_become_log_records(caplog: pytest.LogCaptureFixture) -> None:
+    """Inside the command a Python warning is a log record: another library's at INFO (shown
+    with -v), this package's own at WARNING; the previous showwarning is put back after."""
+    import logging
+    import warnings
+
+    from dpaudit_torch.cli import _log_warning
+    from dpaudit_torch.stats.base import CannotRejectWarning
+
+    with caplog.at_level(logging.INFO, logger="py.warnings"):
+        _log_warning(UserWarning("Optimal order is the smallest alpha."), UserWarning,
+                     "/x/opacus/rdp.py", 332)
+        _log_warning(CannotRejectWarning("cannot reject"), CannotRejectWarning, "/x/t.py", 1)
+    got = [(r.levelno, r.getMessage()) for r in caplog.records]
+    assert got == [(logging.INFO, "UserWarning: Optimal order is the smallest alpha. "
+                                  "(/x/opacus/rdp.py:332)"),
+                   (logging.WARNING, "CannotRejectWarning: cannot reject (/x/t.py:1)")]
+    before = warnings.showwarning
+    assert main(["report", "missing.json"]) == EXIT_USAGE
+    assert warnings.showwarning is before

@@ -91,3 +91,30 @@ def test_histories_it_cannot_read():
     bad = AccountantView(_Odd([(1.0, 0.1, "two"), (1.0, 0.1, 3)]), print)
     assert bad.history_since(0) is None
     assert bad.steps() == 2  # unreadable step counts: one step per entry
+
+
+def test_accountant_warnings_are_logged_not_printed(caplog):
+    """A run with almost no noise makes Opacus's RDP analysis warn ("Optimal order is the
+    smallest alpha"): no warning leaves the view's reads; each is logged once, at DEBUG for the
+    hypothetical runs the monitors recompute, at INFO for the claim."""
+    import logging
+    import warnings
+
+    acc = RDPAccountant()
+    acc.history = [(0.03, 0.1, 100)]
+    warned: list[str] = []
+    view = AccountantView(acc, warned.append)
+    with warnings.catch_warnings(record=True) as escaped, \
+            caplog.at_level(logging.DEBUG, logger="dpaudit_torch.opacus_tap.accountant"):
+        warnings.simplefilter("always")
+        claim = view.epsilon(DELTA)
+        again = view.epsilon_of_history([(0.03, 0.1, 100)], DELTA)
+        hypo = view.epsilon_for(0.03, 0.1, 100, DELTA)
+    assert [str(w.message) for w in escaped] == []
+    assert claim == again == hypo > 100 and warned == []
+    records = [(r.levelno, r.getMessage()) for r in caplog.records]
+    optimal = "UserWarning: Optimal order is the smallest alpha"
+    assert [lv for lv, m in records if optimal in m] == [logging.INFO, logging.DEBUG,
+                                                          logging.DEBUG]
+    assert any(m.startswith("RDPAccountant.get_epsilon(delta=1e-05): UserWarning")
+               for _, m in records)
