@@ -10,9 +10,10 @@ Three things, all decided before the first kernel is compiled:
   ``~/.cache/dpaudit_torch/numba``). A user's own ``NUMBA_CACHE_DIR`` always wins, and so does a
   user's ``NUMBA_CACHE_LOCATOR_CLASSES``. Without any writable place the kernels are compiled
   in memory, in every process (nothing breaks; the first audited steps are slower).
-* **One message when they compile** (``"compiling the audit kernels, once ..."``, INFO on
-  this module's logger, which the ``dpaudit`` command shows; where nobody configured logging
-  it is logged at WARNING instead, so that Python's last-resort handler prints it and a script's
+* **One message when they compile** (:data:`COMPILE_MESSAGE`, ``"compiling the audit kernels,
+  once ..."``, INFO on this module's logger; the ``dpaudit`` command shows it, and only it of
+  the INFO records, as a line of its own without ``-v``; where nobody configured logging it is
+  logged at WARNING instead, so that Python's last-resort handler prints it and a script's
   first seconds are not silent). Loading them from the cache is silent.
 * **Compiling before training** (:func:`dpaudit_torch._warmup.warm_up`, with
   :func:`compile_all`): the auditor compiles, or loads, every kernel for the argument types
@@ -37,7 +38,10 @@ from numba.core import event as numba_event
 logger = logging.getLogger(__name__)
 
 __all__ = ["CacheChoice", "cache_choice", "choose_cache", "njit_kernel", "user_cache_dir",
-           "compile_all", "host_grads_type"]
+           "compile_all", "host_grads_type", "COMPILE_MESSAGE"]
+
+#: the one message logged when the kernels compile (its argument: where they are cached)
+COMPILE_MESSAGE = "compiling the audit kernels, once (%s)"
 
 #: the package directory and the directories holding compiled kernels
 PACKAGE_DIR = Path(__file__).resolve().parent
@@ -194,7 +198,7 @@ class _CompileListener(numba_event.Listener):
             _state["announced"] = True
             # nobody configured logging: WARNING, which Python's last-resort handler prints
             level = logging.INFO if logger.hasHandlers() else logging.WARNING
-            logger.log(level, "compiling the audit kernels, once (%s)", cache_choice().describe())
+            logger.log(level, COMPILE_MESSAGE, cache_choice().describe())
         self._started.append(time.perf_counter())
 
     def on_end(self, event: Any) -> None:

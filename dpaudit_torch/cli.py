@@ -73,6 +73,46 @@ def _log_warning(message: Warning | str, category: type[Warning], filename: str,
         message, filename, lineno)
 
 
+#: the logger of the kernels' compile message (dpaudit_torch/_numba.py)
+KERNELS_LOGGER = "dpaudit_torch._numba"
+
+
+class _Formatter(logging.Formatter):
+    """``LEVEL logger: message``; the kernels' compile notice as a line of the command's own."""
+
+    def format(self, record: logging.LogRecord) -> str:
+        if getattr(record, "dpaudit_notice", False):
+            return f"dpaudit: {record.getMessage()}"
+        return super().format(record)
+
+
+def _compile_notice_only(record: logging.LogRecord) -> bool:
+    """Without ``-v``: of the kernel module's records below WARNING only the compile message
+    passes (a first run waits for the compiler, the line says why), marked as the command's
+    own line."""
+    from ._numba import COMPILE_MESSAGE
+
+    if record.levelno >= logging.WARNING:
+        return True
+    if record.msg == COMPILE_MESSAGE:
+        record.dpaudit_notice = True
+        return True
+    return False
+
+
+def _configure_logging(verbose: bool) -> None:
+    """Log records to stderr: WARNING and above, with ``-v`` INFO too; without ``-v`` the one
+    INFO record shown is the kernels' compile message, as ``dpaudit: compiling ...``."""
+    handler = logging.StreamHandler()
+    handler.setFormatter(_Formatter("%(levelname)s %(name)s: %(message)s"))
+    logging.basicConfig(level=logging.INFO if verbose else logging.WARNING, handlers=[handler])
+    kernels = logging.getLogger(KERNELS_LOGGER)
+    kernels.removeFilter(_compile_notice_only)
+    if not verbose:
+        kernels.setLevel(logging.INFO)
+        kernels.addFilter(_compile_notice_only)
+
+
 def _seed(text: str) -> int | None:
     if text.lower() in ("none", "random", "os"):
         return None
@@ -221,20 +261,21 @@ def main(argv: list[str] | None = None) -> int:
     """Entry point of the ``dpaudit`` command; returns the exit code."""
     shown = warnings.showwarning
     warnings.showwarning = _log_warning  # the command's output is its own (see _log_warning)
+    kernels = logging.getLogger(KERNELS_LOGGER)
+    level, filters = kernels.level, list(kernels.filters)
     try:
         return _main(argv)
-    finally:
+    finally:  # in-process callers (tests) get the logging they had
         warnings.showwarning = shown
+        kernels.setLevel(level)
+        kernels.filters[:] = filters
 
 
 def _main(argv: list[str] | None) -> int:
     parser = _build_parser()
     try:
         args = parser.parse_args(argv)
-        logging.basicConfig(level=logging.INFO if args.verbose else logging.WARNING,
-                            format="%(levelname)s %(name)s: %(message)s")
-        # the one-time compile of the audit kernels takes seconds: say so even without -v
-        logging.getLogger("dpaudit_torch._numba").setLevel(logging.INFO)
+        _configure_logging(args.verbose)
         if args.command is None:
             parser.print_help()
             return EXIT_USAGE

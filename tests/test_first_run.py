@@ -155,20 +155,53 @@ def test_claimed_epsilon_known_from_the_first_step(tmp_path: Path) -> None:
     assert [m["step"] for m in seen] == [1, 2, 3]
 
 
-def test_cli_shows_the_compile_message(tmp_path: Path) -> None:
-    """The command line lets the compile message through at its default (WARNING) level."""
+_CLI_LOGGING = """
+import logging, sys
+from dpaudit_torch import _numba, cli
+cli._configure_logging(verbose=sys.argv[1] == "-v")
+kernels = logging.getLogger("dpaudit_torch._numba")
+# as the compile listener logs them once handlers are configured
+kernels.log(logging.INFO if kernels.hasHandlers() else logging.WARNING, _numba.COMPILE_MESSAGE,
+            "Numba caches them in /c")
+kernels.info("audit kernels compiled in %.1f s", 2.0)
+kernels.warning("a warning of the kernel module")
+logging.getLogger("dpaudit_torch.demo").info("applied bug 'no-noise'")
+logging.getLogger("dpaudit_torch.demo").warning("auditor stopped training")
+"""
+
+
+def test_cli_shows_the_compile_message_and_no_other_info_line_without_v() -> None:
+    """Without -v the command shows no INFO line: the compile message alone gets through, as
+    the command's own line (a first run waits for the compiler); -v shows every INFO record."""
+    def stderr(*flags: str) -> list[str]:
+        out = subprocess.run([sys.executable, "-c", _CLI_LOGGING, *flags], capture_output=True,
+                             text=True, timeout=120)
+        assert out.returncode == 0, out.stderr
+        return [ln for ln in out.stderr.splitlines() if ln.strip()]
+
+    assert stderr("-") == [
+        "dpaudit: compiling the audit kernels, once (Numba caches them in /c)",
+        "WARNING dpaudit_torch._numba: a warning of the kernel module",
+        "WARNING dpaudit_torch.demo: auditor stopped training",
+    ]
+    assert stderr("-v") == [
+        "INFO dpaudit_torch._numba: compiling the audit kernels, once (Numba caches them in /c)",
+        "INFO dpaudit_torch._numba: audit kernels compiled in 2.0 s",
+        "WARNING dpaudit_torch._numba: a warning of the kernel module",
+        "INFO dpaudit_torch.demo: applied bug 'no-noise'",
+        "WARNING dpaudit_torch.demo: auditor stopped training",
+    ]
+
+
+def test_the_command_leaves_the_kernel_logger_as_it_found_it(tmp_path: Path) -> None:
     import logging
 
     from dpaudit_torch import cli
 
-    logger = logging.getLogger("dpaudit_torch._numba")
-    old = logger.level
-    try:
-        logger.setLevel(logging.WARNING)
-        assert cli.main(["report", str(tmp_path / "missing.json")]) == cli.EXIT_USAGE
-        assert logger.isEnabledFor(logging.INFO)
-    finally:
-        logger.setLevel(old)
+    logger = logging.getLogger(cli.KERNELS_LOGGER)
+    before = (logger.level, list(logger.filters))
+    assert cli.main(["report", str(tmp_path / "missing.json")]) == cli.EXIT_USAGE
+    assert (logger.level, list(logger.filters)) == before
 
 
 def test_kernels_import_no_opacus() -> None:
