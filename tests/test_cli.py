@@ -107,3 +107,26 @@ def test_python_warnings_become_log_records(caplog: pytest.LogCaptureFixture) ->
     before = warnings.showwarning
     assert main(["report", "missing.json"]) == EXIT_USAGE
     assert warnings.showwarning is before
+
+
+def test_demo_trains_on_one_thread_unless_told(monkeypatch: pytest.MonkeyPatch,
+                                               tmp_path: Path) -> None:
+    """The demo's tiny model trains on one torch thread by default (more threads only contend
+    on a busy machine), `--threads N` sets another count; the count is put back after."""
+    import torch
+
+    import dpaudit_torch.demo
+
+    seen: list[int] = []
+
+    def fake_run_demo(*args: object, **kwargs: object) -> None:
+        seen.append(torch.get_num_threads())
+        raise KeyboardInterrupt  # stop here: the command answers 130
+
+    monkeypatch.setattr(dpaudit_torch.demo, "run_demo", fake_run_demo)
+    before = torch.get_num_threads()
+    out = str(tmp_path / "out")
+    assert main(["demo", "--no-progress", "--out", out]) == 130
+    assert main(["demo", "--no-progress", "--out", out, "--threads", "2"]) == 130
+    assert seen == [1, 2] and torch.get_num_threads() == before
+    _assert_one_line_usage_error(_run(["demo", "--threads", "0"]), "--threads must be >= 1")

@@ -95,3 +95,20 @@ def test_the_check_sees_what_is_missing_or_wrong() -> None:
     assert "subcommand 'report' missing" in problems(
         "\n".join(ln for ln in synopsis.splitlines() if not ln.startswith("dpaudit report")),
         parser, bugs)
+
+
+def test_the_cpu_only_install_keeps_the_packages_torch_range() -> None:
+    """The README's CPU-only route installs torch from PyTorch's CPU index within the range of
+    pyproject.toml's dependency (else installing the package would fetch another torch, CUDA
+    libraries and all); `make demo` keeps a torch already in .venv (it only creates .venv when
+    there is none)."""
+    pyproject = (ROOT / "pyproject.toml").read_text(encoding="utf-8")
+    deps = pyproject.split("dependencies = [", 1)[1].split("]", 1)[0]  # the runtime ones
+    (torch_req,) = re.findall(r'"(torch(?![\w-])[^"]*)"', deps)
+    text = (ROOT / "README.md").read_text(encoding="utf-8")
+    quickstart = text.split("## Quickstart", 1)[1].split("\n## ", 1)[0]
+    line = f"pip install '{torch_req}' --index-url https://download.pytorch.org/whl/cpu"
+    assert line in quickstart, torch_req
+    assert "make demo" in quickstart.split(line, 1)[1]
+    makefile = (ROOT / "Makefile").read_text(encoding="utf-8")
+    assert re.search(r"^\$\(PY\):", makefile, flags=re.M)  # .venv made only when missing
