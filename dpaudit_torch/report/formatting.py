@@ -16,7 +16,8 @@ from typing import Any
 from ..registry import ONE_STEP, WHOLE_RUN, bound_method
 from .schema import is_num
 
-__all__ = ["format_number", "scope_text", "power_sentence", "NO_STEPS_SENTENCE"]
+__all__ = ["format_number", "scope_text", "power_sentence", "pairs_sentence",
+           "NO_STEPS_SENTENCE"]
 
 #: what the report says when the auditor saw no training step
 NO_STEPS_SENTENCE = ("No training step was audited (finalize() was called after 0 audited "
@@ -109,3 +110,33 @@ def power_sentence(power: dict[str, Any], number: Callable[[Any, str], str] | No
             f"even for a true {eps} far above it."
         )
     return first + "."
+
+
+def pairs_sentence(canaries: dict[str, Any], sequential: dict[str, Any],
+                   training: dict[str, Any],
+                   number: Callable[[Any, str], str] | None = None) -> str | None:
+    """What the report's two pair counts count: the canary pairs of every step (``k_pairs``,
+    e.g. 16) and the pairs fed to each sequential test over the whole run (its ``n_pairs``,
+    e.g. 4800 = 16 x 300 audited steps), or None when the report has no ``k_pairs``.
+    ``number(value, field_path)`` writes a number (default :func:`format_number`)."""
+    k = canaries.get("k_pairs")
+    if not is_num(k):
+        return None
+
+    def fmt(value: Any, path: str) -> str:
+        return number(value, path) if number is not None else format_number(value)
+
+    out = f"{fmt(k, 'canaries.k_pairs')} canary pairs per step (k_pairs)"
+    tests = sequential.get("tests") if isinstance(sequential.get("tests"), dict) else {}
+    fed = {name: t["n_pairs"] for name, t in tests.items()
+           if isinstance(t, dict) and is_num(t.get("n_pairs"))}
+    if fed:
+        name = max(fed, key=lambda n: fed[n])
+        n = fed[name]
+        out += (f"; each sequential test was fed "
+                f"{fmt(n, f'sequential.tests.{name}.n_pairs')} pairs over the run")
+        key = "audited_steps" if is_num(training.get("audited_steps")) else "steps"
+        steps = training.get(key)
+        if is_num(steps) and steps * k == n:
+            out += f" ({fmt(steps, f'training.{key}')} audited steps x {format_number(k)})"
+    return out + "."

@@ -21,7 +21,7 @@ the sequential tests (docs/design.md section 4) is about one training step.
 from __future__ import annotations
 
 from .bounds import bounds_section
-from .formatting import NO_STEPS_SENTENCE, power_sentence
+from .formatting import NO_STEPS_SENTENCE, pairs_sentence, power_sentence
 from .markup import esc, json_for_script, kv_section, method_label, num
 from .schema import JSON_NAME, ReportData, no_steps_audited
 from .sections import plots_section, provenance_section, sequential_section, strength_section
@@ -103,7 +103,7 @@ def render_page(v: ReportView) -> str:
         kv_section("Training (as observed by the auditor)", "training", d["training"],
                    "No training information was recorded."),
         kv_section("Canaries", "canaries", d["canaries"],
-                   "No canary information was recorded."),
+                   "No canary information was recorded.", canaries_intro(v)),
         kv_section("Configuration", "configuration", config_shown(v),
                    "No configuration was recorded."),
         provenance_section(v),
@@ -208,6 +208,13 @@ def findings_text(v: ReportView) -> str:
         + (f', {esc(f.get("where"))}' if f.get("where") else "")
         + f"): {esc(f.get('message'))}</li>" for f in items + notes)
     return f'<ul id="findings">{li}</ul>'
+
+
+def canaries_intro(v: ReportView) -> str:
+    """What ``k_pairs`` counts (the pairs of one step), beside the pairs fed over the run."""
+    d = v.d
+    sentence = pairs_sentence(d["canaries"], d["sequential"], d["training"], number=num)
+    return f"<p>Canary pairs: {sentence}</p>" if sentence else ""
 
 
 def power_text(v: ReportView) -> str:

@@ -117,9 +117,10 @@ def generic(value: Any, depth: int = 0) -> str:
     return scalar(value)
 
 
-def kv_section(title: str, anchor: str, data: dict, empty: str) -> str:
-    """A section showing ``data`` as a generic table (``empty`` when there is none)."""
-    body = generic(data) if data else f"<p><em>{esc(empty)}</em></p>"
+def kv_section(title: str, anchor: str, data: dict, empty: str, intro: str = "") -> str:
+    """A section showing ``data`` as a generic table (``empty`` when there is none), after
+    ``intro`` (HTML) when there is data."""
+    body = intro + generic(data) if data else f"<p><em>{esc(empty)}</em></p>"
     return f'<section id="{anchor}"><h2>{esc(title)}</h2>{body}</section>'
 
 

@@ -10,6 +10,7 @@ combined log-wealth with log(1/alpha) (Ville's inequality). The testers' names c
 from __future__ import annotations
 
 from . import plots
+from .formatting import pairs_sentence
 from .markup import esc, generic, method_label, num, scalar, tester_label
 from .schema import is_num
 from .view import ReportView
@@ -42,7 +43,8 @@ def sequential_section(v: ReportView) -> str:
         )
     table = (
         "<table id=\"sequential-table\"><thead><tr><th>Test</th><th>Rejected</th>"
-        "<th class=\"n\">Rejected after pairs</th><th class=\"n\">Pairs seen</th>"
+        "<th class=\"n\">Rejected after (pairs fed)</th>"
+        "<th class=\"n\">Pairs fed over the run</th>"
         "<th class=\"n\">Log-wealth</th><th class=\"n\">Grid points</th>"
         "<th class=\"n\">Per-step ε lower bound</th></tr></thead>"
         f"<tbody>{''.join(rows)}</tbody></table>" if rows else ""
@@ -78,9 +80,11 @@ def sequential_section(v: ReportView) -> str:
         f"<details><summary>Full summary: {esc(name)}</summary>{generic(s)}</details>"
         for name, s in tests.items()
     )
+    pairs = pairs_sentence(v.d["canaries"], seq, v.d["training"], number=num)
+    counts = f'<p id="pair-counts">Canary pairs: {pairs}</p>' if pairs and rows else ""
     return (
         '<section id="sequential"><h2>Sequential tests (during training)</h2>'
-        f"<p>{v.per_step_null_text()}</p>{decision}{table}{extra}{full}</section>"
+        f"<p>{v.per_step_null_text()}</p>{decision}{table}{counts}{extra}{full}</section>"
     )
 
 

@@ -10,7 +10,13 @@ two are never on the same line, and the per-step bound is never compared with th
 
 from __future__ import annotations
 
-from .formatting import NO_STEPS_SENTENCE, format_number, power_sentence, scope_text
+from .formatting import (
+    NO_STEPS_SENTENCE,
+    format_number,
+    pairs_sentence,
+    power_sentence,
+    scope_text,
+)
 from .schema import VERDICT_NOTHING, ReportData, is_one_step, no_steps_audited, per_step_delta
 from .wording import deciders_text, deciding_findings
 
@@ -51,6 +57,9 @@ def summary_text(report: ReportData) -> str:
             f"Per-step bound ({method}; a statement about ONE training step, not about the "
             f"whole-run claim, and never compared with it): epsilon >= {format_number(bound)}"
             f"{at} with {level}% confidence.")
+    pairs = pairs_sentence(r.canaries, r.sequential, r.training) if step else None
+    if pairs:  # "16 pairs" beside "4800 pairs": per step, and fed over the run
+        lines.append(f"Canary pairs: {pairs}")
     if r.claim_refuted:
         lines.append("A valid lower bound on the whole run's epsilon exceeds the claimed "
                      "epsilon: the claim is false (with the stated confidence).")

@@ -74,7 +74,7 @@ class ReportView:
         det, can = self.detail(method), self.d["canaries"]
         if self.one_step(method):
             k = can.get("k_pairs")
-            return f"{num(k)} pairs" if k is not None else num(None)
+            return f"{num(k)} pairs per step" if k is not None else num(None)
         m = det.get("m", can.get("m_one_run"))
         total = det.get("m_total")
         if is_num(total) and is_num(m) and total != m:

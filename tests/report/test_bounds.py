@@ -39,7 +39,7 @@ def test_whole_run_and_per_step_tables_are_apart() -> None:
     # the per-step bound holds at the delta of its grid point, each point at level alpha
     row = _visible(step.split("<tbody>")[1])
     assert "0.5 1e-06 α = 0.05 (95% confidence) each point at level α (not simultaneous), " \
-           "5 points 4 pairs 1" in row
+           "5 points 4 pairs per step 1" in row
     assert "All recorded details: sequential" in section
 
 

@@ -97,3 +97,23 @@ def test_provenance_section() -> None:
     text = _visible(provenance_section(ReportView(empty)))
     assert "Seed policy not recorded" in text and "Library versions not recorded" in text
     assert text.endswith("Warnings None.")
+
+
+def test_pair_counts_say_what_they_count() -> None:
+    """The sequential table's pair columns are the pairs fed over the run, and the sentence
+    below it tells them from the canary pairs of one step (the per-step bound's "4 pairs per
+    step", the Canaries section's k_pairs)."""
+    report = make_report("violation")
+    n = report.sequential["tests"]["mmd"]["n_pairs"]
+    steps = report.training["audited_steps"] = n // 4
+    section = sequential_section(ReportView(report))
+    assert "Pairs fed over the run" in section and "Rejected after (pairs fed)" in section
+    assert "Pairs seen" not in section
+    (counts,) = re.findall(r'<p id="pair-counts">.*?</p>', section)
+    assert _visible(counts).replace("( ", "(") == (
+        f"Canary pairs: 4 canary pairs per step (k_pairs); each sequential test was fed {n} "
+        f"pairs over the run ({steps} audited steps x 4).")
+    assert 'data-field="sequential.tests.mmd.n_pairs"' in counts
+    page = report.to_html()
+    canaries = page.split('<section id="canaries">', 1)[1].split("</section>", 1)[0]
+    assert "4 canary pairs per step (k_pairs)" in _visible(canaries)

@@ -100,3 +100,19 @@ def test_power_and_no_steps_sentences() -> None:
     assert NO_STEPS_SENTENCE not in summary_text(report)
     report.training["audited_steps"] = 0
     assert summary_text(report).splitlines()[1] == NO_STEPS_SENTENCE
+
+
+def test_the_two_pair_counts_say_what_they_count() -> None:
+    """"4 pairs" (a step's canary pairs) beside "80 pairs" (fed to each test over the run):
+    the summary says which is which, and the product when it holds."""
+    rep = make_report("violation")
+    n = rep.sequential["tests"]["mmd"]["n_pairs"]
+    steps = rep.training["audited_steps"] = n // 4
+    line = [ln for ln in summary_text(rep).splitlines() if ln.startswith("Canary pairs:")]
+    assert line == [f"Canary pairs: 4 canary pairs per step (k_pairs); each sequential test "
+                    f"was fed {n} pairs over the run ({steps} audited steps x 4)."]
+    rep.sequential["tests"]["mmd"]["n_pairs"] = n - 4  # e.g. a step dropped as non-finite
+    rep.sequential["tests"]["hockey_stick"]["n_pairs"] = n - 4
+    (line,) = [ln for ln in summary_text(rep).splitlines() if ln.startswith("Canary pairs:")]
+    assert line.endswith(f"was fed {n - 4} pairs over the run.")
+    assert "Canary pairs:" not in summary_text(AuditReport())

@@ -42,7 +42,7 @@ def test_ceilings_and_canaries() -> None:
     assert v.ceiling("unknown") is None
     assert v.best_ceiling() == ("steinke", 3.914)  # only a method that may refute
     assert v.canary_count("steinke") == "400"
-    assert v.canary_count("sequential") == "4 pairs"
+    assert v.canary_count("sequential") == "4 pairs per step"
     report = make_report("nothing")
     report.lower_bound_details["steinke"]["m"] = 300
     assert ReportView(report).canary_count("steinke") == "300 of 400"
