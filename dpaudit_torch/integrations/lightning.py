@@ -60,6 +60,7 @@ except ImportError:  # pragma: no cover - exercised in a subprocess test
 
 from .._validation import check_alpha
 from ..audit.config import AuditConfig
+from ._claim import current_claim
 
 if TYPE_CHECKING:  # pragma: no cover
     from ..audit import PrivacyAuditor
@@ -84,7 +85,10 @@ class PrivacyAuditCallback(_Callback):
         engine_attr: name of the attribute of the LightningModule that holds the Opacus
             ``PrivacyEngine`` (default ``"privacy_engine"``, as in Opacus's Lightning example).
         log_metrics: log the auditor's latest numeric metrics with ``pl_module.log`` (prefix
-            ``dpaudit/``) after each training batch, so they reach the Trainer's loggers.
+            ``dpaudit/``) after each training batch, so they reach the Trainer's loggers; the
+            claimed epsilon is the accountant's at the steps where the loggers write (every
+            ``log_every_n_steps``), not only every ``claimed_every`` steps as the auditor reads
+            it.
         **auditor_kwargs: settings of :class:`~dpaudit_torch.audit.AuditConfig`, validated here
             (a bad one raises at construction, before training starts), and ``on_step``;
             passed to :class:`~dpaudit_torch.audit.PrivacyAuditor` (``alpha``,
@@ -259,6 +263,14 @@ class PrivacyAuditCallback(_Callback):
         metrics = getattr(auditor, "latest_metrics", None)
         if not isinstance(metrics, Mapping):
             return
+        metrics = dict(metrics)
+        if _logger_writes_now(trainer):
+            # the claim of this step, not of the auditor's last periodic read (claimed_every):
+            # read where the Trainer's loggers write, every log_every_n_steps
+            try:
+                metrics["claimed_epsilon"] = current_claim(auditor)
+            except Exception as exc:  # logging must never break training
+                logger.debug("could not read the claimed epsilon: %s", exc)
         values = {}
         for key, value in metrics.items():
             if isinstance(value, bool) or not isinstance(value, (int, float)):
@@ -323,3 +335,12 @@ class PrivacyAuditCallback(_Callback):
                 auditor.detach()
             except Exception:  # pragma: no cover - defensive
                 logger.exception("privacy audit: detaching the auditor failed")
+
+
+def _logger_writes_now(trainer: Any) -> bool:
+    """Whether the Trainer's loggers write this training batch's metrics: at
+    ``on_train_batch_end`` of the k-th optimizer step, when k is a multiple of
+    ``log_every_n_steps`` (Lightning's rule), or when training stops."""
+    every = int(getattr(trainer, "log_every_n_steps", 50) or 0)
+    step = int(getattr(trainer, "global_step", 0) or 0)
+    return bool(getattr(trainer, "should_stop", False)) or (every > 0 and step % every == 0)

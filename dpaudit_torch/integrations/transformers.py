@@ -40,7 +40,9 @@ What the callback does, hook by hook:
   ``control.should_training_stop`` once the sequential audit has proven a violation
   (``on_violation="stop"``, the default);
 * ``on_log``: adds the audit's numeric metrics (``dpaudit/...``) to the Trainer's log entry
-  (``trainer.state.log_history``, ``trainer_state.json``) and to what later callbacks see;
+  (``trainer.state.log_history``, ``trainer_state.json``) and to what later callbacks see; the
+  claimed epsilon is the accountant's at that step (read at the Trainer's ``logging_steps``,
+  not only every ``claimed_every`` steps as the auditor does);
 * ``on_train_end`` (also after an early stop): finalizes the audit, saves the report
   (``audit.json`` + ``report.html``, default ``<output_dir>/dpaudit``) on the main process,
   logs the verdict and the report's path at WARNING (visible without any logging
@@ -82,6 +84,7 @@ except ImportError:  # pragma: no cover - exercised in a subprocess test
 
 from .._validation import check_alpha
 from ..audit.config import AuditConfig
+from ._claim import current_claim
 
 if TYPE_CHECKING:  # pragma: no cover
     from ..audit import PrivacyAuditor
@@ -249,6 +252,10 @@ class PrivacyAuditCallback(_TrainerCallback):
         if not self.log_metrics or auditor is None or not isinstance(logs, dict):
             return
         values = _numeric_metrics(auditor.latest_metrics)
+        # the claim of this step, not of the auditor's last periodic read (claimed_every)
+        claim = current_claim(auditor)
+        if claim is not None and math.isfinite(claim):
+            values["dpaudit/claimed_epsilon"] = float(claim)
         logs.update(values)
         history = getattr(state, "log_history", None)
         if history and isinstance(history[-1], dict):

@@ -247,6 +247,59 @@ def test_audit_metrics_reach_the_lightning_logger(tmp_path: Path) -> None:
     assert "dpaudit/audited_steps" in logged and float(logged["dpaudit/audited_steps"]) == 10
 
 
+def test_logged_claim_is_the_accountants_at_each_logging_step(tmp_path: Path) -> None:
+    """With claimed_every=1000 the auditor reads the accountant at step 1 only; what the
+    Trainer's logger writes every log_every_n_steps is still the accountant's claim at that
+    step."""
+    from lightning.pytorch.loggers import Logger
+
+    class MemoryLogger(Logger):
+        def __init__(self) -> None:
+            super().__init__()
+            self.rows: list[dict[str, float]] = []
+
+        @property
+        def name(self) -> str:
+            return "memory"
+
+        @property
+        def version(self) -> int:
+            return 0
+
+        def log_metrics(self, metrics: dict[str, float], step: int | None = None) -> None:
+            self.rows.append(dict(metrics))
+
+        def log_hyperparams(self, params: object, *args: object, **kwargs: object) -> None:
+            pass
+
+    torch.manual_seed(0)
+    memory = MemoryLogger()
+    cb = PrivacyAuditCallback(delta=1e-5, out_dir=False, **AUDIT)
+    trainer = L.Trainer(
+        accelerator="cpu", devices=1, max_steps=20, max_epochs=-1, enable_checkpointing=False,
+        logger=memory, log_every_n_steps=5, enable_progress_bar=False,
+        enable_model_summary=False, num_sanity_val_steps=0, default_root_dir=str(tmp_path),
+        callbacks=[cb])
+    model = TinyDP()
+    trainer.fit(model, train_dataloaders=_loader())
+    accountant = model.privacy_engine.accountant
+    (sigma, q), = {(s, q) for s, q, _ in accountant.history}
+
+    def epsilon_after(steps: int) -> float:
+        fresh = type(accountant)()
+        fresh.history = [(sigma, q, steps)]
+        return float(fresh.get_epsilon(delta=1e-5))
+
+    claims = [(int(r["dpaudit/step"]), r["dpaudit/claimed_epsilon"]) for r in memory.rows
+              if "dpaudit/claimed_epsilon" in r]
+    assert [s for s, _ in claims] == [5, 10, 15, 20]
+    # Lightning logs float32 values
+    assert claims == [(s, pytest.approx(epsilon_after(s), rel=1e-6)) for s, _ in claims]
+    assert len({e for _, e in claims}) == 4  # growing: not the step-1 read repeated
+    # the accountant was read at step 1 and at the logging steps only, as the report records
+    assert [s for s, _ in cb.report.training["claimed_epsilon_history"]] == [1, 5, 10, 15, 20]
+
+
 def test_clear_errors_on_misconfiguration(tmp_path: Path) -> None:
     # no Poisson sampling: the audit needs the rate really used
     cb = PrivacyAuditCallback(delta=1e-5, out_dir=False, **AUDIT)

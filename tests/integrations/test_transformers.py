@@ -88,6 +88,15 @@ def _trainer(tmp_path: Path, steps: int, callback: Any, model: Any, optimizer: A
     return DPTrainer(model=model, args=args, optimizers=(optimizer, None), callbacks=[callback])
 
 
+def _epsilon_after(engine: Any, steps: int, delta: float = 1e-5) -> float:
+    """The epsilon of the engine's accountant class after ``steps`` steps of its (one) noise
+    multiplier and sample rate: what the accountant said at that step."""
+    (sigma, q, _), = {(s, q, 0) for s, q, _ in engine.accountant.history}
+    fresh = type(engine.accountant)()
+    fresh.history = [(sigma, q, steps)]
+    return float(fresh.get_epsilon(delta=delta))
+
+
 def _is_wrapped(optimizer: Any) -> bool:
     from dpaudit_torch.opacus_tap import OWNER_ATTR
 
@@ -122,6 +131,12 @@ def test_correct_run_nothing_found_report_saved_and_detached(tmp_path: Path, cap
     # the audit metrics reach the Trainer's log history
     logged = [h for h in trainer.state.log_history if "dpaudit/audited_steps" in h]
     assert logged and logged[-1]["dpaudit/audited_steps"] == 20
+    # the claim logged at each logging step is the accountant's at that step, although the
+    # auditor itself reads the accountant only at step 1 (claimed_every=1000)
+    claims = [(int(h["dpaudit/step"]), h["dpaudit/claimed_epsilon"]) for h in logged]
+    assert [s for s, _ in claims] == [5, 10, 15, 20, 20]  # the last: the end-of-run summary
+    assert claims == [(s, _epsilon_after(engine, s)) for s, _ in claims]
+    assert len({e for _, e in claims}) == 4  # growing: not the step-1 read repeated
 
 
 def test_no_noise_bug_stops_training_within_10_steps(tmp_path: Path, caplog) -> None:
