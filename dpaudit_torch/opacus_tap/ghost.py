@@ -117,8 +117,10 @@ class GhostInjection:
             return
         counts = np.bincount(params, minlength=len(self.params))
         flat_sorted = torch.from_numpy(flats[order]).to(self.device, non_blocking=True)
+        # one non-blocking copy per step (a blocking one would wait for the device's queue)
         w_sorted = (None if rec.entry_weight is None
-                    else torch.from_numpy(rec.entry_weight[order]))
+                    else torch.from_numpy(rec.entry_weight[order]).to(self.device,
+                                                                       non_blocking=True))
         start = 0
         for i, cnt in enumerate(counts.tolist()):
             if not cnt:
@@ -175,7 +177,8 @@ class GhostInjection:
         key = (clip, like.dtype, like.device)
         val = self._values.get(key)
         if val is None:
-            raw_t = torch.tensor(self.canary_norm * clip, dtype=like.dtype, device=like.device)
+            raw_t = torch.tensor(self.canary_norm * clip, dtype=like.dtype).to(
+                like.device, non_blocking=True)
             val = (clip / (raw_t + OPACUS_NORM_EPS)).clamp(max=1.0) * raw_t
             if len(self._values) > 64:  # adaptive clipping: a new bound every step
                 self._values.clear()

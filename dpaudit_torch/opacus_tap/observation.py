@@ -131,10 +131,13 @@ class CoordinateSet:
                 sel = order[coord_param[order] == i]
                 if sel.numel():
                     which.append(i)
-                    flat.append(coord_flat[sel].to(device))
+                    flat.append(coord_flat[sel].to(device, non_blocking=True))
             inv = torch.empty_like(order)
             inv[order] = torch.arange(order.numel())
-            self._torch = (which, flat, inv.to(device), coord_param[order].to(device))
+            # (host-to-device copies of pageable memory: non_blocking makes the host wait for
+            # none of the device's queued work; the values are staged before the call returns)
+            self._torch = (which, flat, inv.to(device, non_blocking=True),
+                           coord_param[order].to(device, non_blocking=True))
         return self._torch
 
     @property
@@ -198,6 +201,8 @@ class GradientReader:
         self._spread_pair = design.spread_pair.numpy().astype(np.int64)
         self._side_a, self._side_b = design.spread_sides()
         self._spread_w = 1.0 / math.sqrt(design.spread_width)
+        self._spread_dev: tuple[torch.device, torch.Tensor, torch.Tensor, torch.Tensor] | None \
+            = None  # the three above on the record's device (_spread_on)
         self._n_extra = design.n_extra
         self._factors: dict[str, tuple[tuple[float, ...], torch.Tensor]] = {}
         self._host_factors: dict[str, tuple[tuple[Any, ...], np.ndarray]] = {}
@@ -224,7 +229,8 @@ class GradientReader:
         key = tuple(values)
         hit = self._factors.get(cache)
         if hit is None or hit[0] != key:
-            hit = (key, torch.tensor(key, dtype=torch.float64).to(self.device)[cs.pos_param])
+            hit = (key, torch.tensor(key, dtype=torch.float64).to(
+                self.device, non_blocking=True)[cs.pos_param])
             self._factors[cache] = hit
         return hit[1]
 
@@ -359,7 +365,7 @@ class GradientReader:
         if plan.pair_order is not None:  # x: the canary's coordinate of each pair, y: the other
             order = torch.from_numpy(plan.pair_order)
             xy = vals.index_select(0, order if order.device == vals.device
-                                   else order.to(vals.device))
+                                   else order.to(vals.device, non_blocking=True))
             x, y = xy[:k], xy[k:]
         else:
             a, b = vals[:k], vals[k:2 * k]
@@ -367,15 +373,26 @@ class GradientReader:
             y = torch.where(c, b, a)
         if self._spread_pair.size:
             dev = vals.device
-            sp = torch.from_numpy(self._spread_pair).to(dev)
-            sa = vals[torch.from_numpy(self._side_a).to(dev)].sum(1) * self._spread_w
-            sb = vals[torch.from_numpy(self._side_b).to(dev)].sum(1) * self._spread_w
+            sp, side_a, side_b = self._spread_on(dev)
+            sa = vals[side_a].sum(1) * self._spread_w
+            sb = vals[side_b].sum(1) * self._spread_w
             cs = c.to(dev)[sp]
             x, y = x.clone(), y.clone()
             x[sp] = torch.where(cs, sa, sb)
             y[sp] = torch.where(cs, sb, sa)
         return StepRecord(step=step, values=vals, x=x, y=y, coins=c, sigma=plan.sigma,
                           sigma_claimed=plan.sigma_claimed, finite=finite, real_sums=real)
+
+    def _spread_on(self, dev: torch.device) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """The spread pairs and the coordinates of their sides (design order) on ``dev``,
+        copied there once (not at every step: a blocking host-to-device copy waits for the
+        device's queued work)."""
+        hit = self._spread_dev
+        if hit is None or hit[0] != dev:
+            hit = (dev, *(torch.from_numpy(a).to(dev, non_blocking=True)
+                          for a in (self._spread_pair, self._side_a, self._side_b)))
+            self._spread_dev = hit
+        return hit[1], hit[2], hit[3]
 
     def _read_compiled(self, grads: tuple[np.ndarray, ...], plan: StepPlan, step: int,
                        real: torch.Tensor) -> StepRecord:

@@ -217,8 +217,8 @@ class ShadowClipper:
             if isinstance(v, float):
                 buf.index_fill_(0, written, v)
             else:
-                buf.index_copy_(0, written, torch.from_numpy(v).to(device=buf.device,
-                                                                    dtype=buf.dtype))
+                buf.index_copy_(0, written, torch.from_numpy(v).to(
+                    device=buf.device, dtype=buf.dtype, non_blocking=True))
 
             def undo() -> None:
                 buf.index_fill_(0, written, 0.0)

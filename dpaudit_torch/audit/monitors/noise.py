@@ -68,13 +68,15 @@ class _StepRows:
         return len(self.steps)
 
     def append(self, step: int, row: torch.Tensor, flag: bool | torch.Tensor,
-               host: np.ndarray | None = None) -> None:
-        """``host``: the same row as a float64 NumPy array, where the caller has one."""
+               host: np.ndarray | None = None, host_rows: bool = True) -> None:
+        """``host``: the same row as a float64 NumPy array, where the caller has one;
+        ``host_rows=False``: a CPU row is kept as a copy like a device row (the accelerator's
+        path, run on the CPU by tests)."""
         i = len(self.steps)
         if host is not None and self._host is not None and self._host.shape[0] > i \
                 and self._host.shape[1] == host.shape[0]:
             np.copyto(self._host[i], host)  # the common case: no torch call
-        elif row.device.type == "cpu":
+        elif host_rows and row.device.type == "cpu":
             u = int(row.numel())
             if self._host is None or self._host.shape[1] != u or self._host.shape[0] <= i:
                 grown = host_zeros((max(self.capacity, 2 * i), u))
@@ -196,11 +198,17 @@ class NoiseMonitor(Monitor):
         self._buffer = _StepRows(self.config.check_every)
         self._sumsq_finite: list[bool] = []  # per buffered step: its noise proven finite
         self._precision_at: torch.Tensor | None = None  # the subset kept for precision
-        self._precision: list[tuple[np.ndarray, np.ndarray]] = []
+        #: per step, (raw noise, released values) at that subset: copies of the record's
+        #: tensors (no host synchronisation at the step), host arrays from the next check on
+        self._precision: list[tuple[np.ndarray | torch.Tensor, np.ndarray | torch.Tensor]] = []
         #: the claimed noise std (raw units) of each step in ``_precision``; None: unknown
         self._precision_std: list[float | None] = []
         self._precision_result: dict[str, Any] | None = None
         self.log_wealth = 0.0
+        #: keep CPU noise rows in one host matrix (tests switch it off to run the accelerator's
+        #: path on the CPU: each row a tensor copy, stacked and copied to the host at the check;
+        #: :func:`dpaudit_torch.testing.host_sync.force_device_path`)
+        self.host_rows = True
 
     def observe(self, record: StepRecord) -> None:
         if self.reason_off is not None:
@@ -213,7 +221,7 @@ class NoiseMonitor(Monitor):
             return
         hv = record.host
         self._buffer.append(record.step, record.noise, record.finite,
-                            None if hv is None else hv.noise)
+                            None if hv is None else hv.noise, self.host_rows)
         # a finite sum of squares proves every noise value of the step finite (a NaN or an
         # infinity would make it NaN or infinite); otherwise the check looks at the values
         ss = record.noise_sumsq
@@ -225,12 +233,38 @@ class NoiseMonitor(Monitor):
                 stride = max(1, -(-u // PRECISION_VALUES))
                 self._precision_at = torch.arange(0, u, stride, device=record.noise_raw.device)
             at = self._precision_at
-            self._precision.append((record.noise_raw.detach()[at].cpu().numpy(),
-                                    record.release_raw.detach()[at].cpu().numpy()))
+            # copies on the record's device (indexing copies): no host synchronisation here,
+            # to the host at the next check (_precision_to_host)
+            self._precision.append((record.noise_raw.detach()[at],
+                                    record.release_raw.detach()[at]))
             std = float(record.noise_std)
             self._precision_std.append(std if std > 0 and math.isfinite(std) else None)
 
+    def _precision_to_host(self) -> list[tuple[np.ndarray, np.ndarray]]:
+        """The floating-point check's values as host arrays: those still held as tensors (kept
+        at their step without a host synchronisation) copied to the host in one transfer."""
+        held = [v for pair in self._precision for v in pair if isinstance(v, torch.Tensor)]
+        if held:
+            if len({t.dtype for t in held}) == 1:
+                flat = torch.cat([t.reshape(-1) for t in held]).cpu().numpy()
+                cuts = np.cumsum([t.numel() for t in held])[:-1]
+                arrays = iter([a.copy() for a in np.split(flat, cuts)])
+            else:
+                arrays = iter([t.cpu().numpy() for t in held])
+            kept: list[tuple[np.ndarray | torch.Tensor, np.ndarray | torch.Tensor]] = []
+            for a, b in self._precision:  # the same order as ``held``
+                a = next(arrays) if isinstance(a, torch.Tensor) else a
+                b = next(arrays) if isinstance(b, torch.Tensor) else b
+                kept.append((a, b))
+            self._precision = kept
+        out: list[tuple[np.ndarray, np.ndarray]] = []
+        for a, b in self._precision:
+            assert isinstance(a, np.ndarray) and isinstance(b, np.ndarray)
+            out.append((a, b))
+        return out
+
     def advance(self) -> Evidence | None:
+        self._precision_to_host()  # (the first checks only: PRECISION_STEPS steps are kept)
         if self.reason_off is not None or not len(self._buffer):
             return None
         steps, flags, rows = self._buffer.take()  # one synchronisation per check
@@ -271,8 +305,9 @@ class NoiseMonitor(Monitor):
         if self._precision and self._precision_result is None:
             from ...stats.noise import low_precision_grid
 
-            raw = np.concatenate([a for a, _ in self._precision])
-            ref = np.concatenate([b for _, b in self._precision])
+            kept = self._precision_to_host()
+            raw = np.concatenate([a for a, _ in kept])
+            ref = np.concatenate([b for _, b in kept])
             # the claimed std per value: only noise at the claimed scale is checked, so that
             # the float32 rounding leftovers of a run without noise are no "finding"
             stds = self._precision_std
@@ -350,7 +385,7 @@ class NoiseMonitor(Monitor):
                 "buffer_steps": list(self._buffer.steps),
                 "buffer": self._buffer.copy_rows(),
                 "precision": [(torch.from_numpy(a), torch.from_numpy(b))
-                              for a, b in self._precision],
+                              for a, b in self._precision_to_host()],
                 "precision_std": [-1.0 if v is None else v for v in self._precision_std],
                 "log_wealth": self.log_wealth, "reason_off": self.reason_off}
 

@@ -1,0 +1,116 @@
+"""Between two checks the auditor's accelerator code path reads nothing back to the host
+(docs/auditor.md, "On a GPU").
+
+On a GPU, a host read of a tensor waits for the device's queued work; on the CPU it does not, so
+these tests count the reads themselves: ``force_device_path`` makes an auditor on the CPU take,
+between checks, the code path it takes on an accelerator (torch gathers, finiteness as a tensor
+flag checked at the next check, the canaries' rows written and added by torch, the noise rows
+kept as tensor copies), and ``HostReadCounter`` records every ``.item()``, ``.cpu()``,
+``.tolist()``, ``.numpy()``, ``bool()``, ``float()``, ``int()`` and ``__index__`` of a tensor
+made inside ``optimizer.step()`` (where everything the auditor does happens), together with
+what a training loop reads after it (``should_stop``, ``latest_metrics``, an ``on_step``
+callback). Blocking host-to-device copies are no-ops on the CPU: ``benchmarks/gpu_check.py``
+counts those on a GPU (CUDA's sync debug mode).
+"""
+
+from __future__ import annotations
+
+import math
+import warnings
+from typing import Any
+
+import numpy as np
+import pytest
+from conftest import make_private_setup
+
+from dpaudit_torch.audit import PrivacyAuditor
+from dpaudit_torch.testing.host_sync import HostRead, HostReadCounter, force_device_path
+
+pytestmark = pytest.mark.usefixtures("one_thread")
+
+CHECK_EVERY = 10
+STEPS = 3 * CHECK_EVERY
+#: host reads at one check (measured: 28 to 68 with these settings): the finiteness flags of the
+#: steps since the last check, the buffered pairs and noise rows, each tester's chunk and its
+#: event sets; bounded, whatever the model's size
+AT_CHECK = 150
+SMALL = {"k_pairs": 4, "m_canaries": 50}
+
+
+def _run(mode: str, clipping: str = "flat", force: bool = True, steps: int = STEPS
+         ) -> tuple[PrivacyAuditor, list[list[HostRead]]]:
+    """``steps`` audited steps (fixed-size batches, no violation to act on); per step, the host
+    reads of ``optimizer.step()`` and of what a training loop reads after it."""
+    s = make_private_setup(mode=mode, sigma=1.0, clipping=clipping,
+                           max_grad_norm=[1.0, 0.5, 2.0, 1.0] if clipping == "per_layer"
+                           else 1.0)
+    seen: list[dict[str, Any]] = []
+    aud = PrivacyAuditor(s.engine, s.optimizer, s.loader, seed=1, check_every=CHECK_EVERY,
+                         on_violation="warn", on_step=seen.append, **SMALL)
+    if force:
+        force_device_path(aud)
+    per_step: list[list[HostRead]] = []
+    with HostReadCounter() as counter:
+        for x, y in s.batches(steps, batch=16):
+            s.optimizer.zero_grad()
+            with warnings.catch_warnings():
+                warnings.simplefilter("ignore")  # Opacus's hooks on the first layer
+                s.criterion(s.model(x), y).backward()
+            with counter.counting() as reads:
+                s.optimizer.step()
+                _ = aud.should_stop, aud.latest_metrics
+            per_step.append(reads)
+    assert len(seen) == steps
+    return aud, per_step
+
+
+def _device_reads(reads: list[HostRead]) -> list[str]:
+    return [str(r) for r in reads if not r.host_side]
+
+
+@pytest.mark.parametrize("mode,clipping", [("hooks", "flat"), ("ghost", "flat"),
+                                           ("hooks", "per_layer")])
+def test_no_host_read_between_checks(mode: str, clipping: str) -> None:
+    aud, per_step = _run(mode, clipping)
+    between = {i: _device_reads(r) for i, r in enumerate(per_step, 1) if i % CHECK_EVERY}
+    assert {i: r for i, r in between.items() if r} == {}
+    at_check = [len(_device_reads(per_step[i - 1])) for i in range(CHECK_EVERY, STEPS + 1,
+                                                                     CHECK_EVERY)]
+    assert all(0 < n <= AT_CHECK for n in at_check), at_check
+    # the only host-side reads: the first block of the canary mechanics' uniforms (step 1)
+    host_side = {(i, r.site.split(":")[0]) for i, rs in enumerate(per_step, 1) for r in rs
+                 if r.host_side}
+    assert host_side == {(1, "dpaudit_torch/opacus_tap/plan.py")}
+    # and the accelerator's path did run: no compiled host pass anywhere
+    reader, inj = aud.tap.reader, aud.tap.injector
+    assert reader.reads == STEPS and reader.compiled_reads == 0
+    assert inj.compiled_adds == 0
+    if inj.shadow is not None:
+        assert inj.shadow.replica_steps == 0
+    assert aud.engine.step == STEPS
+
+
+def test_the_host_path_reads_views_at_every_step() -> None:
+    """Without ``force_device_path`` the CPU takes its compiled host path, which reads NumPy
+    views of the gradients at every step by design (free on the CPU): the instrument sees
+    them, so the test above is not vacuous."""
+    aud, per_step = _run("hooks", force=False, steps=3)
+    assert aud.tap.reader.compiled_reads == 3
+    assert all(_device_reads(r) for r in per_step)
+
+
+def test_the_device_path_gives_the_host_paths_report() -> None:
+    """The accelerator's path computes what the CPU's host path computes: the same decision
+    history, bounds and one-run scores (to rounding)."""
+    reports = [_run("hooks", force=f, steps=2 * CHECK_EVERY)[0].finalize() for f in (False, True)]
+    a, b = reports
+    assert a.wealth_history.keys() == b.wealth_history.keys()
+    for key, values in a.wealth_history.items():
+        np.testing.assert_allclose(values, b.wealth_history[key], rtol=1e-9, atol=1e-12,
+                                   err_msg=key)
+    for name, bound in a.epsilon_lower_bounds.items():
+        assert math.isclose(bound, b.epsilon_lower_bounds[name], rel_tol=1e-9, abs_tol=1e-12)
+    for side in ("in", "out"):
+        np.testing.assert_allclose(a.one_run_scores[side], b.one_run_scores[side], rtol=1e-9,
+                                   atol=1e-12)
+    assert a.violation == b.violation
