@@ -31,8 +31,8 @@ from typing import Any, Generic, Protocol, TypeVar
 
 import torch
 
-__all__ = ["StepRecord", "Fact", "FactUnavailable", "FactSource", "StaticFacts", "FACTS",
-           "SAMPLE_RATE", "N_RECORDS", "NOISE_MULTIPLIER", "TENSOR_NAMES", "TENSOR_GROUPS",
+__all__ = ["StepRecord", "StepRefused", "Fact", "FactUnavailable", "FactSource", "StaticFacts",
+           "FACTS", "SAMPLE_RATE", "N_RECORDS", "NOISE_MULTIPLIER", "TENSOR_NAMES", "TENSOR_GROUPS",
            "GROUP_NAMES", "EPSILON_OF_SIGMA", "ACCOUNTANT_HISTORY", "EPSILON_OF_HISTORY",
            "MODEL", "OPTIMIZER_PARAMS", "PARAM_GROUPS", "DATA_LOADER", "ACCOUNTANT_NAME"]
 
@@ -98,6 +98,13 @@ class StepRecord:
     def one_run(self) -> torch.Tensor:
         """``[m]`` the one-run canaries' values (a view of :attr:`values`)."""
         return self.values[2 * self.k:self.values.shape[0] - self.n_extra]
+
+
+class StepRefused(ValueError):  # noqa: N818 - a refusal (a decision), not an internal error
+    """The audit refuses a training step before its update (a non-finite observation with
+    ``on_nonfinite="raise"``, trainable parameters changed after attach): a decision that leaves
+    the audit consistent and the auditor attached, raised from ``optimizer.step()``. Any other
+    exception of the auditor's own code is an internal error (docs/auditor.md, "Faults")."""
 
 
 T = TypeVar("T")

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
-from .engine import DECISION
+from .engine import AUDITOR, DECISION
 
 if TYPE_CHECKING:  # pragma: no cover
     from ..report import AuditReport
@@ -36,6 +36,15 @@ def _findings(aud: PrivacyAuditor) -> list[dict[str, Any]]:
         findings.insert(0, {"monitor": DECISION[0], "level": "violation",
                             "message": "the average of the monitors' e-processes crossed 1/alpha "
                                        "(no single monitor did on its own)", "where": None})
+    eng = aud.engine
+    if eng.incomplete_from is not None:
+        findings.append({
+            "monitor": AUDITOR[0], "level": "note", "where": None,
+            "message": f"the audit is incomplete from step {eng.incomplete_from}: the "
+                       f"auditor's own code failed there ({eng.internal_failure}) and it "
+                       f"detached itself; every statistic of this report covers the "
+                       f"{eng.step} step(s) audited before it (and, in the monitors that had "
+                       f"observed it, the failing step's release), none after"})
     return findings
 
 
@@ -89,7 +98,8 @@ def assemble_report(aud: PrivacyAuditor, claimed: float | None) -> AuditReport:
         bounds=bounds,
         warnings=warnings,
         threat_notes=tap.threat_notes(),
-        every_step_observed=(eng.unobserved_steps == 0 and eng.skipped_nonfinite == 0),
+        every_step_observed=(eng.unobserved_steps == 0 and eng.skipped_nonfinite == 0
+                             and eng.incomplete_from is None),
         clipping_exercised=not tap.ghost,
         delta=cfg.delta,
         alpha=cfg.alpha,
@@ -113,6 +123,7 @@ def assemble_report(aud: PrivacyAuditor, claimed: float | None) -> AuditReport:
             **tap.training_info(),
             "audited_steps": eng.step,
             "nonfinite_steps_skipped": eng.skipped_nonfinite,
+            "audit_incomplete_from_step": eng.incomplete_from,
             "steps_at_attach": eng.steps_at_attach,
             "claimed_epsilon_history": [[s, e] for s, e in eng.claimed_history],
         },

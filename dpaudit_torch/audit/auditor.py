@@ -24,6 +24,7 @@ from typing import Any
 import torch
 
 from ..canaries import SecretCoins, derive_seeds, draw_audit_canaries
+from ..contract import StepRefused
 from . import checkpoint
 from .config import AuditConfig
 from .engine import AuditEngine, PrivacyViolationError, StepCallback, step_callbacks
@@ -64,8 +65,9 @@ class PrivacyAuditor:
             every audited step; its exceptions are logged, never raised into training.
 
     Checkpoints: :meth:`state_dict` / :meth:`load_state_dict` (exact resume, also in a new
-    process). Faults: an exception inside the auditor detaches it (optimizer restored) before the
-    step's update; parameters added or frozen after attach are refused at the next step.
+    process). Faults: an exception inside the auditor detaches it (optimizer restored) and, by
+    default, the step is applied as without it (docs/auditor.md, "Faults"); parameters added or
+    frozen after attach are refused at the next step.
 
     Raises:
         TypeError / ValueError naming the bad value (not an Opacus optimizer, a setting out of
@@ -172,31 +174,36 @@ class PrivacyAuditor:
                               "claimed epsilon as of the last accountant read.")
 
     # ------------------------------------------------------------------ the hook
-    def on_internal_failure(self, exc: BaseException) -> None:
-        """The auditor's own code failed inside a step: detach (every wrapped attribute back,
-        the pre-hook removed) so that training can go on unaudited; the step raises before its
-        update, so the parameters keep their values."""
-        logger.error("internal auditor failure: %r", exc)
-        self.warn(f"internal auditor failure ({exc!r}); the auditor detached itself and "
-                  f"restored the optimizer; this step's update was not applied")
+    def on_internal_failure(self, exc: BaseException, plan: Any = None,
+                            step: int | None = None) -> bool:
+        """The auditor's own code failed inside a step (docs/auditor.md, "Faults"): it detaches
+        (every wrapped attribute back, the pre-hook removed); the audit is incomplete from this
+        step. True (``on_internal_error="continue"``): the step goes on as without the auditor
+        (``plan``: the step whose released gradient the canaries are taken out of); False: the
+        caller raises before the update."""
+        go_on = self.config.on_internal_error == "continue"
         self.detach()
+        how = self.tap.take_out(plan) if go_on and plan is not None else None
+        self.warn(self.engine.stop_auditing(exc, step, go_on, how))
+        return go_on
 
     def observe_hook(self, _opt: Any, _args: Any, _kwargs: Any) -> None:
         """The step pre-hook the adapter registers on ``optimizer.original_optimizer``: observes
         the released step before its update (not for direct calls)."""
+        eng, plan = self.engine, None
+        step = eng.steps_at_attach + eng.step + 1
         try:
             plan = self.tap.pop_plan()
             if plan is None:
-                self.engine.unobserved()
+                eng.unobserved()
                 return
-            self.engine.before_step()
-            eng = self.engine
-            self.engine.on_step(self.tap.read(plan, eng.steps_at_attach + eng.step + 1))
-        except (PrivacyViolationError, ValueError):
+            eng.before_step()
+            eng.on_step(self.tap.read(plan, step))
+        except (PrivacyViolationError, StepRefused):
             raise  # decisions and refused observations: the audit state is consistent
         except Exception as e:
-            self.on_internal_failure(e)
-            raise
+            if not self.on_internal_failure(e, plan, step):
+                raise
 
     # ------------------------------------------------------------------ detach / finalize
     def attach(self) -> None:

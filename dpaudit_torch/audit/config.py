@@ -19,14 +19,18 @@ from typing import Any
 from .._validation import check_alpha, check_epsilon, check_positive_int
 from ..registry import TESTERS
 
-__all__ = ["AuditConfig", "ON_VIOLATION", "ON_NONFINITE", "DEFAULT_TEST_OPTIONS",
-           "DEFAULT_NULL_GRID", "DEFAULT_M_CANARIES", "default_m_canaries",
+__all__ = ["AuditConfig", "ON_VIOLATION", "ON_NONFINITE", "ON_INTERNAL_ERROR",
+           "DEFAULT_TEST_OPTIONS", "DEFAULT_NULL_GRID", "DEFAULT_M_CANARIES", "default_m_canaries",
            "DEFAULT_NOISE_COORDINATES_TOTAL"]
 
 #: what the auditor does once a violation is proven
 ON_VIOLATION = ("stop", "raise", "warn")
 #: what the auditor does with a non-finite observation
 ON_NONFINITE = ("raise", "skip")
+#: what the auditor does when its own code fails inside a training step (docs/auditor.md,
+#: "Faults"): detach and let the step go on exactly as without the auditor, or detach and raise
+#: before the step's update
+ON_INTERNAL_ERROR = ("continue", "raise")
 
 #: one-run canaries by default, where the model has room (see :func:`default_m_canaries`): in
 #: the idealized game the Steinke bound a correct run gives grows by 18-78% from 1,000 to 5,000
@@ -114,6 +118,7 @@ class AuditConfig:
     claimed_every: int = 1000
     on_violation: str = "stop"
     on_nonfinite: str = "raise"
+    on_internal_error: str = "continue"
     seed: int | None = None
     history_stride: int = 1
     device: str | None = None
@@ -164,6 +169,9 @@ class AuditConfig:
         if self.on_nonfinite not in ON_NONFINITE:
             raise ValueError(f"on_nonfinite must be one of {ON_NONFINITE}, got "
                              f"{self.on_nonfinite!r}")
+        if self.on_internal_error not in ON_INTERNAL_ERROR:
+            raise ValueError(f"on_internal_error must be one of {ON_INTERNAL_ERROR}, got "
+                             f"{self.on_internal_error!r}")
         if self.seed is not None and (isinstance(self.seed, bool)
                                       or not isinstance(self.seed, int)):
             raise TypeError(f"seed must be an int or None, got {self.seed!r}")
@@ -278,9 +286,9 @@ class AuditConfig:
             "per_step_null": list(self.per_step_null) if self.per_step_null else None,
             "tests": list(self.tests), "check_every": self.check_every,
             "claimed_every": self.claimed_every, "on_violation": self.on_violation,
-            "on_nonfinite": self.on_nonfinite, "history_stride": self.history_stride,
-            "device": self.device, "test_options": {k: dict(v)
-                                                    for k, v in self.test_options.items()},
+            "on_nonfinite": self.on_nonfinite, "on_internal_error": self.on_internal_error,
+            "history_stride": self.history_stride, "device": self.device,
+            "test_options": {k: dict(v) for k, v in self.test_options.items()},
             "one_run_score": self.one_run_score,
             "noise_coordinates_per_tensor": self.noise_coordinates_per_tensor,
             "noise_coordinates_total": self.noise_coordinates_total,

@@ -26,17 +26,20 @@ from typing import Any
 import numpy as np
 import torch
 
-from ..contract import StepRecord
+from ..contract import StepRecord, StepRefused
 from .config import AuditConfig
 from .decision import Decision
 from .monitors import Finding, Monitor, plain_state
 
 logger = logging.getLogger(__name__)
 
-__all__ = ["AuditEngine", "PrivacyViolationError", "DECISION", "StepCallback", "step_callbacks"]
+__all__ = ["AuditEngine", "PrivacyViolationError", "DECISION", "AUDITOR", "StepCallback",
+           "step_callbacks"]
 
 #: the name findings of the decision itself carry (no single monitor crossed 1/alpha)
 DECISION = ("decision", "combined decision (no single monitor on its own)")
+#: the name of the finding that says the audit is incomplete (the auditor's own code failed)
+AUDITOR = ("auditor", "the auditor itself (its own failure)")
 
 StepCallback = Callable[[dict[str, Any]], Any]
 
@@ -98,6 +101,10 @@ class AuditEngine:
         #: steps whose observation was dropped as non-finite (``on_nonfinite="skip"``)
         self.skipped_nonfinite = 0
         self._nonfinite_flags: list[torch.Tensor] = []  # deferred finiteness since the check
+        #: the training step from which the audit is incomplete (the auditor's own code failed
+        #: there and it detached), and that failure in words; None while complete
+        self.incomplete_from: int | None = None
+        self.internal_failure: str | None = None
 
     def new_decision(self, monitors: dict[str, Monitor]) -> Decision:
         """A fresh decision whose history has the monitors' columns."""
@@ -115,8 +122,12 @@ class AuditEngine:
         return self.claimed_history[-1][1] if self.claimed_history else None
 
     def labels(self) -> dict[str, str]:
-        """How the report names each monitor (and the decision)."""
-        return {**{n: m.label for n, m in self.monitors.items()}, DECISION[0]: DECISION[1]}
+        """How the report names each monitor (and the decision; the auditor itself once its
+        own code failed)."""
+        out = {**{n: m.label for n, m in self.monitors.items()}, DECISION[0]: DECISION[1]}
+        if self.incomplete_from is not None:
+            out[AUDITOR[0]] = AUDITOR[1]
+        return out
 
     def metrics(self) -> dict[str, Any]:
         """Host-side metrics (no device synchronisation): the wealth as of the last check, the
@@ -140,6 +151,24 @@ class AuditEngine:
                       "clipping (e.g. original_optimizer.step() called directly); it is not "
                       "audited")
 
+    def stop_auditing(self, exc: BaseException, step: int | None, go_on: bool,
+                      how: str | None = None) -> str:
+        """The auditor's own code failed inside training step ``step`` (None: the next one)
+        and the auditor detached: the audit covers the steps before it only. Returns the
+        warning; ``go_on``: the step went on as without the auditor (``how``: what was done to
+        its update), else it raised before its update."""
+        step = self.steps_at_attach + self.step + 1 if step is None else int(step)
+        logger.error("internal auditor failure at step %d: %r", step, exc)
+        if self.incomplete_from is None:
+            self.incomplete_from = step
+            self.internal_failure = f"{type(exc).__name__}: {exc}"
+        then = ("the step was applied as without the auditor" + (f" ({how})" if how else "")
+                + " and training goes on unaudited") if go_on else (
+            "this step raised before its update (on_internal_error='raise')")
+        return (f"internal auditor failure at step {step} ({exc!r}); the auditor detached "
+                f"itself and restored the optimizer; {then}; the audit is incomplete from "
+                f"step {step}")
+
     def before_step(self) -> None:
         """With ``on_violation="raise"``, a step after a proven violation is refused."""
         if self.decision.violation and self.config.on_violation == "raise":
@@ -151,7 +180,7 @@ class AuditEngine:
         skip = cfg.on_nonfinite == "skip"
         if rec.finite is False and not skip:  # refused before any state changes
             bad = np.nonzero(~np.isfinite(rec.values.cpu().numpy()))[0][:3].tolist()
-            raise ValueError(
+            raise StepRefused(
                 f"non-finite gradient at canary coordinate(s) {bad} (design order) at step "
                 f"{rec.step}: the audit refuses this observation; the update was not applied")
         if rec.finite is False:
@@ -190,7 +219,7 @@ class AuditEngine:
                     steps = sorted({s for m in self.monitors.values()
                                     for s in m.discard_pending()})
                     span = f"{steps[0]}..{steps[-1]}" if steps else "since the last check"
-                    raise ValueError(
+                    raise StepRefused(
                         f"non-finite gradient at canary coordinates during steps {span}: those "
                         f"observations are discarded and this step's update was not applied")
         evidence = {n: m.advance() for n, m in self.monitors.items()}
@@ -277,7 +306,9 @@ class AuditEngine:
             "counters": {"step": self.step, "steps_at_attach": self.steps_at_attach,
                          "should_stop": self.should_stop, "raised": self.raised,
                          "unobserved_steps": self.unobserved_steps,
-                         "skipped_nonfinite": self.skipped_nonfinite},
+                         "skipped_nonfinite": self.skipped_nonfinite,
+                         "incomplete_from": self.incomplete_from,
+                         "internal_failure": self.internal_failure},
             "claimed": [[s, e] for s, e in self.claimed_history],
         }
 
@@ -292,6 +323,8 @@ class AuditEngine:
         self.raised = bool(c["raised"])
         self.unobserved_steps = int(c["unobserved_steps"])
         self.skipped_nonfinite = int(c["skipped_nonfinite"])
+        self.incomplete_from = c.get("incomplete_from")  # absent from older layouts
+        self.internal_failure = c.get("internal_failure")
         self.claimed_history = [(int(s), None if e is None else float(e))
                                 for s, e in sd["claimed"]]
         self._nonfinite_flags = []

@@ -15,8 +15,8 @@ import numpy as np
 
 from .._compiled import kernel
 
-__all__ = ["plan_step", "snapshot_step", "release_step", "add_columns", "add_joint", "write_rows",
-           "clip_joint"]
+__all__ = ["plan_step", "snapshot_step", "release_step", "add_columns", "add_joint", "take_columns",
+           "write_rows", "clip_joint"]
 
 
 @kernel(nogil=True)
@@ -238,6 +238,19 @@ def add_joint(dst: tuple, src: np.ndarray, counts: np.ndarray, col_flat: np.ndar
 
 
 @kernel(nogil=True)
+def take_columns(dst: tuple, counts: np.ndarray, col_flat: np.ndarray, out: np.ndarray) -> None:
+    """``out[o] = dst[p][col_flat[o]]`` for the columns o of every tensor p (as
+    :func:`add_joint` walks them), in float64 (exact for every float dtype): the values the
+    canaries' additions are about to change, kept so that they can be put back bit for bit."""
+    off = 0
+    for p in range(counts.shape[0]):
+        d = dst[p]
+        for j in range(counts[p]):
+            out[off + j] = float(d[col_flat[off + j]])
+        off += counts[p]
+
+
+@kernel(nogil=True)
 def write_rows(buf: np.ndarray, index: np.ndarray, E: int, W: int, which: np.ndarray,
                clip: np.ndarray, weight: np.ndarray, scale: float) -> None:
     """The canary entries of a step into the flat rows buffer, in one pass: entry e (position
@@ -320,8 +333,8 @@ def signatures() -> list[tuple[object, tuple[object, ...]]]:
 def observe_signatures(grad_dtype: object, n_tensors: int
                        ) -> list[tuple[object, tuple[object, ...]]]:
     """(kernel, argument types) of :func:`snapshot_step`, :func:`release_step`,
-    :func:`add_columns`, :func:`add_joint` and :func:`write_rows` for ``n_tensors`` flat
-    gradients of the Numba dtype ``grad_dtype``."""
+    :func:`add_columns`, :func:`add_joint`, :func:`take_columns` and :func:`write_rows` for
+    ``n_tensors`` flat gradients of the Numba dtype ``grad_dtype``."""
     from numba import types as nt
 
     f1, i1, i2 = nt.float64[::1], nt.int64[::1], nt.int64[:, ::1]
@@ -332,6 +345,7 @@ def observe_signatures(grad_dtype: object, n_tensors: int
                             nt.boolean[::1], f1, f1, f1, f1, f1)),
             (add_columns, (grads, grads, i1, i1)),
             (add_joint, (grads, nt.Array(grad_dtype, 1, "C"), i1, i1)),
+            (take_columns, (grads, i1, i1, f1)),
             (write_rows, (nt.Array(grad_dtype, 1, "C"), i1, i, i, i1, f1, f1, f)),
             (clip_joint, (i1, i, i1, f1, f1, f, f, f, nt.Array(grad_dtype, 1, "C"), f1,
                           nt.Array(grad_dtype, 1, "C")))]

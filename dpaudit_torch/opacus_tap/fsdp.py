@@ -374,4 +374,7 @@ class ShardedInjection:
             vals = val.expand(sel.size)
             if rec.entry_weight is not None:  # spread canaries: 1 / sqrt(L) per coordinate
                 vals = vals * torch.from_numpy(rec.entry_weight[sel]).to(sg.device, sg.dtype)
-            sg.view(-1).index_add_(0, torch.from_numpy(local[sel]).to(sg.device), vals)
+            index = torch.from_numpy(local[sel]).to(sg.device)
+            if rec.added is not None:  # the values changed, kept to be put back on a failure
+                rec.added.keep(i, sg.view(-1), index)
+            sg.view(-1).index_add_(0, index, vals)

@@ -24,6 +24,7 @@ from .._compiled import compiled
 from ._step_kernels import add_joint
 from .errors import call_theirs
 from .plan import OPACUS_NORM_EPS, InjectionHost, StepPlan, StepPlanner, ends_logical_step
+from .recovery import Added
 
 if TYPE_CHECKING:
     from .fsdp import ShardedInjection, ShardLayout
@@ -82,33 +83,43 @@ class GhostInjection:
         examples, then, at the end of a logical step, the step is planned, the real sum read and
         the clipped canaries added."""
         host = self._host
-        host.check_params()
+        host.check_params()  # a refusal (StepRefused) before anything of the step runs
         original = host.original_method()
         result = call_theirs(original, "accumulate")
-        self._micro_pending += 1
-        if not ends_logical_step(self.optimizer):
-            return result
+        rec: StepPlan | None = None
         try:
-            self._inject()
+            self._micro_pending += 1
+            if not ends_logical_step(self.optimizer):
+                return result
+            rec = self._planner.plan()
+            self._inject(rec)
         except Exception as e:
-            host.report_failure(e)
+            # the auditor's own part failed: what the canaries changed is put back (bit for
+            # bit, :mod:`.recovery`), the auditor detaches; "continue": the step goes on
+            # unaudited, "raise": it raises before any noise or update
+            self._micro_pending = 0
+            if rec is not None and rec.added is not None:
+                rec.added.restore()
+            if host.report_failure(e):
+                return result
             raise
         return result
 
-    def _inject(self) -> None:
+    def _inject(self, rec: StepPlan) -> None:
         host = self._host
-        rec = self._planner.plan()
         rec.n_real, rec.micro_steps = None, max(1, self._micro_pending)
         self._micro_pending = 0
         read = host.read_real_sum
         rec.real_sum = read(rec) if read else None
         if self.sharded is not None:
+            rec.added = Added()
             self.sharded.inject(rec)
             host.finish_step(rec, True)
             return
         if not self.injects:
             host.finish_step(rec, False)
             return
+        rec.added = Added()
         params, flats = rec.entry_param, rec.entry_flat
         assert params is not None and flats is not None
         order = np.argsort(params, kind="stable")
@@ -130,6 +141,7 @@ class GhostInjection:
             if sg is None:
                 sg = torch.zeros_like(p)
                 p.summed_grad = sg
+                rec.added.created(p)
             f = flat_sorted[start:start + cnt]
             if f.device != sg.device:
                 f = f.to(sg.device)
@@ -137,6 +149,7 @@ class GhostInjection:
             if w_sorted is not None:  # a spread canary: 1 / sqrt(L) of it per coordinate
                 val = val * w_sorted[start:start + cnt].to(device=sg.device, dtype=sg.dtype)
             start += cnt
+            rec.added.keep(i, sg.view(-1), f)
             sg.view(-1).index_add_(0, f, val)
         host.finish_step(rec, True)
 
@@ -166,6 +179,8 @@ class GhostInjection:
         src = hit[1][rec.entry_param[order]]
         if rec.entry_weight is not None:
             src = src * rec.entry_weight[order].astype(dt)
+        if rec.added is not None:
+            rec.added.keep_host(dst, rec.entry_counts, rec.column_flat)
         add_joint(dst, np.ascontiguousarray(src), rec.entry_counts, rec.column_flat)
         self.compiled_adds += 1
         return True

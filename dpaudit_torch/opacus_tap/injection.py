@@ -45,7 +45,7 @@ all-reduce; on sharded parameters every rank injects the canaries its shard hold
 
 An exception raised by the wrapped method itself (Opacus, or the user's code it runs) gets a note
 saying so (:mod:`.errors`) and leaves the auditor attached; the auditor detaches only when its
-own part fails.
+own part fails, and then takes itself out of the step (:mod:`.recovery`).
 
 All randomness comes from the auditor's own CPU ``torch.Generator`` streams (role coins and
 Poisson inclusion: ``mechanics``; IN/OUT: the secret coins), never from Opacus's noise generator
@@ -63,6 +63,7 @@ import numpy as np
 import torch
 
 from ..canaries import CanaryDesign, SecretCoins
+from ..contract import StepRefused
 from .errors import call_theirs
 from .ghost import GhostInjection
 from .plan import (
@@ -73,6 +74,7 @@ from .plan import (
     is_adaclip,
     is_ghost,
 )
+from .recovery import Added, noise_state
 from .shadow import ShadowClipper
 
 logger = logging.getLogger(__name__)
@@ -136,59 +138,75 @@ class PerSampleInjection:
         step the canaries are clipped (before the real examples: it reads only the rows and the
         optimizer's bounds, and leaves the optimizer's code warm for the real call), the real
         examples clipped and summed by the original, their sum read, and the canaries' clipped
-        sums added."""
+        sums added.
+
+        If the auditor's own part fails (:mod:`.recovery`), the auditor detaches
+        (:meth:`~.plan.InjectionHost.report_failure`) and the real examples' sum is left as
+        without the auditor: before the real call nothing was changed and the call runs;
+        after it, what the canaries changed is put back bit for bit. With
+        ``on_internal_error="continue"`` the step then goes on unaudited, else it raises before
+        any noise or update."""
         host = self._host
-        host.check_params()
+        host.check_params()  # a refusal (StepRefused) before anything of the step runs
         original = host.original_method()
-        params = self.params
-        gs0 = getattr(params[0], "grad_sample", None) if params else None
-        if gs0 is None or _already_processed(params):
-            # let Opacus raise its own error (missing per-sample gradients, or zero_grad not
-            # called): nothing is injected and nothing is recorded
-            return call_theirs(original, "clip_and_accumulate")
-        self._count_micro(gs0)
-        if not ends_logical_step(self.optimizer):
-            return call_theirs(original, "clip_and_accumulate")
-        try:
-            rec = self._planner.plan()
-        except Exception as e:
-            host.report_failure(e)
-            raise
-        adds: list[torch.Tensor | None] | None = None
-        joint = False
         failed: Exception | None = None
-        if self.injects:
-            # the canaries: one extra micro-batch of compact per-sample rows, clipped by the
-            # optimizer's own clipping method on a shadow of the optimizer, their sums kept for
-            # p.summed_grad
-            try:
-                gs = params[0].grad_sample
-                ref0 = gs[-1] if isinstance(gs, list) else gs
-                joint = self.shadow.joint()
-                adds = self.shadow.clip(rec, ref0.dtype, joint)
-            except Exception as e:
-                failed = e  # raised after the real call: an error of the user's own code in
-                # that call surfaces first, as without the auditor (with its note)
+        try:
+            planned = self._prepare()
+        except Exception as e:
+            failed, planned = e, None
         # the real examples, as without the auditor
         result = call_theirs(original, "clip_and_accumulate")
         if failed is not None:
-            # the auditor's part failed: the auditor detaches itself, the step raises before
-            # any noise or update
-            host.report_failure(failed)
+            # reported after the real call: an error of the user's own code in that call (which
+            # the canaries' clipping runs first) surfaces first, as without the auditor
+            self._rows_pending = self._micro_pending = 0
+            if host.report_failure(failed):
+                return result
             raise failed
+        if planned is None:
+            return result
+        rec, adds, joint = planned
         self._take_counts(rec)
         try:
             read = host.read_real_sum
             rec.real_sum = read(rec) if read else None
             if adds is not None:
-                # added at the canary coordinates after the real sum was read there
+                # added at the canary coordinates after the real sum was read there; every
+                # value changed is kept first, to be put back on a failure
+                rec.added = Added()
                 self.shadow.add(rec, adds, joint)
             host.finish_step(rec, adds is not None)
         except Exception as e:
-            # the step raises before any noise or update
-            host.report_failure(e)
-            raise
+            if rec.added is not None:
+                rec.added.restore()
+            if host.report_failure(e):
+                return result
+            raise  # before any noise or update
         return result
+
+    def _prepare(self) -> tuple[StepPlan, list[torch.Tensor | None] | None, bool] | None:
+        """Before the real call: the step's plan and, if this rank injects, the canaries'
+        clipped sums (the shadow's layout with them); None when this call does not end a logical
+        step or Opacus is about to refuse it (nothing is injected or recorded)."""
+        params = self.params
+        gs0 = getattr(params[0], "grad_sample", None) if params else None
+        if gs0 is None or _already_processed(params):
+            # let Opacus raise its own error (missing per-sample gradients, or zero_grad not
+            # called)
+            return None
+        self._count_micro(gs0)
+        if not ends_logical_step(self.optimizer):
+            return None
+        rec = self._planner.plan()
+        if not self.injects:
+            return rec, None, False
+        # the canaries: one extra micro-batch of compact per-sample rows, clipped by the
+        # optimizer's own clipping method on a shadow of the optimizer, their sums kept for
+        # p.summed_grad
+        gs = params[0].grad_sample
+        ref0 = gs[-1] if isinstance(gs, list) else gs
+        joint = self.shadow.joint()
+        return rec, self.shadow.clip(rec, ref0.dtype, joint), joint
 
 
 def _already_processed(params: list[torch.nn.Parameter]) -> bool:
@@ -274,8 +292,12 @@ class Injector:
         #: GradientReader.snapshot), right after the optimizer clipped and summed them
         self.read_real_sum: Callable[[StepPlan], torch.Tensor] | None = None
         #: called with the exception when the auditor's own part of a step fails (the auditor
-        #: then detaches itself); set by PrivacyAuditor
-        self.on_failure: Callable[[BaseException], None] | None = None
+        #: then detaches itself); returns True when the step is to go on without the auditor
+        #: (``on_internal_error="continue"``); set by PrivacyAuditor
+        self.on_failure: Callable[[BaseException], Any] | None = None
+        #: keep the noise generator's state at every injected step (one process: a failure in
+        #: the observation then recomputes the released gradient exactly, :mod:`.recovery`)
+        self.keep_noise_state = layout is None and int(getattr(optimizer, "world_size", 1)) == 1
 
     # ------------------------------------------------------------------ attach / detach
     def attach(self, wrap: Callable[[Callable[[], Any]], Callable[[], Any]] | None = None
@@ -400,17 +422,17 @@ class Injector:
         now = self.optimizer.params
         if len(now) != len(self._param_ids) or any(
                 id(p) != i for p, i in zip(now, self._param_ids)):
-            raise ValueError(
+            raise StepRefused(
                 f"the optimizer's trainable parameters changed after the PrivacyAuditor was "
                 f"attached ({len(self._param_ids)} tensors at attach, {len(now)} now: "
                 f"add_param_group, or requires_grad changed); the audit cannot place or read its "
                 f"canaries consistently. Nothing of this step was applied; detach() or "
                 f"finalize() this auditor and attach a new one")
 
-    def report_failure(self, exc: BaseException) -> None:
-        """The auditor's own part of a step failed: :attr:`on_failure` (which detaches)."""
-        if self.on_failure is not None:
-            self.on_failure(exc)
+    def report_failure(self, exc: BaseException) -> bool:
+        """The auditor's own part of a step failed: :attr:`on_failure` (which detaches). True
+        when it says the step goes on as without the auditor, False when the caller raises."""
+        return self.on_failure is not None and self.on_failure(exc) is True
 
     def finish_step(self, rec: StepPlan, injected: bool) -> None:
         """The step's plan is complete: count its canaries if this rank ``injected`` them
@@ -419,6 +441,8 @@ class Injector:
             self.insertions += rec.n_rows
             self.one_run_insertions += rec.n_one_run
             self.steps_injected += 1
+            if self.keep_noise_state:  # right before Opacus's noise: nothing draws in between
+                rec.noise_state = noise_state(self.optimizer, self.params)
             if self.on_inject is not None:
                 self.on_inject(rec)
         self._pending = rec

@@ -191,6 +191,12 @@ class StepPlan:
     #: (compiled CPU path only; None otherwise): the canaries' clipped sums are added through
     #: the views while the tensors are still the optimizer's
     summed_host: tuple[list[Any], tuple[np.ndarray, ...]] | None = None
+    #: what the canaries changed in the summed gradients, with the values before
+    #: (:class:`~.recovery.Added`; None until this rank adds canaries): a failure puts it back
+    added: Any = None
+    #: (noise generator, its state right before Opacus's noise) in one process, for
+    #: :func:`~.recovery.take_out`; None where it is not kept or cannot be read
+    noise_state: tuple[torch.Generator, torch.Tensor] | None = None
 
     @property
     def included(self) -> torch.Tensor | None:
@@ -220,8 +226,9 @@ class InjectionHost(Protocol):
         """The step's plan is complete (its canaries added when ``injected``): count it and keep
         it for the observation."""
 
-    def report_failure(self, exc: BaseException) -> None:
-        """The auditor's own part of a step failed (the injector's owner detaches it)."""
+    def report_failure(self, exc: BaseException) -> bool:
+        """The auditor's own part of a step failed (the injector's owner detaches it): True when
+        the step goes on as without the auditor, False when the strategy re-raises."""
 
 
 class StepPlanner:

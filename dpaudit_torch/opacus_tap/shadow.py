@@ -365,7 +365,9 @@ class ShadowClipper:
 
     def add(self, rec: StepPlan, adds: list[torch.Tensor | None], joint: bool = False) -> None:
         """Add the canaries' clipped sums (:meth:`clip`) to ``p.summed_grad`` at the canary
-        coordinates: one compiled pass on the CPU, else one ``index_add_`` per tensor."""
+        coordinates: one compiled pass on the CPU, else one ``index_add_`` per tensor. Where
+        ``rec.added`` is set (:class:`~.recovery.Added`), the values each addition changes are
+        kept in it first."""
         counts, col_flat = rec.entry_counts, rec.column_flat
         assert counts is not None and col_flat is not None
         if self._add_compiled(rec, adds, counts, col_flat, joint):
@@ -373,10 +375,10 @@ class ShadowClipper:
         if joint:
             adds = ([None] * len(self.params) if adds[0] is None
                     else list(adds[0].reshape(-1)[:col_flat.shape[0]].split(counts.tolist())))
-        self._add_torch(adds, counts, col_flat)
+        self._add_torch(adds, counts, col_flat, rec.added)
 
     def _add_torch(self, adds: list[torch.Tensor | None], counts: np.ndarray,
-                   col_flat: np.ndarray) -> None:
+                   col_flat: np.ndarray, added: Any = None) -> None:
         """The clipped column sums of every tensor added to ``p.summed_grad`` (torch)."""
         flats = torch.from_numpy(col_flat)
         if flats.device != self.device:  # one small copy per step, not one per tensor
@@ -393,10 +395,14 @@ class ShadowClipper:
             if sg is None:
                 sg = torch.zeros_like(p)
                 p.summed_grad = sg
+                if added is not None:
+                    added.created(p)
             flat = flats[off:off + c]
             off += c
-            sg.view(-1).index_add_(0, flat if flat.device == sg.device else flat.to(sg.device),
-                                   add.reshape(-1).to(sg.dtype))
+            target, index = sg.view(-1), flat if flat.device == sg.device else flat.to(sg.device)
+            if added is not None:
+                added.keep(i, target, index)
+            target.index_add_(0, index, add.reshape(-1).to(sg.dtype))
 
     def _add_compiled(self, rec: StepPlan, adds: list[torch.Tensor], counts: np.ndarray,
                       col_flat: np.ndarray, joint: bool = False) -> bool:
@@ -415,6 +421,8 @@ class ShadowClipper:
         src = host_views(adds)
         if src is None or src[0].dtype != dst[0].dtype:
             return False
+        if rec.added is not None:
+            rec.added.keep_host(dst, counts, col_flat)
         if joint:
             add_joint(dst, src[0], counts, col_flat)
         else:

@@ -33,6 +33,7 @@ from .accountant import AccountantView
 from .injection import Injector
 from .observation import GradientReader
 from .plan import StepPlan, effective_noise_multiplier, is_ghost
+from .recovery import take_out
 
 logger = logging.getLogger(__name__)
 
@@ -280,7 +281,7 @@ class OpacusTap:
     # ------------------------------------------------------------------ wiring
     def build(self, design: CanaryDesign, coins: SecretCoins, mechanics: torch.Generator,
               canary_norm: float, device: torch.device,
-              on_failure: Callable[[BaseException], None],
+              on_failure: Callable[[BaseException], Any],
               noise_coords: tuple[torch.Tensor, torch.Tensor] | None = None) -> None:
         """(Re)build the injector and the reader for a canary design (not attached yet)."""
         inj = Injector(self.optimizer, self.params, design, coins, mechanics, self.sample_rate,
@@ -369,6 +370,17 @@ class OpacusTap:
             if plan.n_real is not None:
                 plan.n_real = int(round(float(total[n0])))
         return self.reader.read(plan, step)
+
+    def take_out(self, plan: StepPlan) -> str:
+        """After the auditor's own failure in the observation of ``plan``'s step (its gradient
+        noised, not yet applied; the auditor already detached): the step's summed and released
+        gradients as without the auditor (:func:`.recovery.take_out`). Returns how, in words;
+        never raises (what failed is logged and said)."""
+        try:
+            return take_out(self.optimizer, self.params, plan, self.world_size)
+        except Exception as e:  # noqa: BLE001 - training goes on: say what is left
+            logger.error("taking the canaries out of the update failed: %r", e)
+            return f"the canaries could not be taken out of this update ({e!r})"
 
     # ------------------------------------------------------------------ report
     def clipping(self) -> tuple[str, bool]:

@@ -276,7 +276,8 @@ _SAMPLING_STEP = re.compile(r"\((?:anytime-valid test rejected after|its own any
 def _drop_new(d: Any, new: set[str]) -> Any:
     """A report dict without what this release adds to a run of the release that wrote the
     layout-2 checkpoint: the sections and findings of monitors it did not have, the labels,
-    the schema version and the monitor settings in the config."""
+    the schema version, the monitor settings and on_internal_error in the config, and the
+    training's audit_incomplete_from_step."""
     d = _strip(d)
     d.pop("monitor_labels", None)
     d.pop("schema_version", None)
@@ -288,8 +289,9 @@ def _drop_new(d: Any, new: set[str]) -> Any:
         f.pop("scope", None)
         if f.get("monitor") == "sampling":  # reworded since: it names the training step
             f["message"] = _SAMPLING_STEP.sub(r"(rejected at \1)", f["message"])
-    for k in ("monitors", "disable_monitors", "monitor_options"):
+    for k in ("monitors", "disable_monitors", "monitor_options", "on_internal_error"):
         d["config"].pop(k, None)
+    d["training"].pop("audit_incomplete_from_step", None)
     return d
 
 

@@ -1,7 +1,7 @@
 """PrivacyAuditor under faults: non-finite gradients, failures inside the
 auditor, frozen parameters, several parameter groups, parameters added after attach, autocast.
 
-All runs use a tiny MLP and a few steps (the whole file takes seconds)."""
+All runs use a tiny MLP and a few steps (each test takes a second or two)."""
 
 from __future__ import annotations
 
@@ -142,23 +142,35 @@ def test_on_nonfinite_validated():
 
 
 # ------------------------------------------------------------------ failures inside the auditor
+def _boom(*_a, **_k):
+    raise RuntimeError("injected failure")
+
+
+def test_on_internal_error_validated_and_reported():
+    from dpaudit_torch.audit import AuditConfig
+
+    assert AuditConfig().on_internal_error == "continue"
+    assert AuditConfig(on_internal_error="raise").to_dict()["on_internal_error"] == "raise"
+    s = make_private_setup(sigma=1.0)
+    with pytest.raises(ValueError, match="on_internal_error.*'ignore'"):
+        PrivacyAuditor(s.engine, s.optimizer, s.loader, seed=1, on_internal_error="ignore")
+    assert _untouched(s.optimizer)
+
+
 @pytest.mark.parametrize("where", ["observation", "injection", "plan"])
-def test_internal_failure_restores_optimizer_model_untouched(monkeypatch, where):
-    """An exception inside the auditor: the step raises before its update, the auditor detaches
-    itself (every wrapped attribute back, pre-hook removed), p.grad_sample holds the real
-    per-sample gradients, and training then goes on exactly like an unaudited optimizer (sigma =
-    0 so the comparison with the twin is exact)."""
+def test_internal_failure_raise_restores_optimizer_model_untouched(monkeypatch, where):
+    """on_internal_error="raise": an exception inside the auditor: the step raises before its
+    update, the auditor detaches itself (every wrapped attribute back, pre-hook removed),
+    p.grad_sample holds the real per-sample gradients, and training then goes on exactly like an
+    unaudited optimizer (sigma = 0 so the comparison with the twin is exact)."""
     a = make_private_setup(sigma=0.0)
     b = make_private_setup(sigma=0.0)
-    aud = PrivacyAuditor(a.engine, a.optimizer, a.loader, seed=1, **SMALL)
+    aud = PrivacyAuditor(a.engine, a.optimizer, a.loader, seed=1, on_internal_error="raise",
+                         **SMALL)
     # fault injection at three points of the auditor's own code inside a step
     target = {"observation": (GradientReader, "read"),
               "injection": (ShadowClipper, "write_rows"), "plan": (StepPlanner, "plan")}[where]
-
-    def boom(*_a, **_k):
-        raise RuntimeError("injected failure")
-
-    monkeypatch.setattr(*target, boom)
+    monkeypatch.setattr(*target, _boom)
     batches = list(a.batches(3, batch=16))
     before = _params(a.model)
     with pytest.raises(RuntimeError, match="injected failure"):
@@ -175,6 +187,187 @@ def test_internal_failure_restores_optimizer_model_untouched(monkeypatch, where)
     assert _same(_params(a.model), _params(b.model))
     rep = aud.finalize()  # the audit of what it saw is still reported
     assert any("internal auditor failure" in w for w in rep.warnings)
+    assert rep.training["audit_incomplete_from_step"] == 1
+
+
+#: Opacus's adaptive clipping (noise drawn by its own add_noise)
+ADAPTIVE = dict(clipping="adaptive", target_unclipped_quantile=0.5, clipbound_learning_rate=0.2,
+                max_clipbound=10.0, min_clipbound=0.1, unclipped_num_std=2.0)
+
+
+def _sync(a, b) -> None:
+    """The unaudited twin ``b`` from where the audited run ``a`` stands: its parameters, its
+    noise generator and (adaptive clipping) its clipping bound."""
+    b.model.load_state_dict(a.model.state_dict())
+    b.optimizer.generator.set_state(a.optimizer.generator.get_state())
+    bound = a.optimizer.max_grad_norm
+    b.optimizer.max_grad_norm = bound.clone() if isinstance(bound, torch.Tensor) else bound
+
+
+def _partial_add(monkeypatch, aud) -> None:
+    """The canaries' addition (torch path) fails after the first tensors were added."""
+    aud.tap.injector.shadow.compiled_add = False
+    real = ShadowClipper._add_torch
+
+    def half(self, adds, counts, col_flat, added=None):
+        last = max(i for i, c in enumerate(counts.tolist()) if c)
+        real(self, [None if i == last else t for i, t in enumerate(adds)], counts, col_flat,
+             added)
+
+    monkeypatch.setattr(ShadowClipper, "_add_torch", half)
+
+
+def _bad_observation(*_a, **_k):
+    raise ValueError("a bug of the reader, not a refusal")
+
+
+#: where the auditor's own code is made to fail inside a step, in step order: before the real
+#: clipping (plan, the canaries' rows and clipping), after it (the snapshot, the canaries'
+#: addition cut half-way, all of them added), after the noise (the observation, a monitor)
+FAILURES = {
+    "plan": lambda mp, aud: mp.setattr(StepPlanner, "plan", _boom),
+    "shadow_clip": lambda mp, aud: mp.setattr(ShadowClipper, "clip", _boom),
+    "write_rows": lambda mp, aud: (setattr(aud.tap.injector.shadow, "replica_clip", False),
+                                   mp.setattr(ShadowClipper, "write_rows", _boom)),
+    "snapshot": lambda mp, aud: mp.setattr(aud.tap.injector, "read_real_sum", _boom),
+    "partial_add": _partial_add,
+    "after_add": lambda mp, aud: mp.setattr(aud.tap.injector, "finish_step", _boom),
+    "read": lambda mp, aud: mp.setattr(GradientReader, "read", _bad_observation),
+    "monitor": lambda mp, aud: mp.setattr(aud.monitors["noise"], "observe", _boom),
+}
+FAIL_AT = 3  # the failing step (two audited steps before it)
+
+
+def _continue_run(monkeypatch, where: str, sigma: float, n_steps: int = 5, mode: str = "hooks",
+                  audit: dict | None = None, **kw):
+    """An audited run whose auditor fails at step FAIL_AT, and its unaudited twin taken from the
+    audited run's parameters and noise generator right before that step: returns them, the
+    auditor and the largest parameter difference after every step from the failing one on."""
+    a = make_private_setup(sigma=sigma, mode=mode, **kw)
+    b = make_private_setup(sigma=sigma, mode=mode, **kw)
+    aud = PrivacyAuditor(a.engine, a.optimizer, a.loader, seed=1, **SMALL, **(audit or {}))
+    diffs, injected = [], None
+    for i, (x, y) in enumerate(a.batches(n_steps, batch=16), 1):
+        if i == FAIL_AT:
+            _sync(a, b)
+            FAILURES[where](monkeypatch, aud)
+        a.step(x, y)  # no exception reaches the training loop
+        if i < FAIL_AT:
+            continue
+        b.step(x, y)
+        diffs.append(max(float((p - q).abs().max()) for p, q in zip(_params(a.model),
+                                                                      _params(b.model))))
+        if i == FAIL_AT:
+            monkeypatch.undo()
+            assert not aud.attached and _untouched(a.optimizer)
+            injected = aud.tap.injector.steps_injected
+    assert aud.step == FAIL_AT - 1  # later steps are not audited
+    assert aud.tap.injector.steps_injected == injected
+    return aud, diffs
+
+
+def _incomplete_report(aud, where: str) -> None:
+    rep = aud.finalize()
+    assert rep.training["audit_incomplete_from_step"] == FAIL_AT
+    assert rep.training["audited_steps"] == FAIL_AT - 1
+    assert rep.threat_model["every_step_observed"] is False
+    notes = [f for f in rep.findings if f["monitor"] == "auditor"]
+    assert len(notes) == 1 and notes[0]["level"] == "note"
+    assert f"incomplete from step {FAIL_AT}" in notes[0]["message"]
+    said = {"read": "ValueError: a bug of the reader",
+            "partial_add": "left no summed_grad"}.get(where, "injected failure")
+    assert said in notes[0]["message"]
+    assert "auditor" in rep.monitor_labels
+    assert any(f"incomplete from step {FAIL_AT}" in w and "as without the auditor" in w
+               for w in rep.warnings)
+    assert rep.verdict == "nothing found"  # a correct run: nothing claimed past the audit
+
+
+@pytest.mark.parametrize("where,sigma", [(w, 1.0) for w in FAILURES] + [
+    (w, 0.0) for w in ("plan", "partial_add", "read")])
+def test_internal_failure_continue_applies_the_step_as_without_the_auditor(monkeypatch, where,
+                                                                           sigma):
+    """on_internal_error="continue" (the default): wherever the auditor's own code fails inside a
+    step, no exception reaches the training loop, the auditor detaches, and the parameters after
+    the failing step and after every later (unaudited) step equal those of an unaudited twin
+    that took the same steps from the same parameters and noise generator state, bit for bit:
+    before the real clipping nothing was changed; after it the canaries' additions to
+    summed_grad are put back; after the noise the optimizer's own add_noise and scale_grad run
+    again from the kept generator state. The report says the audit is incomplete from the
+    failing step."""
+    aud, diffs = _continue_run(monkeypatch, where, sigma)
+    assert diffs == [0.0] * len(diffs)
+    _incomplete_report(aud, where)
+
+
+@pytest.mark.parametrize("where", ["after_add", "read"])
+def test_internal_failure_continue_torch_paths(monkeypatch, where):
+    """The same with the kernels in Python mode: the canaries are added and read by torch
+    operations (the accelerator's path), their values kept by a gather per tensor."""
+    aud, diffs = _continue_run(monkeypatch, where, 1.0, audit={"compiled_kernels": False})
+    assert diffs == [0.0] * len(diffs)
+    _incomplete_report(aud, where)
+
+
+@pytest.mark.parametrize("where", ["plan", "after_add", "read"])
+def test_internal_failure_continue_ghost_clipping(monkeypatch, where):
+    """The same under ghost clipping (the clipped canaries added after Opacus's accumulate)."""
+    aud, diffs = _continue_run(monkeypatch, where, 1.0, mode="ghost")
+    assert diffs == [0.0] * len(diffs)
+    _incomplete_report(aud, where)
+
+
+@pytest.mark.parametrize("sigma", [0.0, 1.0])
+@pytest.mark.parametrize("where", ["after_add", "read"])
+def test_internal_failure_continue_adaptive_clipping(monkeypatch, where, sigma):
+    """Adaptive clipping draws its noise with its own add_noise (it also noises the unclipped
+    count and moves the bound afterwards), so after the noise the canaries' contribution is
+    subtracted at their coordinates instead: exact without noise; with noise within one unit in
+    the last place of float32 at those coordinates (lr 0.1 x the gradient's ulp, well below
+    1e-7 here), since the step's noise is not kept and the rounding of summed + noise cannot be
+    undone. Before the noise (after_add) it is exact as in every mode."""
+    aud, diffs = _continue_run(monkeypatch, where, sigma, **ADAPTIVE)
+    if where == "read" and sigma > 0:
+        assert max(diffs) < 1e-7
+    else:
+        assert diffs == [0.0] * len(diffs)
+    _incomplete_report(aud, where)
+
+
+@pytest.mark.parametrize("where", ["after_add", "read"])
+def test_internal_failure_continue_needs_the_canaries_taken_out(monkeypatch, where):
+    """Control: without putting the canaries' values back (or, after the noise, without
+    recomputing the released gradient) the failing step's update differs from the twin's, so
+    the tests above do see the canaries."""
+    from dpaudit_torch.opacus_tap import recovery
+
+    monkeypatch.setattr(recovery.Added, "restore", lambda self: None)
+    monkeypatch.setattr(recovery, "_replay", lambda *a, **k: None)
+    _, diffs = _continue_run(monkeypatch, where, 1.0, n_steps=FAIL_AT)
+    assert diffs[0] > 1e-4
+
+
+def test_internal_failure_when_taking_the_canaries_out_fails_training_goes_on(monkeypatch):
+    """The observation path never breaks training: if even taking the canaries out of the
+    update fails, the step is applied (with them, as the warning says) and training goes on."""
+    from dpaudit_torch.opacus_tap import recovery
+
+    def broken(*_a, **_k):
+        raise RuntimeError("replay failed")
+
+    s = make_private_setup(sigma=1.0)
+    aud = PrivacyAuditor(s.engine, s.optimizer, s.loader, seed=1, **SMALL)
+    monkeypatch.setattr(GradientReader, "read", _boom)
+    monkeypatch.setattr(recovery, "_replay", broken)
+    batches = list(s.batches(3, batch=16))
+    s.step(*batches[0])
+    monkeypatch.undo()
+    assert not aud.attached and _untouched(s.optimizer)
+    assert any("could not be taken out" in w and "replay failed" in w for w in aud.warnings)
+    for x, y in batches[1:]:
+        s.step(x, y)
+    assert all(torch.isfinite(p).all() for p in s.model.parameters())
+    assert aud.finalize().training["audit_incomplete_from_step"] == 1
 
 
 def test_canary_rows_buffer_is_zero_between_steps(monkeypatch):
@@ -224,8 +417,8 @@ def test_canary_rows_buffer_is_zero_between_steps(monkeypatch):
         return class_clip(self)
 
     monkeypatch.setattr(cls, "clip_and_accumulate", failing)
-    with pytest.raises(RuntimeError, match="clipping failed"):
-        a.step(*next(iter(a.batches(1, batch=16))))
+    a.step(*next(iter(a.batches(1, batch=16))))  # on_internal_error="continue": no exception
+    assert not aud.attached and any("clipping failed" in w for w in aud.warnings)
     assert not bool(inj.rows_buffer.any())
 
 
