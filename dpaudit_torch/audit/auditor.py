@@ -159,6 +159,7 @@ class PrivacyAuditor:
     skipped_nonfinite = _engine_attr("skipped_nonfinite", "Steps dropped as non-finite.")
 
     attached = property(lambda self: self.tap.attached, doc="Is the auditor attached?")
+    optimizer = property(lambda self: self.tap.optimizer, doc="The audited DP optimizer.")
     is_main_process = property(lambda self: self.tap.rank == 0, doc="True on the rank that "
                                "writes the report (rank 0; always True without DDP).")
 

@@ -538,3 +538,15 @@ def test_python_kernels_match_compiled():
     torch.testing.assert_close(sa, sb, rtol=1e-12, atol=1e-12)
     assert wa == pytest.approx(wb, rel=1e-9, abs=1e-9)
     assert all(torch.equal(u, v) for u, v in zip(ma, mb))
+
+
+def test_the_facade_exposes_the_objects_it_wires():
+    """The public attributes users and the benchmarks read stay where they were."""
+    s = make_private_setup(sigma=1.0)
+    aud = PrivacyAuditor(s.engine, s.optimizer, s.loader, seed=1, k_pairs=4, m_canaries=32)
+    s.train(2)
+    assert aud.optimizer is s.optimizer and aud.tap.optimizer is s.optimizer
+    assert aud.step == aud.engine.step == 2 and aud.decision is aud.engine.decision
+    assert aud.monitors is aud.engine.monitors and aud.config.m_canaries == 32
+    assert aud.latest_metrics["audited_steps"] == 2
+    aud.finalize()
