@@ -38,7 +38,7 @@ import torch
 from scipy import stats as sps
 
 from dpaudit_torch.audit import AuditConfig, Decision, MonitorContext, StepRecord, build_monitors
-from dpaudit_torch.audit.monitors import sequential_pairs
+from dpaudit_torch.audit.monitors import Evidence, sequential_pairs
 from dpaudit_torch.canaries import SecretCoins
 
 pytestmark = pytest.mark.usefixtures("one_thread")  # small tensors: threads only contend
@@ -113,3 +113,25 @@ def test_too_strict_null_exceeds_the_limit(monkeypatch: pytest.MonkeyPatch) -> N
     monkeypatch.setattr(sequential_pairs, "per_step_null_grid", too_strict)
     alarms, crossed = _alarms(seed=0)
     assert alarms > Q, (alarms, crossed)
+
+
+def _ev(steps: list[int], log_e: list[float]) -> Evidence:
+    return Evidence(steps=steps, log_e=np.asarray(log_e, dtype=np.float64))
+
+
+def test_a_frozen_monitor_stays_in_the_average_and_an_excluded_one_never_enters() -> None:
+    """After a resume with another monitor set (docs/design.md section 1): a dropped monitor's
+    last log e-value stays in the average as a constant, so the average is over the same
+    monitors; a monitor that joined at the resume is left out of it."""
+    d = Decision(0.05, 1, [])
+    d.update({"a": _ev([1, 2], [0.0, 1.0]), "b": _ev([1, 2], [0.0, 2.0])}, now=2)
+    assert d.log_wealth == pytest.approx(np.log((np.e + np.e ** 2) / 2))
+    d.freeze("b")
+    d.excluded.add("c")
+    d.update({"a": _ev([3], [1.5]), "c": _ev([3], [50.0])}, now=3)
+    assert d.frozen == {"b": 2.0}
+    assert d.log_wealth == pytest.approx(np.log((np.e ** 1.5 + np.e ** 2) / 2))
+    assert not d.violation  # the newcomer's huge evidence does not reach the decision
+    back = Decision(0.05, 1, [])
+    back.load_state_dict(d.state_dict())
+    assert back.frozen == d.frozen and back.excluded == {"c"}
