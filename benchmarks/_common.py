@@ -12,6 +12,7 @@ import platform
 import re
 import sys
 from pathlib import Path
+from typing import Any
 
 import torch
 
@@ -64,3 +65,34 @@ def markdown_table(headers: list[str], rows: list[list[object]]) -> str:
     lines = ["| " + " | ".join(headers) + " |", "|" + "---|" * len(headers)]
     lines += ["| " + " | ".join(fmt(v) for v in r) + " |" for r in rows]
     return "\n".join(lines)
+
+
+def make_private_sgd(model: Any, X: torch.Tensor, Y: torch.Tensor, batch: int, mode: str,
+                     noise_generator: torch.Generator,
+                     loader_generator: torch.Generator | None = None,
+                     lr: float = 0.05) -> tuple[Any, Any, Any, Any, Any]:
+    """The benchmarks' DP-SGD set-up: SGD (``lr``), a loader of ``batch`` (Opacus makes it a
+    Poisson loader at q = 1 / len(loader)), RDP accountant, sigma 1, C 1, cross-entropy, in
+    grad-sample ``mode``; returns (engine, model, optimizer, loader, criterion)."""
+    import warnings
+
+    from opacus import PrivacyEngine
+    from torch import nn
+    from torch.utils.data import DataLoader, TensorDataset
+
+    opt = torch.optim.SGD(model.parameters(), lr=lr)
+    dl = DataLoader(TensorDataset(X, Y), batch_size=batch, generator=loader_generator)
+    engine = PrivacyEngine(accountant="rdp")
+    crit = nn.CrossEntropyLoss()
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        out = engine.make_private(module=model, optimizer=opt, data_loader=dl,
+                                  noise_multiplier=1.0, max_grad_norm=1.0,
+                                  grad_sample_mode=mode, criterion=crit,
+                                  noise_generator=noise_generator)
+    if mode == "ghost":
+        model, opt, crit, dl = out
+    else:
+        model, opt, dl = out
+    return engine, model, opt, dl, crit
+

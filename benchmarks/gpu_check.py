@@ -74,10 +74,15 @@ from typing import Any
 import numpy as np
 import torch
 from torch import nn
-from torch.utils.data import DataLoader, TensorDataset
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from _common import command, machine, markdown_table, write_section  # noqa: E402
+from _common import (  # noqa: E402
+    command,
+    machine,
+    make_private_sgd,
+    markdown_table,
+    write_section,
+)
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -416,26 +421,12 @@ def make_setup(model_name: str, mode: str, batch: int, device: torch.device, sz:
     """The model made private with Opacus on ``device`` (sigma 1, C 1, q = batch / n), its
     data on the device, and an endless stream of Poisson index batches (drawn as Opacus's
     sampler draws them: every record independently with probability q)."""
-    from opacus import PrivacyEngine
-
     torch.manual_seed(seed)
     X, Y = build_data(model_name, sz.n_images)
     X, Y = X.to(device), Y.to(device)
     model = build_model(model_name).to(device)
-    opt = torch.optim.SGD(model.parameters(), lr=0.05)
-    dl = DataLoader(TensorDataset(X, Y), batch_size=batch)  # make_private: q = 1 / len(dl)
-    engine = PrivacyEngine(accountant="rdp")
-    crit = nn.CrossEntropyLoss()
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore")
-        out = engine.make_private(module=model, optimizer=opt, data_loader=dl,
-                                  noise_multiplier=1.0, max_grad_norm=1.0,
-                                  grad_sample_mode=mode, criterion=crit,
-                                  noise_generator=torch.Generator(device=device).manual_seed(1))
-    if mode == "ghost":
-        model, opt, crit, dl = out
-    else:
-        model, opt, dl = out
+    engine, model, opt, dl, crit = make_private_sgd(  # make_private: q = 1 / len(dl)
+        model, X, Y, batch, mode, torch.Generator(device=device).manual_seed(1))
 
     def stream() -> Iterator[torch.Tensor]:
         g = torch.Generator().manual_seed(seed + 7)

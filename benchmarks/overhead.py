@@ -35,7 +35,13 @@ from torch import nn
 from torch.utils.data import DataLoader, TensorDataset
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from _common import command, machine, markdown_table, write_section  # noqa: E402
+from _common import (  # noqa: E402
+    command,
+    machine,
+    make_private_sgd,
+    markdown_table,
+    write_section,
+)
 
 from dpaudit_torch.audit import PrivacyAuditor  # noqa: E402
 
@@ -79,29 +85,14 @@ MODELS: dict[str, tuple[Any, tuple[int, ...]]] = {
 
 
 def make(mode: str, seed: int, n: int, batch: int, model_name: str = "small") -> dict[str, Any]:
-    from opacus import PrivacyEngine
-
     torch.manual_seed(seed)
     g = torch.Generator().manual_seed(seed)
     ctor, shape = MODELS[model_name]
     X = torch.randn(n, *shape, generator=g)
     Y = torch.randint(0, 10, (n,), generator=g)
-    model = ctor()
-    opt = torch.optim.SGD(model.parameters(), lr=0.05)
-    dl = DataLoader(TensorDataset(X, Y), batch_size=batch,
-                    generator=torch.Generator().manual_seed(seed + 1))
-    engine = PrivacyEngine(accountant="rdp")
-    crit = nn.CrossEntropyLoss()
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore")
-        out = engine.make_private(module=model, optimizer=opt, data_loader=dl,
-                                  noise_multiplier=1.0, max_grad_norm=1.0,
-                                  grad_sample_mode=mode, criterion=crit,
-                                  noise_generator=torch.Generator().manual_seed(seed + 2))
-    if mode == "ghost":
-        model, opt, crit, dl = out
-    else:
-        model, opt, dl = out
+    engine, model, opt, dl, crit = make_private_sgd(
+        ctor(), X, Y, batch, mode, torch.Generator().manual_seed(seed + 2),
+        loader_generator=torch.Generator().manual_seed(seed + 1))
     return {"engine": engine, "model": model, "opt": opt, "dl": dl, "crit": crit,
             "it": iter(dl), "n_params": sum(p.numel() for p in model.parameters())}
 
