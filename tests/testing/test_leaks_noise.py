@@ -1,0 +1,10 @@
+"""testing.leaks_noise: each class breaks the noise clause and the audit sees it."""
+
+from __future__ import annotations
+
+from dpaudit_torch.testing.leaks_noise import CLASSES
+
+
+def test_classes_name_their_clause():
+    for name, bug in CLASSES.items():
+        assert bug.name == name and bug.clause == "noise"
