@@ -56,6 +56,9 @@ from _common import command, machine, markdown_table, write_section  # noqa: E40
 from dpaudit_torch.audit import PrivacyAuditor  # noqa: E402
 from dpaudit_torch.demo import DigitsCNN, load_digits_tensors  # noqa: E402
 from dpaudit_torch.testing import bugs  # noqa: E402
+from dpaudit_torch.testing.contract_bugs import contract_bugs  # noqa: E402
+from dpaudit_torch.testing.harness import digits_training, run_audited, run_bug  # noqa: E402
+from dpaudit_torch.testing.leaks_setup import WRONG_INPUTS  # noqa: E402
 
 #: bugs whose target is a finding at finalize, not a sequential decision
 FINDING_BUGS = {"noise-bf16": "finding"}
@@ -131,6 +134,67 @@ def train_audited(train: Any, seed: int, bug: str | None, steps: int, stop: bool
             "train_s": t1 - t0, "finalize_s": time.process_time() - t1}
 
 
+def _outcome(rep: Any, steps: int, t0: float, t1: float) -> dict[str, Any]:
+    found = [f for f in rep.findings if f["level"] in FOUND_LEVELS]
+    return {"violation": rep.violation, "step": rep.violation_step,
+            "crossed": rep.sequential.get("crossed_at_step"), "steps": steps,
+            "refuted": rep.claim_refuted, "inconsistent": rep.claim_inconsistent,
+            "findings": [(f["monitor"], f["level"]) for f in found],
+            "where": [f.get("where") for f in found],
+            "first": found[0]["monitor"] if found else None, "verdict": rep.verdict,
+            "train_s": t1 - t0, "finalize_s": time.process_time() - t1}
+
+
+def train_contract(seed: int, name: str, steps: int, auditor_kw: dict[str, Any] | None
+                   ) -> dict[str, Any]:
+    """One audited run of the digits CNN broken by a contract bug (testing.harness)."""
+    bug = contract_bugs()[name]
+    t0 = time.process_time()
+    rep = run_bug(bug, seed, steps, auditor_kw=auditor_kw)
+    t1 = time.process_time()
+    return _outcome(rep, rep.training.get("audited_steps", steps), t0, t1)
+
+
+def wrong_input(seed: int, name: str, steps: int) -> dict[str, Any]:
+    """A correct run handed a wrong input: "refused" or the report's outcome."""
+    tr = WRONG_INPUTS[name](digits_training(seed))
+    t0 = time.process_time()
+    try:
+        rep = run_audited(tr, steps, stop=False, seed=seed)
+    except (ValueError, TypeError) as e:
+        return {"refused": str(e)}
+    out = _outcome(rep, steps, t0, time.process_time())
+    out["refused"] = None
+    return out
+
+
+def run_wrong_inputs(seeds: int, steps: int) -> tuple[str, str]:
+    """Correct runs handed each wrong input: refusals, findings naming it, and proofs (none
+    may be)."""
+    rows, proofs = [], 0
+    for name in WRONG_INPUTS:
+        res = [wrong_input(s, name, steps) for s in range(seeds)]
+        refused = [r for r in res if r["refused"]]
+        ran = [r for r in res if not r["refused"]]
+        named = sum(1 for r in ran if any(w in ("data loader", "accountant", "privacy engine")
+                                          for w in r["where"]))
+        bad = sum(1 for r in ran if r["violation"] or r["refuted"])
+        proofs += bad
+        ok = bad == 0 and len(refused) + named == len(res)
+        rows.append([name, len(res), len(refused), named, sum(r["violation"] for r in ran),
+                     sum(r["refuted"] for r in ran), sum(r["inconsistent"] for r in ran),
+                     (refused[0]["refused"][:90] + "...") if refused else "-",
+                     "yes" if ok else "NO"])
+        print(f"wrong input {name}: {rows[-1]}", flush=True)
+    table = markdown_table(["wrong input", "runs", "refused at attach", "ran, with a finding "
+                            "naming the input", "violation proven", "claim refuted",
+                            "claim inconsistent", "refusal (first words)", "met"], rows)
+    summary = (f"Wrong inputs with correct training: {proofs} proof(s) (violation proven or "
+               f"claim refuted) in {seeds * len(WRONG_INPUTS)} runs; target 0, each run "
+               f"refused or named.")
+    return table, summary
+
+
 def _median(xs: list[float]) -> float | str:
     return statistics.median(xs) if xs else "-"
 
@@ -151,8 +215,16 @@ def evaluate(bug: str, res: list[dict[str, Any]], max_steps: int, label: str | N
              ) -> tuple[list[Any], bool]:
     """The table row of one bug class and whether its target is met."""
     n = len(res)
-    setup = bug in bugs.SETUP_BUGS
-    if setup:
+    contract = contract_bugs().get(bug)
+    setup = bug in bugs.SETUP_BUGS or (contract is not None and not contract.per_step)
+    kind = ("accounting" if bug in bugs.SETUP_BUGS else "per-step" if contract is None
+            else f"{contract.clause} ({'per-step' if contract.per_step else 'whole run'})")
+    if contract is not None and not contract.per_step:
+        hit = [r["inconsistent"] or r["refuted"] or r["violation"]
+               or any(lv == "finding" for _, lv in r["findings"]) for r in res]
+        criterion = "flagged at finalize (inconsistent / refuted / violation / finding)"
+        need = n
+    elif setup:
         hit = [r["inconsistent"] or r["refuted"] or r["violation"] for r in res]
         criterion = "flagged at finalize (inconsistent / refuted / violation)"
     elif bug in FINDING_BUGS:
@@ -162,12 +234,13 @@ def evaluate(bug: str, res: list[dict[str, Any]], max_steps: int, label: str | N
         hit = [bool(r["violation"]) and r["step"] is not None and r["step"] <= max_steps
                for r in res]
         criterion = f"violation decided by step {max_steps}"
-    need = round(TARGET * n / 20)
+    if not (contract is not None and not contract.per_step):
+        need = round(TARGET * n / 20)
     ok = sum(hit) >= need
     dec = [r["step"] for r in res if r["violation"] and r["step"] is not None]
     cro = [r["crossed"] for r in res if r["violation"] and r["crossed"] is not None]
     first = collections.Counter(r["first"] for r in res if r["first"] is not None)
-    row = [label or bug, "accounting" if setup else "per-step", criterion, f"{sum(hit)}/{n}",
+    row = [label or bug, kind, criterion, f"{sum(hit)}/{n}",
            sum(r["violation"] for r in res), sum(r["inconsistent"] for r in res),
            sum(r["refuted"] for r in res), _median(dec), max(dec) if dec else "-",
            _median(cro), ", ".join(f"{m} {c}" for m, c in first.most_common()) or "-",
@@ -181,7 +254,15 @@ def main() -> None:
     ap.add_argument("--seeds", type=int, default=20)
     ap.add_argument("--max-steps", type=int, default=50)
     ap.add_argument("--setup-steps", type=int, default=100)
-    ap.add_argument("--bugs", default=",".join(bugs.names()))
+    ap.add_argument("--bugs", default=",".join(bugs.names()),
+                    help="comma-separated classes: testing.bugs names and contract bug names "
+                         "(testing.contract_bugs); 'contract' = every contract bug")
+    ap.add_argument("--wrong-inputs", action="store_true",
+                    help="also run correct trainings handed a wrong input "
+                         "(testing.leaks_setup.WRONG_INPUTS): refusal or finding, never a proof")
+    ap.add_argument("--section", default="detection",
+                    help="the docs/benchmarks.md section written (the contract bugs' run "
+                         "writes 'detection-contract')")
     ap.add_argument("--spread-diagnostic", default="",
                     help="comma-separated spread_pairs values for extra per-tensor-clipping "
                          "rows, e.g. 2,4,8 (the diagnostic rows of docs/benchmarks.md)")
@@ -202,16 +283,21 @@ def main() -> None:
     t0 = time.time()
     cpu0 = time.process_time()
     rows, met = [], {}
-    plan: list[tuple[str, str, dict[str, Any]]] = [(b, b, dict(base_kw))
-                                                   for b in args.bugs.split(",")]
+    names = [n for b in args.bugs.split(",")
+             for n in (list(contract_bugs()) if b == "contract" else [b])]
+    plan: list[tuple[str, str, dict[str, Any]]] = [(b, b, dict(base_kw)) for b in names]
     for v in filter(None, args.spread_diagnostic.split(",")):
         plan.append(("per-tensor-clipping", f"per-tensor-clipping (diagnostic: spread_pairs={v})",
                      {**base_kw, "spread_pairs": int(v)}))
     for bug, label, kw in plan:
-        setup = bug in bugs.SETUP_BUGS
+        contract = contract_bugs().get(bug)
+        setup = bug in bugs.SETUP_BUGS or (contract is not None and not contract.per_step)
         steps = args.setup_steps if setup else args.max_steps
-        res = [train_audited(train, s, bug, steps, stop=not setup, auditor_kw=kw)
-               for s in range(args.seeds)]
+        if contract is not None:
+            res = [train_contract(s, bug, steps, kw) for s in range(args.seeds)]
+        else:
+            res = [train_audited(train, s, bug, steps, stop=not setup, auditor_kw=kw)
+                   for s in range(args.seeds)]
         row, ok = evaluate(bug, res, args.max_steps, label)
         rows.append(row)
         if label == bug:
@@ -233,7 +319,30 @@ def main() -> None:
                + f" Total {wall:.0f} s wall, {cpu:.0f} s CPU (one thread).")
     print(table)
     print(summary)
-    if not args.no_write:
+    wrong_table, wrong_summary = "", ""
+    if args.wrong_inputs:
+        wrong_table, wrong_summary = run_wrong_inputs(args.seeds, args.setup_steps)
+        print(wrong_table)
+        print(wrong_summary)
+    if not args.no_write and args.section != "detection":
+        body = (
+            "## Detection of contract bugs (benchmarks/detection.py)\n\n"
+            f"Command: `{command()}`  \nMachine: {machine()}\n\n"
+            "The setting of the section above (DigitsCNN on the bundled digits, Opacus hooks "
+            "mode, expected batch 64, sigma 1, C 1, RDP, auditor defaults), trained by "
+            "`dpaudit_torch.testing.harness.run_bug`. Classes: "
+            "`dpaudit_torch/testing/leaks_<clause>.py` (module docstrings), one clause of the "
+            "DP-SGD contract each (docs/design.md, \"The DP-SGD contract\"). *Per-step* "
+            f"classes: at most {args.max_steps} steps, stopped at `should_stop`; detected = "
+            f"a violation decided by step {args.max_steps}; target >= 19/20. *Whole-run* "
+            f"classes (setup, coverage): {args.setup_steps} steps, then `finalize()`; flagged "
+            "= claim inconsistent / refuted / a violation / a finding; target 20/20. "
+            f"{args.seeds} seeds per class.\n\n"
+            + table + "\n\n" + summary + "\n"
+            + ("\n### Correct training, wrong inputs\n\n" + wrong_table + "\n\n"
+               + wrong_summary + "\n" if wrong_table else ""))
+        write_section(args.section, body)
+    elif not args.no_write:
         body = (
             "## Detection of silent DP bugs (benchmarks/detection.py)\n\n"
             f"Command: `{command()}`  \nMachine: {machine()}\n\n"

@@ -73,30 +73,23 @@ class OpacusTap:
         if accountant is None or not callable(getattr(accountant, "get_epsilon", None)):
             raise TypeError(f"privacy_engine must be an opacus PrivacyEngine (with an accountant),"
                             f" got {type(privacy_engine).__name__}")
-        sample_rate = getattr(data_loader, "sample_rate", None)
-        self.poisson_loader = sample_rate is not None
-        if sample_rate is None:
+        from .setup import check_setup
+
+        #: what the audit takes from the engine and loader, checked against the optimizer
+        self.setup = check_setup(privacy_engine, optimizer, data_loader,
+                                 int(getattr(optimizer, "world_size", 1)))
+        sample_rate = self.setup.rate
+        self.poisson_loader = getattr(data_loader, "sample_rate", None) is not None
+        if not self.poisson_loader and self.setup.loader_verified:
             # not Opacus's Poisson loader (poisson_sampling=False, a user's own sampler): the
-            # rate make_private gives the accountant is 1 / len(loader); the sampling monitor
-            # tests whether the batches really are Poisson samples at that rate
-            try:
-                sample_rate = 1.0 / len(data_loader)
-            except (TypeError, ZeroDivisionError):
-                raise ValueError(
-                    f"data_loader ({type(data_loader).__name__}) has neither a sample_rate nor "
-                    f"a length: the audit needs the rate at which records are sampled (pass the "
-                    f"loader make_private returned)") from None
+            # sampling monitor tests whether the batches really are Poisson samples
             warn(f"the data loader ({type(data_loader).__name__}) is not Opacus's Poisson "
                  f"loader: its rate is taken as 1 / len(loader) = {sample_rate:.4g}, as "
                  f"make_private does for the accountant; the sampling audit checks whether its "
                  f"batches are Poisson samples")
-        try:
-            sample_rate = float(sample_rate)
-        except (TypeError, ValueError):
-            raise TypeError(f"data_loader.sample_rate must be a number, got "
-                            f"{sample_rate!r}") from None
-        if not (0.0 < sample_rate <= 1.0):
-            raise ValueError(f"data_loader.sample_rate must lie in (0, 1], got {sample_rate!r}")
+        for problem in self.setup.problems:
+            if problem.level != "note":
+                warn(problem.message)
         other = getattr(optimizer, OWNER_ATTR, None)
         if other is not None and other.attached:
             raise ValueError("this optimizer already has a PrivacyAuditor attached; call its "
@@ -137,11 +130,9 @@ class OpacusTap:
 
     @property
     def n_records(self) -> int | None:
-        """N, the size of the dataset the loader samples from (None where it has no length)."""
-        try:
-            return int(len(self.data_loader.dataset))
-        except (AttributeError, TypeError):
-            return None
+        """N, the size of the training set, where the data loader handed over is verified to
+        be the training's (:mod:`.setup`); else None."""
+        return self.setup.n_records
 
     def tensor_names(self) -> list[str]:
         """A name per parameter tensor: its index, parameter group and shape."""
@@ -185,8 +176,10 @@ class OpacusTap:
         if fact == facts.N_RECORDS:
             n = self.n_records
             if n is None:
-                raise FactUnavailable(fact, "the data loader's dataset has no length")
+                raise FactUnavailable(fact, self.setup.n_reason or "N is not known")
             return n
+        if fact == facts.SETUP:
+            return self.setup.summary()
         if fact == facts.NOISE_MULTIPLIER:
             return self.noise_multiplier()
         if fact == facts.TENSOR_NAMES:

@@ -293,6 +293,12 @@ def test_rejects_non_opacus_optimizer_loader_without_rate_and_second_auditor():
     class NoLength:
         pass
 
+    # the accountant's step hook gives the rate; the loader is named as not the training's
+    aud = PrivacyAuditor(plain.engine, plain.optimizer, NoLength(), seed=0, m_canaries=64)
+    assert aud.tap.sample_rate == pytest.approx(1.0 / len(plain.loader))
+    assert any("NoLength" in w and "not the one whose batches" in w for w in aud.warnings)
+    aud.detach()
+    plain.optimizer.step_hook = None  # and without a hook, nothing gives a rate: refused
     with pytest.raises(ValueError, match="neither a sample_rate nor a length"):
         PrivacyAuditor(plain.engine, plain.optimizer, NoLength())
     assert _untouched(plain.optimizer)

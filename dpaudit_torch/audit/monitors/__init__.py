@@ -26,6 +26,7 @@ from .sampling import SamplingMonitor
 from .one_run import OneRunMonitor
 from .accounting import AccountingMonitor
 from .coverage import CoverageMonitor  # noqa: F401 - registered on import
+from .setup import SetupMonitor
 # isort: on
 
 #: the monitors an audit runs unless its configuration says otherwise, in registry order
@@ -34,4 +35,5 @@ DEFAULT_MONITORS = monitor_names()
 __all__ = ["MONITORS", "Contribution", "Evidence", "Finding", "Monitor", "MonitorConfig",
            "MonitorContext", "build_monitors", "monitor_names", "plain_state",
            "register_monitor", "OneRunMonitor", "SequentialPairsMonitor", "per_step_null_grid",
-           "NoiseMonitor", "SamplingMonitor", "AccountingMonitor", "DEFAULT_MONITORS"]
+           "NoiseMonitor", "SamplingMonitor", "AccountingMonitor", "SetupMonitor",
+           "DEFAULT_MONITORS"]

@@ -59,6 +59,7 @@ class AccountingMonitor(Monitor):
         self.config = self.settings
         self.rate = float(ctx.fact_or(SAMPLE_RATE, 1.0))
         self.n_records = ctx.fact_or(N_RECORDS)
+        self._n_reason = ctx.why_not(N_RECORDS)
         self._history = ctx.fact_or(ACCOUNTANT_HISTORY)
         self._epsilon_of_history = ctx.fact_or(EPSILON_OF_HISTORY)
         self.releases = 0
@@ -127,7 +128,7 @@ class AccountingMonitor(Monitor):
             not_run.append("sample rate: ghost clipping keeps no per-sample rows in the "
                            "optimizer, so the real batch sizes are not observed")
         elif self.n_records is None:
-            not_run.append("sample rate: the data loader's dataset has no length (N unknown)")
+            not_run.append(f"sample rate: N is unknown ({self._n_reason})")
         elif self.releases:
             q_ci = rate_interval(self.examples, self.n_records, self.releases, alpha / 2.0)
             out["rate_interval"] = list(q_ci)

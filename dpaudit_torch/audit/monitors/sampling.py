@@ -63,8 +63,8 @@ class SamplingMonitor(Monitor):
         self.reason_off: str | None = None
         self.test: Any = None
         if self.n_records is None:
-            self.reason_off = ("the data loader's dataset has no length, so the number of "
-                               "records N that Poisson sampling draws from is unknown")
+            self.reason_off = (f"the number of records N that Poisson sampling draws from is "
+                               f"unknown: {ctx.why_not(N_RECORDS)}")
         else:
             self.test = PoissonBatchTest(self.n_records, self.rate, self.config.alpha)
         self._buffer: list[tuple[int, int]] = []

@@ -169,8 +169,8 @@ def test_without_the_accountant_history_the_check_is_not_run() -> None:
 
 def test_without_the_dataset_size_the_rate_is_not_checked() -> None:
     mon = _run(_facts(n_records=True))
-    assert _notes(mon) == ["check not run: sample rate: the data loader's dataset has no "
-                           "length (N unknown)"]
+    assert _notes(mon) == ["check not run: sample rate: N is unknown (the number of records "
+                           "training samples from: not given to this audit)"]
     assert "rate_interval" not in mon.result and mon.result["n_records"] is None
     # the accountant's own rate is used for the recomputed epsilon
     assert mon.result["recomputed_from"]["sample_rate"] == Q

@@ -169,8 +169,9 @@ def test_without_the_dataset_size_it_does_not_run_and_says_why() -> None:
     assert mon.advance() is None and mon.findings() == [] and mon.rate_interval(0.05) is None
     sec = mon.contribution().section
     assert sec == {"rate": Q, "n_records": None, "run": False,
-                   "reason_not_run": "the data loader's dataset has no length, so the number of "
-                                     "records N that Poisson sampling draws from is unknown"}
+                   "reason_not_run": "the number of records N that Poisson sampling draws "
+                                     "from is unknown: the number of records training samples "
+                                     "from: not given to this audit"}
     bare = _monitor({})  # no rate either: taken as 1
     assert bare.rate == 1.0 and bare.contribution().section["run"] is False
 
