@@ -99,7 +99,7 @@ def assemble_report(aud: PrivacyAuditor, claimed: float | None) -> AuditReport:
         threat_notes=tap.threat_notes(),
         every_step_observed=(eng.unobserved_steps == 0 and eng.skipped_nonfinite == 0
                              and eng.incomplete_from is None),
-        clipping_exercised=not tap.ghost,
+        clipping_exercised=tap.clipping_exercised,
         delta=cfg.delta,
         alpha=cfg.alpha,
         accountant=tap.accountant.name,

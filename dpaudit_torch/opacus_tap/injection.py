@@ -65,6 +65,7 @@ import torch
 from ..canaries import CanaryDesign, SecretCoins
 from ..contract import StepRefused
 from .errors import call_theirs
+from .forms import bound_to, describe, resolve, run_swapped
 from .ghost import GhostInjection
 from .plan import (
     InjectionHost,
@@ -80,6 +81,8 @@ from .shadow import ShadowClipper
 logger = logging.getLogger(__name__)
 
 __all__ = ["Injector", "PerSampleInjection"]
+
+_MISSING = object()  # no instance attribute
 
 
 class PerSampleInjection:
@@ -279,8 +282,21 @@ class Injector:
             self.strategy = PerSampleInjection(self, self.planner, optimizer, params,
                                                self.injects, self.shadow)
         self._attr = self.strategy.method_name
+        # what the wrapper stands in front of: (instance attribute?, that attribute); the last
+        # is the newest (a method installed after attach is adopted, :meth:`_adopt`), each
+        # stands in front of the one before it
         self._saved: Any = None
         self._had_instance_attr = False
+        self._below: list[tuple[bool, Any]] = []
+        self._installed: Any = None  # the attribute attach put on the optimizer
+        self._depth = 0  # nested calls of that attribute (a later method that calls it)
+        #: how the clipping method was installed, in words (:func:`.forms.describe`)
+        self.form = ""
+        #: steps whose canaries were added already clipped (the optimizer's clipping could not
+        #: be run on them, :mod:`.forms`), the first one's injected-step number and reason
+        self.fallback_steps = 0
+        self._fallback_first: tuple[int, str] | None = None
+        self._replaced: list[str] = []  # methods installed after attach, in words
         self._attached = False
         self._pending: StepPlan | None = None
         self.on_inject: Callable[[StepPlan], None] | None = None
@@ -307,15 +323,20 @@ class Injector:
         opt = self.optimizer
         self._had_instance_attr = self._attr in vars(opt)
         self._saved = vars(opt).get(self._attr)
-        wrapper = self.strategy.wrapper
-        setattr(opt, self._attr, wrapper if wrap is None else wrap(wrapper))
+        self._below = []
+        self.form = describe(self.original_method(), self._had_instance_attr)
+        entry = self._entry
+        self._installed = entry if wrap is None else wrap(entry)
+        setattr(opt, self._attr, self._installed)
         self._attached = True
 
     def detach(self) -> None:
-        """Restore the optimizer's clipping method as it was before :meth:`attach` (idempotent);
-        a step in progress is forgotten."""
+        """Restore the optimizer's clipping method as it was before :meth:`attach`, or the one
+        installed since (the newest: the same object) (idempotent); a step in progress is
+        forgotten."""
         if not self._attached:
             return
+        self._check_installed(None)
         opt = self.optimizer
         if self._had_instance_attr:
             setattr(opt, self._attr, self._saved)
@@ -327,11 +348,82 @@ class Injector:
         self._attached = False
         self._pending = None
 
+    def _entry(self) -> Any:
+        """What attach installs: the strategy's wrapper; a nested call (a method installed
+        after attach that calls this one) or a call after detach runs what this stood in front
+        of, as without the auditor."""
+        chain = [*self._below, (self._had_instance_attr, self._saved)]
+        level = self._depth + (0 if self._attached else min(1, len(chain) - 1))
+        self._depth += 1
+        try:
+            if self._attached and level == 0:
+                return self.strategy.wrapper()
+            on_instance, saved = chain[-1 - level] if level < len(chain) else (False, None)
+            return resolve(self.optimizer, self._attr, saved, on_instance)()
+        finally:
+            self._depth -= 1
+
+    def _check_installed(self, passed: bool | None) -> None:
+        """If the clipping method was replaced on the optimizer since attach (the step that
+        just ran ``passed`` through the wrapper or not), adopt the new one (:meth:`_adopt`)."""
+        if vars(self.optimizer).get(self._attr, _MISSING) is not self._installed:
+            self._adopt(passed)
+
+    def _adopt(self, passed: bool | None) -> None:
+        """A method installed on the optimizer after attach (one dict look-up per step finds
+        it): the wrapper goes back in front of it, so from the next step the canaries run
+        through it too; it stays what detach restores. Said in the report
+        (:meth:`clipping_notes`)."""
+        opt = self.optimizer
+        self._below.append((self._had_instance_attr, self._saved))
+        self._had_instance_attr = self._attr in vars(opt)
+        self._saved = vars(opt).get(self._attr)
+        form = describe(self.original_method(), self._had_instance_attr)
+        when = ("before detach" if passed is None else
+                f"after injected step {self.steps_injected}" if passed else
+                f"before the step following injected step {self.steps_injected}, which "
+                f"therefore bypassed the audit")
+        then = ("detach leaves it in place" if passed is None else
+                "the auditor put its wrapper back in front of it, so the canaries go through it "
+                "from the next step")
+        self._replaced.append(
+            f"the optimizer's {self._attr} was replaced after the auditor attached ({when}) by "
+            f"{form}; {then}")
+        logger.warning(self._replaced[-1])
+        if self._attached:
+            setattr(opt, self._attr, self._installed)
+
     def pop_plan(self) -> StepPlan | None:
         """The plan of the step whose clipping just ran (None if no step passed through the
-        clipping since the last call); clears it."""
+        clipping since the last call); clears it. A clipping method installed on the optimizer
+        since attach is adopted here (:meth:`_adopt`)."""
         rec, self._pending = self._pending, None
+        if self._attached:
+            self._check_installed(rec is not None)
         return rec
+
+    # ------------------------------------------------------------------ what ran on the canaries
+    @property
+    def clipping_exercised(self) -> bool:
+        """Whether every injected step's canaries went through the optimizer's clipping code
+        (False under ghost clipping, or once a step fell back to already clipped canaries)."""
+        return not self.ghost and self.fallback_steps == 0
+
+    def clipping_notes(self) -> list[str]:
+        """What the report must say about the clipping method's form: steps whose canaries
+        could not be run through it (which check did not run and why), and methods installed
+        after attach."""
+        notes = list(self._replaced)
+        if self._fallback_first is not None:
+            first, why = self._fallback_first
+            notes.append(
+                f"clipping check not run at {self.fallback_steps} of {self.steps_injected} "
+                f"injected step(s) (the first: injected step {first}): the optimizer's "
+                f"{self._attr} ({self.form}) could not be run on the canaries: {why}. Those "
+                f"steps' canaries were added already clipped, as a correct clipper would (as "
+                f"under ghost clipping), so a clipping bug does not show in them; the other "
+                f"checks are unaffected")
+        return notes
 
     @property
     def in_step(self) -> bool:
@@ -396,23 +488,26 @@ class Injector:
         return self._had_instance_attr
 
     def original_method(self) -> Callable[[], Any]:
-        """The method the wrapper stands in front of, looked up at call time, so that anything
-        the class does (including a deliberately broken subclass from testing.bugs) runs."""
-        if self._had_instance_attr:
-            return self._saved
-        opt = self.optimizer
-        return getattr(type(opt), self._attr).__get__(opt, type(opt))
+        """The method the wrapper stands in front of, as Python would call it: the instance
+        attribute as stored (a function, closure, ``partial``, bound method), else the class's,
+        looked up at call time, so that anything the class does (including a deliberately
+        broken subclass from testing.bugs) runs."""
+        return resolve(self.optimizer, self._attr, self._saved, self._had_instance_attr)
 
     def method_bound_to(self, target: Any) -> Callable[[], Any]:
-        """The method the wrapper stands in front of, bound to ``target`` (the shadow of the
-        optimizer the canaries are clipped on)."""
-        if self._had_instance_attr:
-            fn = getattr(self._saved, "__func__", None)
-            if fn is None:
-                raise TypeError(f"the optimizer's {self._attr} is an instance attribute that is "
-                                f"not a method; the auditor cannot run it on its canaries")
-            return fn.__get__(target, type(target))
-        return getattr(type(target), self._attr).__get__(target, type(target))
+        """The method the wrapper stands in front of, made to run on ``target`` (the shadow of
+        the optimizer the canaries are clipped on): a function of the class bound to it; any
+        other form (:mod:`.forms`) called as installed on the optimizer whose state is, for that
+        call, ``target``'s."""
+        if not self._had_instance_attr:
+            bound = bound_to(self.optimizer, self._attr, target)
+            if bound is not None:
+                return bound
+        fn, opt, state, params = self.original_method(), self.optimizer, vars(target), self.params
+
+        def swapped() -> None:
+            run_swapped(opt, fn, state, params)
+        return swapped
 
     # ------------------------------------------------------------------ the strategies' host
     def check_params(self) -> None:
@@ -441,6 +536,11 @@ class Injector:
             self.insertions += rec.n_rows
             self.one_run_insertions += rec.n_one_run
             self.steps_injected += 1
+            if rec.clip_fallback is not None:
+                self.fallback_steps += 1
+                if self._fallback_first is None:
+                    self._fallback_first = (self.steps_injected, rec.clip_fallback)
+                    logger.warning(self.clipping_notes()[-1])
             if self.keep_noise_state:  # right before Opacus's noise: nothing draws in between
                 rec.noise_state = noise_state(self.optimizer, self.params)
             if self.on_inject is not None:

@@ -197,6 +197,9 @@ class StepPlan:
     #: (noise generator, its state right before Opacus's noise) in one process, for
     #: :func:`~.recovery.take_out`; None where it is not kept or cannot be read
     noise_state: tuple[torch.Generator, torch.Tensor] | None = None
+    #: why the optimizer's clipping could not be run on this step's canaries (they were added
+    #: already clipped, :mod:`.forms`); None when it ran on them
+    clip_fallback: str | None = None
 
     @property
     def included(self) -> torch.Tensor | None:

@@ -23,6 +23,7 @@ import torch
 from .._compiled import compiled
 from ._step_kernels import add_columns, add_joint, clip_joint
 from ._step_kernels import write_rows as write_rows_kernel
+from .forms import ClippingNotRunError
 from .observation import host_views
 from .plan import OPACUS_NORM_EPS, StepPlan, joint_norm_clipping
 
@@ -51,7 +52,8 @@ class WrappedClipping(Protocol):
         (a user's or a test's patch: never clipped as Opacus's joint-norm code)."""
 
     def method_bound_to(self, target: Any) -> Callable[[], Any]:
-        """The wrapped method bound to ``target`` (the shadow)."""
+        """The wrapped method made to run on ``target`` (the shadow): bound to it, or run on
+        the optimizer whose state is, for that call, the shadow's (:mod:`.forms`)."""
 
 
 class ShadowClipper:
@@ -141,9 +143,26 @@ class ShadowClipper:
             return self._replica(rec, dtype)
         views, undo = self.write_rows(rec, dtype, joint)
         try:
-            return self.clip_rows(views, rec, joint)
+            try:
+                return self.clip_rows(views, rec, joint)
+            except ClippingNotRunError as e:  # this step's canaries: as a correct clipper
+                rec.clip_fallback = e.reason
+                return self.reference_clip(views, rec, joint)
         finally:
             undo()
+
+    def reference_clip(self, views: list[torch.Tensor], rec: StepPlan, joint: bool = False
+                       ) -> list[torch.Tensor | None]:
+        """The rows' clipped sums as Opacus's own clipping computes them (the fallback where
+        the optimizer's clipping cannot be run on the canaries, :mod:`.forms`): each row scaled
+        by ``min(1, C / (norm + 1e-6))``, its norm over every tensor with the flat bound, or
+        tensor by tensor with that tensor's bound under per-layer clipping."""
+        if getattr(self.optimizer, "max_grad_norms", None) is not None and not joint:
+            return [(c / (v.norm(2, dim=1) + OPACUS_NORM_EPS)).clamp(max=1.0) @ v
+                    for v, c in zip(views, rec.clip)]
+        norms = torch.stack([v.norm(2, dim=1) for v in views], dim=1).norm(2, dim=1)
+        factor = (rec.clip[0] / (norms + OPACUS_NORM_EPS)).clamp(max=1.0)
+        return [factor @ v for v in views]
 
     def _rows_buffer(self, size: int, dtype: torch.dtype) -> torch.Tensor:
         """A persistent all-zero buffer of at least ``size`` elements (and, on the CPU, its
@@ -354,13 +373,25 @@ class ShadowClipper:
             sp.grad_sample = rows if rows.device == sp.device else rows.to(sp.device)
             sp.summed_grad = None
         try:
-            self._method.method_bound_to(shadow)()
+            call = self._method.method_bound_to(shadow)
+            try:
+                call()
+            except ClippingNotRunError:
+                raise
+            except Exception as e:  # the code under audit failed on the canaries
+                raise ClippingNotRunError(
+                    f"it raised {type(e).__name__}: {e} when run on the canaries") from e
         finally:
             for sp in sparams:
                 sp.grad_sample = None
         adds = [sp.summed_grad for sp in sparams]
         for sp in sparams:
             sp.summed_grad = None
+        widths = [int(v.shape[1]) for v in views]
+        if any(w and (a is None or a.numel() != w) for a, w in zip(adds, widths)):
+            raise ClippingNotRunError(
+                "it left no clipped sum of the canaries on the parameters it was given (it "
+                "does not reach the per-sample gradients through the optimizer object)")
         return adds
 
     def add(self, rec: StepPlan, adds: list[torch.Tensor | None], joint: bool = False) -> None:

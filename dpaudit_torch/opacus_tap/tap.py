@@ -417,4 +417,11 @@ class OpacusTap:
             notes.append("per-layer clipping: a canary in tensor i contributes C_i while the "
                          "noise has std sigma * ||C||; the per-step null of sigma is then "
                          "conservative")
+        if self.injector is not None:  # the clipping method's form (opacus_tap/forms.py)
+            notes.extend(self.injector.clipping_notes())
         return notes
+
+    @property
+    def clipping_exercised(self) -> bool:
+        """Whether the canaries went through the optimizer's clipping code at every step."""
+        return not self.ghost and (self.injector is None or self.injector.clipping_exercised)

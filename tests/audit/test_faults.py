@@ -417,8 +417,11 @@ def test_canary_rows_buffer_is_zero_between_steps(monkeypatch):
         return class_clip(self)
 
     monkeypatch.setattr(cls, "clip_and_accumulate", failing)
-    a.step(*next(iter(a.batches(1, batch=16))))  # on_internal_error="continue": no exception
-    assert not aud.attached and any("clipping failed" in w for w in aud.warnings)
+    a.step(*next(iter(a.batches(1, batch=16))))  # no exception
+    # the optimizer's code, not the auditor's, failed on the canaries: that step's canaries
+    # were added already clipped and the report says so (opacus_tap/forms.py)
+    assert aud.attached and inj.fallback_steps == 1
+    assert any("clipping failed" in n for n in aud.tap.threat_notes())
     assert not bool(inj.rows_buffer.any())
 
 

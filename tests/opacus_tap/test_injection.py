@@ -86,7 +86,7 @@ def test_attach_installs_the_strategy_wrapper_and_detach_restores(mode):
     assert name not in vars(opt) and not inj.attached
     cls_method = getattr(type(opt), name)
     inj.attach()
-    assert inj.attached and vars(opt)[name] == inj.strategy.wrapper
+    assert inj.attached and vars(opt)[name] == inj._entry  # runs the strategy's wrapper
     assert not inj.method_on_instance
     assert inj.original_method().__func__ is cls_method  # looked up at call time
     inj.detach()
@@ -111,14 +111,18 @@ def test_attach_installs_the_strategy_wrapper_and_detach_restores(mode):
 
 def test_an_instance_patch_is_run_and_restored():
     """A clipping method patched on the optimizer instance before attach is what the wrapper
-    and the shadow run (never taken for Opacus's joint-norm code), and detach puts it back."""
+    and the shadow run (never taken for Opacus's joint-norm code), and detach puts it back. It
+    runs as installed: on the canaries, on the optimizer object whose state is, for that call,
+    the shadow's (opacus_tap/forms.py)."""
     s = make_private_setup()
     opt = s.optimizer
     calls = []
     original = type(opt).clip_and_accumulate
 
+    real0 = opt.params[0]
+
     def patched(self):
-        calls.append(self is opt)
+        calls.append(self.params[0] is real0)  # False: the canaries' (shadow) parameters
         return original(self)
 
     opt.clip_and_accumulate = patched.__get__(opt, type(opt))
