@@ -62,7 +62,8 @@ RUNS = [("correct", None, 6, "stop"), ("no-noise", "no-noise", 6, "stop"),
 #: optimizer class, the per-rank expected batch size, the sharding, who injects, how the seed
 #: reached every rank), or that are timestamps
 SHARDING_PATHS = ("training.world_size", "training.sharding", "training.optimizer",
-                  "training.expected_batch_size", "created_at", "configuration.optimizer",
+                  "training.expected_batch_size", "audits.setup.expected_batch_size",
+                  "created_at", "configuration.optimizer",
                   "canaries.injecting_rank", "canaries.seed_policy", "seed_policy")
 #: absolute tolerances of report values that count float32 coincidences: the share of noise
 #: values that happen to lie on a low-precision grid moves by a value or two when the summation
