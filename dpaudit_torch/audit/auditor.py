@@ -135,8 +135,8 @@ class PrivacyAuditor:
         cfg = self.config if config is None else config
         assert cfg.m_canaries is not None
         return MonitorContext(config=cfg, k_pairs=cfg.k_pairs, m_canaries=cfg.m_canaries,
-                              device=self.device, warn=self.warn, coins=coins,
-                              noise_tensor=noise_coords[0].numpy(), facts=self.tap)
+            device=self.device, warn=self.warn, coins=coins, facts=self.tap,
+            noise_tensor=noise_coords[0].numpy(), noise_flat=noise_coords[1].numpy())
 
     # ------------------------------------------------------------------ public state
     def warn(self, msg: str) -> None:

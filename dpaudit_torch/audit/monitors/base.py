@@ -167,6 +167,8 @@ class MonitorContext:
     coins: Any = None
     #: per noise-audit coordinate: the index of its parameter tensor
     noise_tensor: Any = None
+    #: per noise-audit coordinate: its flat index in that tensor
+    noise_flat: Any = None
     #: the adapter's answers (or a mapping fact -> value); None: no adapter
     facts: FactSource | Mapping[Fact[Any], Any] | None = None
     options: Any = None

@@ -5,11 +5,15 @@ At the coordinates of U (up to ``noise_coordinates_per_tensor`` per tensor, at m
 ``noise_coordinates_total`` in all; never a canary coordinate) the adapter reads
 the released noise xi = released x scaling - (real examples' sum), divided by the standard
 deviation a correct implementation uses (noise multiplier x the bound the noise is scaled with),
-so that xi ~ N(0, 1), independent across coordinates and steps. Three anytime-valid tests
+so that xi ~ N(0, 1), independent across coordinates and steps. Four anytime-valid tests
 (:mod:`dpaudit_torch.stats.noise`), averaged into this monitor's e-process:
 
 * too little noise per tensor, and per parameter group (likelihood ratios of smaller variances);
 * noise dependent across steps (re-used or re-seeded noise: signs of xi_t xi_{t-k});
+* the whole null, iid N(0, 1) (:mod:`dpaudit_torch.stats.noise_null`): the cells of the PIT of
+  single values (shape, tails) and of structured pairs (within a tensor, across tensors, across
+  steps), so that noise of the claimed variance but another shape, or dependent within a step,
+  is found too;
 
 and one check that is a finding, not a statistical rejection: noise drawn on a low-precision grid
 (bfloat16 / float16; Mironov, CCS 2012). Findings name the tensor and the parameter group.
@@ -27,7 +31,7 @@ import numpy as np
 import torch
 
 from ..._buffers import host_copy, host_zeros
-from ...contract import GROUP_NAMES, TENSOR_GROUPS, TENSOR_NAMES, StepRecord
+from ...contract import GROUP_NAMES, OPTIMIZER_PARAMS, TENSOR_GROUPS, TENSOR_NAMES, StepRecord
 from .base import (
     Contribution,
     Evidence,
@@ -150,6 +154,23 @@ class _TensorSums:
         return (t_sums, self.t_counts), (g_sums, self.g_counts)
 
 
+#: what a rejection of the whole null says, by the family with the strongest evidence
+_WHOLE_NULL_WORDS = {
+    "shape": "its distribution has another shape than the Gaussian (heavier or lighter tails, "
+             "discrete or bimodal values)",
+    "tails": "its tails are not those of the Gaussian",
+    "adjacent": "neighbouring coordinates of a tensor are dependent",
+    "column": "the same position of consecutive output rows is dependent",
+    "aligned_even": "the same position in two tensors is dependent (noise shared or re-seeded "
+                    "across tensors)",
+    "aligned_odd": "the same position in two tensors is dependent (noise shared or re-seeded "
+                   "across tensors)",
+    "same_shape": "the same position in two tensors of one shape is dependent (a shared noise "
+                  "vector)",
+    "lag1": "a coordinate's noise depends on its noise at the step before",
+}
+
+
 @dataclass(frozen=True)
 class NoiseConfig(MonitorConfig):
     """Settings of the noise monitor: the level of its tests, and the check period (the size
@@ -165,7 +186,7 @@ class NoiseMonitor(Monitor):
 
     label = "noise"
     config_class = NoiseConfig
-    needs = (TENSOR_NAMES, TENSOR_GROUPS, GROUP_NAMES)
+    needs = (TENSOR_NAMES, TENSOR_GROUPS, GROUP_NAMES, OPTIMIZER_PARAMS)
 
     def __init__(self, ctx: MonitorContext) -> None:
         from ...stats.noise import NoiseIndependenceTest, NoiseVarianceTest
@@ -193,6 +214,10 @@ class NoiseMonitor(Monitor):
         # (segments of the tensor-major coordinates), then per group as sums of its tensors
         self._sums = _TensorSums(self.tensor_of, self.group_of, n_t, n_g)
         self.independence = NoiseIndependenceTest(alpha=alpha)
+        self.whole = self._whole_null_test(ctx, alpha)
+        #: whether the whole-null test bets: not in a run resumed from a checkpoint made before
+        #: it existed (it would join the average mid-run; the run keeps its earlier e-process)
+        self.whole_on = True
         if not self.tensor_of.size:
             self.reason_off = "no noise-audit coordinates (noise_coordinates_per_tensor = 0)"
         self._buffer = _StepRows(self.config.check_every)
@@ -209,6 +234,21 @@ class NoiseMonitor(Monitor):
         #: path on the CPU: each row a tensor copy, stacked and copied to the host at the check;
         #: :func:`dpaudit_torch.testing.host_sync.force_device_path`)
         self.host_rows = True
+
+    def _whole_null_test(self, ctx: MonitorContext, alpha: float) -> Any:
+        """The test of the whole null, with the structured pairs where the coordinates' flat
+        indices and the tensors' shapes are known (else on single values and across steps)."""
+        from ...stats.noise_null import NoiseNullTest
+
+        flat = getattr(ctx, "noise_flat", None)
+        params = ctx.fact_or(OPTIMIZER_PARAMS)
+        shapes = None if params is None else [tuple(p.shape) for p in params]
+        t = self.tensor_of
+        if flat is None or shapes is None or len(flat) != t.size or (t.size and (
+                int(t.max()) >= len(shapes) or np.any(np.asarray(flat) >= np.array(
+                    [int(np.prod(sh)) for sh in shapes])[t]))):
+            return NoiseNullTest(t, None, None, alpha)  # no structure known: no pairs
+        return NoiseNullTest(t, np.asarray(flat, dtype=np.int64), shapes, alpha)
 
     def observe(self, record: StepRecord) -> None:
         if self.reason_off is not None:
@@ -290,9 +330,12 @@ class NoiseMonitor(Monitor):
                 tensor_lw = self.by_tensor.update_steps(rows, self.tensor_of, 1.0)
                 group_lw = self.by_group.update_steps(rows, self.group_of, 1.0)
             indep_lw = self.independence.update_steps(rows)
+            parts = [tensor_lw, group_lw, indep_lw]
+            if self.whole_on:
+                parts.append(self.whole.update_steps(rows))
             from ...stats.betting import log_mean_exp  # here: importing it loads Numba
 
-            mixed = log_mean_exp(np.stack([tensor_lw, group_lw, indep_lw]), axis=0)
+            mixed = log_mean_exp(np.stack(parts), axis=0)
             # the monitor's wealth after each step: the last processed one's, or the old value
             done = np.cumsum(ok) - 1
             log_e[:] = np.where(done >= 0, mixed[np.maximum(done, 0)], self.log_wealth)
@@ -348,6 +391,16 @@ class NoiseMonitor(Monitor):
                     self.name, "violation",
                     f"the noise is not fresh at every step: it is correlated with the noise "
                     f"{lag} step(s) earlier (re-used or re-seeded noise)", "every tensor"))
+            # (too little noise says more; dependence within a step can also make the
+            # independence test's signs reject, so both are named then)
+            if self.whole_on and self.whole.rejected and not (
+                    self.by_tensor.rejected or self.by_group.rejected):
+                fam = self.whole.worst_family()
+                out.append(Finding(
+                    self.name, "violation",
+                    f"the noise is not iid Gaussian with the claimed variance: "
+                    f"{_WHOLE_NULL_WORDS.get(fam, fam)} (anytime-valid test at level "
+                    f"{self.config.alpha:g})", f"noise-audit coordinates ({fam})"))
         p = self._precision_result
         if p is not None and p.get("finding"):
             fmt = p["finding"]
@@ -374,6 +427,8 @@ class NoiseMonitor(Monitor):
             out["by_tensor"] = self.by_tensor.summary()
             out["by_group"] = self.by_group.summary()
             out["independence"] = self.independence.summary()
+            if self.whole_on:
+                out["whole_null"] = self.whole.summary()
             ci = self.sigma_interval(self.config.alpha)
             out["noise_std_ratio_interval"] = None if ci is None else list(ci)
         out["precision"] = self._precision_result
@@ -382,6 +437,7 @@ class NoiseMonitor(Monitor):
     def state_dict(self) -> dict[str, Any]:
         return {"by_tensor": self.by_tensor.state_dict(), "by_group": self.by_group.state_dict(),
                 "independence": self.independence.state_dict(),
+                **({"whole_null": self.whole.state_dict()} if self.whole_on else {}),
                 "buffer_steps": list(self._buffer.steps),
                 "buffer": self._buffer.copy_rows(),
                 "precision": [(torch.from_numpy(a), torch.from_numpy(b))
@@ -393,6 +449,9 @@ class NoiseMonitor(Monitor):
         self.by_tensor.load_state_dict(sd["by_tensor"])
         self.by_group.load_state_dict(sd["by_group"])
         self.independence.load_state_dict(sd["independence"])
+        self.whole_on = "whole_null" in sd
+        if self.whole_on:
+            self.whole.load_state_dict(sd["whole_null"])
         self._buffer = _StepRows(self.config.check_every)
         self._sumsq_finite = []  # the restored rows are checked value by value
         for i, step in enumerate(sd["buffer_steps"]):

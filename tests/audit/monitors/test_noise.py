@@ -118,3 +118,59 @@ def test_step_with_non_finite_noise_carries_no_evidence_with_or_without_sumsq():
         assert np.all(np.isfinite(ev.log_e)) and ev.log_e[-1] > ev.log_e[2]
         wealth.append(ev.log_e)
     np.testing.assert_array_equal(wealth[0], wealth[1])
+
+
+# ---------------------------------------------------------------------- the whole null
+def _structured_monitor(flat: bool = True) -> NoiseMonitor:
+    """A monitor over two tensors of shape [32, 44] fully observed (U = 2816), with the flat
+    indices and the tensors (OPTIMIZER_PARAMS) known, or without the flat indices."""
+    from dpaudit_torch.contract import OPTIMIZER_PARAMS
+
+    cfg = AuditConfig(k_pairs=2, m_canaries=4)
+    half = U // 2
+    tensor = np.repeat([0, 1], half)
+    ctx = MonitorContext(config=cfg, k_pairs=2, m_canaries=4, device="cpu",
+                         warn=lambda _m: None, noise_tensor=tensor,
+                         noise_flat=np.tile(np.arange(half), 2) if flat else None,
+                         facts={TENSOR_GROUPS: [0, 0], TENSOR_NAMES: ["a.weight", "b.weight"],
+                                GROUP_NAMES: ["group 0"],
+                                OPTIMIZER_PARAMS: [torch.zeros(32, 44), torch.zeros(32, 44)]})
+    return NoiseMonitor(ctx)
+
+
+def _feed(mon: NoiseMonitor, xs: torch.Tensor) -> None:
+    z = torch.zeros(2, dtype=torch.float64)
+    for t, xi in enumerate(xs, start=1):
+        mon.observe(StepRecord(step=t, values=torch.zeros(8, dtype=torch.float64), x=z, y=z,
+                               coins=torch.tensor([True, False]), sigma=1.0, sigma_claimed=1.0,
+                               noise=xi, noise_std=STD))
+    mon.advance()
+
+
+def test_whole_null_finds_equal_neighbours_and_says_so() -> None:
+    g = torch.Generator().manual_seed(4)
+    pairs = torch.randn(5, U // 2, 1, generator=g, dtype=torch.float64)
+    xs = pairs.expand(5, U // 2, 2).reshape(5, U)  # coordinates 2j, 2j + 1 equal: variance 1
+    mon = _structured_monitor()
+    _feed(mon, xs)
+    section = mon.report_section()
+    assert not section["by_tensor"]["rejected"]  # the variance is the claimed one
+    assert section["whole_null"]["rejected"] and section["whole_null"]["rejected_at"] == 1
+    assert section["whole_null"]["worst_family"] == "adjacent"
+    msg = [f.message for f in mon.findings() if f.level == "violation"]
+    assert any("neighbouring coordinates of a tensor are dependent" in m for m in msg)
+    again = _structured_monitor()
+    again.load_state_dict(mon.state_dict())
+    assert again.report_section()["whole_null"] == section["whole_null"]
+
+
+def test_whole_null_quiet_on_gaussian_noise_and_without_structure() -> None:
+    g = torch.Generator().manual_seed(5)
+    xs = torch.randn(10, U, generator=g, dtype=torch.float64)
+    for flat in (True, False):
+        mon = _structured_monitor(flat)
+        _feed(mon, xs)
+        whole = mon.report_section()["whole_null"]
+        assert not whole["rejected"] and whole["log_wealth"] < 0
+        assert mon.findings() == []
+        assert ("adjacent" in whole["families"]) is flat
