@@ -1,40 +1,57 @@
 """False alarms of the PrivacyAuditor on correct DP-SGD runs, across training setups.
 
 Every run is a *correct* Opacus training run (no bug of :mod:`dpaudit_torch.testing.bugs`)
-audited with the auditor's defaults (every monitor, alpha = 0.05, delta = 1e-5), ended by
+audited with the auditor's defaults (every monitor, alpha = 0.05, delta = 1e-5) and handed
+the model (``model=``, without which the coverage monitor checks nothing), ended by
 ``finalize()``. Counted per run: ``report.violation`` (the averaged e-process of the monitors
 crossed 1/alpha: sequential pairs, noise, sampling), ``report.claim_refuted`` (a family-free
 whole-run lower bound above the claimed epsilon), ``report.claim_inconsistent`` (the accountant's
-inputs contradict the training that ran, docs/design.md section 10), and, apart, findings of
-level ``"finding"`` (the low-precision noise check, not a statistical statement) and the
-crossings of one monitor's own test while the averaged decision did not cross (each such test
-is level alpha on its own; the report lists them as notes, "not decided"). A run with any of
-the first three is a *false alarm*; each has probability at most alpha by construction
-(Ville's inequality for the e-processes, docs/design.md section 1; the level of the one-run
-bounds, section 6; the Bonferroni-split intervals of the accounting check, section 10), so the
-target is 0 expected and a total rate <= alpha, with an exact Clopper-Pearson interval
-(Clopper & Pearson, Biometrika 1934).
+inputs contradict the training that ran, docs/design.md section 10), and, apart, the runs with a
+finding of level ``"finding"`` (not a statistical statement: e.g. the low-precision noise check),
+in all and per monitor (``report.findings[i]["monitor"]``), so that a monitor that makes
+findings on correct runs shows in the table, and the crossings of one monitor's own test while
+the averaged decision did not cross (each such test is level alpha on its own; the report lists
+them as notes, "not decided"). A run with any of the first three is a *false alarm*; each has
+probability at most alpha by construction (Ville's inequality for the e-processes,
+docs/design.md section 1; the level of the one-run bounds, section 6; the Bonferroni-split
+intervals of the accounting check, section 10), so the target is 0 expected and a total rate
+<= alpha, with an exact Clopper-Pearson interval (Clopper & Pearson, Biometrika 1934).
 
 Configurations (default ``--runs 20`` each, 50 steps each unless said): the demo's DigitsCNN on
 scikit-learn's bundled digits (Poisson sampling, expected batch 64, sigma 1, lr 0.5, C 1) with
 each of Opacus's accountants (rdp, prv, gdp); sigma 0.5 and 4; expected batch 16 and 256; two
-parameter groups (features lr 0.5, head lr 0.1); a frozen layer (the first convolution);
-ghost clipping; ``BatchMemoryManager`` splitting each Poisson batch (expected 64) into physical
-batches of at most 16; gradient accumulation done right (one Poisson batch of expected size 256
-per release, split into micro-batches of at most 64 by ``BatchMemoryManager``: the accountant is
-told the truth); a long run (300 steps, ``--long-runs`` runs); the tests' MLP (tests/conftest.py:
-16-32-2 on a linearly separable synthetic task, 256 records, batch 32, lr 0.1); and DDP with 2
-gloo processes (``DPDDP`` + ``DistributedDPOptimizer``, the distributed Poisson loader,
-``--ddp-runs`` runs).
+parameter groups (features lr 0.5, head lr 0.1); a frozen layer (the first convolution); each
+of Opacus's grad-sample modes besides the default hooks: ghost clipping, ``ew`` (PyTorch's
+expanded weights, which cover the CNN's Conv2d, GroupNorm and Linear) and ``functorch``;
+``BatchMemoryManager`` splitting each Poisson batch (expected 64) into physical batches of at
+most 16; gradient accumulation done right (one Poisson batch of expected size 256 per release,
+split into micro-batches of at most 64 by ``BatchMemoryManager``: the accountant is told the
+truth); a long run (300 steps, ``--long-runs`` runs); the tests' MLP (tests/conftest.py: 16-32-2
+on a linearly separable synthetic task, 256 records, batch 32, lr 0.1); the same MLP with an
+``nn.LayerNorm`` after its hidden layer; an ``nn.Embedding`` text classifier (vocabulary 64,
+dimension 16, mean-pooled, then linear) on synthetic token sequences (1,024 sequences of 16
+tokens, label: the sign of the mean of fixed per-token scores; batch 64, lr 0.5); an LSTM
+(``opacus.layers.DPLSTM``, 4 inputs, 16 hidden, its last output into a linear head) on
+synthetic sequences (512 sequences of 8 steps, label: the sign of the drift of the first input;
+batch 32, lr 0.5); and DDP with 2 gloo processes (``DPDDP`` + ``DistributedDPOptimizer``, the
+distributed Poisson loader, ``--ddp-runs`` runs). The synthetic data come from fixed seeds in
+this script; nothing is downloaded.
 
     python benchmarks/false_alarms.py [--runs 20] [--long-runs 10] [--ddp-runs 10] [--quick]
+        [--no-write] [--workers N]
+
+``--workers N`` runs the runs (all but DDP's, which spawns its own processes, after them) in N
+``spawn`` worker processes of one thread each; every run is seeded on its own, so the table is
+the serial run's (the CPU column aside, which is timing).
 """
 
 from __future__ import annotations
 
 import argparse
+import functools
 import json
 import logging
+import multiprocessing
 import os
 import socket
 import sys
@@ -57,6 +74,7 @@ from dpaudit_torch.audit import PrivacyAuditor  # noqa: E402
 from dpaudit_torch.demo import DigitsCNN, load_digits_tensors  # noqa: E402
 
 ALPHA = 0.05
+VOCAB = 64  # the token task's vocabulary
 
 #: what the table does not show (written below it)
 NOTES = (
@@ -78,7 +96,7 @@ class Setup:
     """One training configuration of the benchmark."""
 
     name: str
-    model: str = "cnn"  # "cnn" (digits) or "mlp" (the tests' MLP)
+    model: str = "cnn"  # see _model and _data: "cnn", "mlp", "layernorm", "embedding", "lstm"
     sigma: float = 1.0
     batch: int = 64  # expected (logical) batch size
     lr: float = 0.5
@@ -108,6 +126,14 @@ SETUPS = [
     Setup("tests' MLP (16-32-2, batch 32)", model="mlp", batch=32, lr=0.1),
 ]
 LONG = Setup("long run (300 steps)", steps=300)
+#: after LONG in the plan, so that the seeds of the configurations above stay what they were
+MORE_SETUPS = [
+    Setup("grad-sample mode ew (expanded weights)", mode="ew"),
+    Setup("grad-sample mode functorch", mode="functorch"),
+    Setup("MLP with LayerNorm (16-32-LN-2, batch 32)", model="layernorm", batch=32, lr=0.1),
+    Setup("nn.Embedding text classifier (mean-pooled, batch 64)", model="embedding"),
+    Setup("LSTM (opacus DPLSTM, batch 32)", model="lstm", batch=32),
+]
 
 
 def _mlp_data() -> TensorDataset:
@@ -117,10 +143,74 @@ def _mlp_data() -> TensorDataset:
     return TensorDataset(x, y)
 
 
+def _token_data() -> TensorDataset:
+    """1,024 sequences of 16 tokens of a vocabulary of 64; label: the sign of the mean of fixed
+    per-token scores (what a mean-pooled embedding and a linear head can learn)."""
+    g = torch.Generator().manual_seed(4321)
+    tokens = torch.randint(0, VOCAB, (1024, 16), generator=g)
+    score = torch.randn(VOCAB, generator=g)
+    return TensorDataset(tokens, (score[tokens].mean(1) > 0).long())
+
+
+def _sequence_data() -> TensorDataset:
+    """512 sequences of 8 steps of 4 inputs; label: the sign of the drift of the first input."""
+    g = torch.Generator().manual_seed(2468)
+    drift = torch.randn(512, 1, generator=g)
+    x = torch.randn(512, 8, 4, generator=g)
+    x[:, :, 0] += 0.5 * drift * torch.arange(8) / 8
+    return TensorDataset(x, (drift[:, 0] > 0).long())
+
+
+class EmbeddingClassifier(nn.Module):
+    """``nn.Embedding`` (64 x 16), the mean over the sequence, a linear head."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.embedding = nn.Embedding(VOCAB, 16)
+        self.head = nn.Linear(16, 2)
+
+    def forward(self, tokens: torch.Tensor) -> torch.Tensor:
+        return self.head(self.embedding(tokens).mean(1))
+
+
+class LSTMClassifier(nn.Module):
+    """Opacus's ``DPLSTM`` (4 inputs, 16 hidden; Opacus computes per-sample gradients of LSTMs
+    only in this form), its last output into a linear head."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        from opacus.layers import DPLSTM
+
+        self.lstm = DPLSTM(4, 16, batch_first=True)
+        self.head = nn.Linear(16, 2)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        out, _ = self.lstm(x)
+        return self.head(out[:, -1])
+
+
 def _model(setup: Setup) -> nn.Module:
     if setup.model == "mlp":
         return nn.Sequential(nn.Linear(16, 32), nn.ReLU(), nn.Linear(32, 2))
+    if setup.model == "layernorm":
+        return nn.Sequential(nn.Linear(16, 32), nn.LayerNorm(32), nn.ReLU(), nn.Linear(32, 2))
+    if setup.model == "embedding":
+        return EmbeddingClassifier()
+    if setup.model == "lstm":
+        return LSTMClassifier()
     return DigitsCNN()
+
+
+@functools.cache
+def _data(model: str) -> TensorDataset:
+    """The training set of a model (built once per process, from fixed seeds)."""
+    if model in ("mlp", "layernorm"):
+        return _mlp_data()
+    if model == "embedding":
+        return _token_data()
+    if model == "lstm":
+        return _sequence_data()
+    return load_digits_tensors(0)[0]
 
 
 def _optimizer(model: nn.Module, setup: Setup) -> torch.optim.Optimizer:
@@ -134,6 +224,8 @@ def _outcome(rep: Any, steps: int, t0: float) -> dict[str, Any]:
     return {"violation": bool(rep.violation), "refuted": bool(rep.claim_refuted),
             "inconsistent": bool(rep.claim_inconsistent),
             "finding": any(f["level"] == "finding" for f in rep.findings),
+            "finding_monitors": sorted({str(f["monitor"]) for f in rep.findings
+                                        if f["level"] == "finding"}),
             # a monitor's own test crossed 1/alpha while the averaged decision did not (the
             # report turns its finding into a note saying "not decided")
             "monitor_violation": (not rep.violation and any(
@@ -180,7 +272,8 @@ def one_run(data: TensorDataset, setup: Setup, seed: int, rank: int = 0, world: 
         model, opt, crit, dl = out
     else:
         model, opt, dl = out
-    aud = PrivacyAuditor(engine, opt, dl, delta=1e-5, alpha=ALPHA, seed=seed,
+    # the model too, so that every monitor runs (the coverage monitor checks nothing without it)
+    aud = PrivacyAuditor(engine, opt, dl, delta=1e-5, alpha=ALPHA, seed=seed, model=model,
                          on_violation="warn", **setup.extra)
 
     def batches() -> Any:
@@ -206,6 +299,18 @@ def one_run(data: TensorDataset, setup: Setup, seed: int, rank: int = 0, world: 
     return _outcome(rep, aud.step, t0)
 
 
+def _quiet() -> None:
+    """One thread, no warnings, the library's errors only (the parent and every worker)."""
+    torch.set_num_threads(1)
+    warnings.filterwarnings("ignore")
+    logging.getLogger("dpaudit_torch").setLevel(logging.ERROR)
+
+
+def _task(setup: Setup, seed: int) -> dict[str, Any]:
+    """One run of the plan, in whichever process (each run seeds everything it draws)."""
+    return one_run(_data(setup.model), setup, seed)
+
+
 # ---------------------------------------------------------------------- DDP (2 gloo processes)
 def _ddp_worker(rank: int, world: int, port: int, out: str, seeds: list[int], steps: int
                 ) -> None:
@@ -213,13 +318,11 @@ def _ddp_worker(rank: int, world: int, port: int, out: str, seeds: list[int], st
 
     os.environ["MASTER_ADDR"] = "127.0.0.1"
     os.environ["MASTER_PORT"] = str(port)
-    torch.set_num_threads(1)
-    warnings.filterwarnings("ignore")
-    logging.getLogger("dpaudit_torch").setLevel(logging.ERROR)
+    _quiet()
     dist.init_process_group("gloo", rank=rank, world_size=world)
     try:
-        train, _ = load_digits_tensors(0)
-        res = [one_run(train, Setup("ddp", steps=steps), s, rank, world) for s in seeds]
+        res = [one_run(_data("cnn"), Setup("ddp", steps=steps), s, rank, world)
+               for s in seeds]
         if rank == 0:
             Path(out).write_text(json.dumps(res))
     finally:
@@ -249,6 +352,15 @@ def clopper_pearson(k: int, n: int, alpha: float = 0.05) -> tuple[float, float]:
     return lo, hi
 
 
+def per_monitor(res: list[dict[str, Any]]) -> str:
+    """How many runs each monitor made a finding (level "finding") in, e.g. "noise 2"."""
+    counts: dict[str, int] = {}
+    for r in res:
+        for m in r["finding_monitors"]:
+            counts[m] = counts.get(m, 0) + 1
+    return ", ".join(f"{m} {n}" for m, n in sorted(counts.items())) or "-"
+
+
 def row(name: str, res: list[dict[str, Any]]) -> list[Any]:
     n = len(res)
     alarms = sum(r["violation"] or r["refuted"] or r["inconsistent"] for r in res)
@@ -256,7 +368,7 @@ def row(name: str, res: list[dict[str, Any]]) -> list[Any]:
     steps = sorted({r["steps"] for r in res})
     return [name, n, "/".join(map(str, steps)), sum(r["violation"] for r in res),
             sum(r["refuted"] for r in res), sum(r["inconsistent"] for r in res), alarms,
-            f"[{lo:.3f}, {hi:.3f}]", sum(r["finding"] for r in res),
+            f"[{lo:.3f}, {hi:.3f}]", sum(r["finding"] for r in res), per_monitor(res),
             sum(r["monitor_violation"] for r in res),
             max(r["log_wealth"] for r in res),
             f"{sum(r['cpu_s'] for r in res) / n:.1f}"]
@@ -267,6 +379,23 @@ def _markdown(paragraph: str) -> str:
     return paragraph.replace("\n", " ").replace(":mod:", "").replace("``", "`")
 
 
+def _plan(args: argparse.Namespace, steps_override: int | None
+          ) -> list[tuple[Setup, list[int]]]:
+    """The configurations and their seeds: 1000 (i + 1) + s for the i-th configuration of
+    SETUPS, LONG, MORE_SETUPS (in that order, so the earlier configurations keep their seeds);
+    ``--only`` drops configurations without changing the others' seeds."""
+    plan = ([(s, args.runs) for s in SETUPS] + [(LONG, args.long_runs)]
+            + [(s, args.runs) for s in MORE_SETUPS])
+    out = []
+    for i, (setup, runs) in enumerate(plan):
+        if args.only and not any(o.lower() in setup.name.lower() for o in args.only):
+            continue
+        if steps_override is not None:
+            setup = Setup(**{**setup.__dict__, "steps": min(setup.steps, steps_override)})
+        out.append((setup, [1000 * (i + 1) + s for s in range(runs)]))
+    return out
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--runs", type=int, default=20)
@@ -274,41 +403,55 @@ def main() -> None:
     ap.add_argument("--ddp-runs", type=int, default=10)
     ap.add_argument("--quick", action="store_true", help="2 runs per setup of 10 steps, no write")
     ap.add_argument("--no-write", action="store_true")
+    ap.add_argument("--workers", type=int, default=1,
+                    help="worker processes for the runs (spawn, one thread each); DDP after them")
+    ap.add_argument("--only", action="append", default=[], metavar="TEXT",
+                    help="only the configurations whose name contains TEXT (repeatable; "
+                    "--ddp-runs still counts); implies --no-write")
+    ap.add_argument("--json", metavar="PATH", help="write every run's outcome (a JSON list)")
     args = ap.parse_args()
-    setups = list(SETUPS)
     steps_override = None
     if args.quick:
         args.runs, args.long_runs, args.ddp_runs, args.no_write = 2, 1, 1, True
         steps_override = 10
-    torch.set_num_threads(1)
-    warnings.filterwarnings("ignore")
-    logging.getLogger("dpaudit_torch").setLevel(logging.ERROR)
-    digits, _ = load_digits_tensors(0)
-    mlp = _mlp_data()
-    t0, cpu0 = time.time(), time.process_time()
-    rows, every = [], []
-    plan = [(s, args.runs) for s in setups] + [(LONG, args.long_runs)]
-    for i, (setup, runs) in enumerate(plan):
-        if steps_override is not None:
-            setup = Setup(**{**setup.__dict__, "steps": min(setup.steps, steps_override)})
-        data = mlp if setup.model == "mlp" else digits
-        res = [one_run(data, setup, 1000 * (i + 1) + s) for s in range(runs)]
+    if args.only:
+        args.no_write = True
+    _quiet()
+    t0 = time.time()
+    plan = _plan(args, steps_override)
+    pool = None
+    pending: list[list[Any]] = []
+    if args.workers > 1:
+        pool = multiprocessing.get_context("spawn").Pool(args.workers, initializer=_quiet)
+        pending = [[pool.apply_async(_task, (setup, seed)) for seed in seeds]
+                   for setup, seeds in plan]
+    rows, every, named = [], [], []
+    for k, (setup, seeds) in enumerate(plan):
+        res = ([job.get() for job in pending[k]] if pool is not None
+               else [_task(setup, seed) for seed in seeds])
         every += res
+        named += [{"configuration": setup.name, "seed": seed, **r} for seed, r in zip(seeds, res)]
         rows.append(row(setup.name, res))
         flagged = [(r["found"]) for r in res if r["found"]]
-        print(f"{setup.name}: {rows[-1][1:9]} ({time.time() - t0:.0f}s)"
+        print(f"{setup.name}: {rows[-1][1:10]} ({time.time() - t0:.0f}s)"
               + (f" findings {flagged}" if flagged else ""), flush=True)
+    if pool is not None:
+        pool.close()
+        pool.join()
     if args.ddp_runs:
         ddp_steps = steps_override or 50
-        res = ddp_runs([90_000 + s for s in range(args.ddp_runs)], ddp_steps)
+        seeds = [90_000 + s for s in range(args.ddp_runs)]
+        res = ddp_runs(seeds, ddp_steps)
         for r in res:  # the workers' CPU time is not this process's
             r["cpu_s"] = float("nan")
         every += res
+        named += [{"configuration": "DDP", "seed": seed, **r} for seed, r in zip(seeds, res)]
         rows.append(row("DDP, 2 gloo processes (rank 0's report)", res))
-        print(f"DDP: {rows[-1][1:9]} ({time.time() - t0:.0f}s)", flush=True)
+        print(f"DDP: {rows[-1][1:10]} ({time.time() - t0:.0f}s)", flush=True)
     total = row("**total**", every)
     rows.append(total)
-    wall, cpu = time.time() - t0, time.process_time() - cpu0
+    wall = time.time() - t0
+    cpu = sum(r["cpu_s"] for r in every if r["cpu_s"] == r["cpu_s"])
     n, alarms = total[1], total[6]
     lo, hi = clopper_pearson(alarms, n)
     met = alarms / n <= ALPHA
@@ -316,14 +459,17 @@ def main() -> None:
                f"runs, rate {alarms / n:.3f}, exact 95% Clopper-Pearson interval "
                f"[{lo:.3f}, {hi:.3f}]; target: 0 expected, rate <= alpha = {ALPHA}: "
                f"{'met' if met else 'NOT met'}. Total {wall:.0f} s wall, {cpu:.0f} s CPU in "
-               f"this process (one thread; DDP workers not included).")
+               f"the runs (one thread each, {max(args.workers, 1)} process(es); DDP workers "
+               "not included).")
     table = markdown_table(
         ["configuration", "runs", "steps", "violation", "claim refuted", "claim inconsistent",
-         "false alarms", "95% CP interval", "low-precision finding",
-         "a monitor's own crossing, not decided",
+         "false alarms", "95% CP interval", "runs with a finding",
+         "runs with a finding, per monitor", "a monitor's own crossing, not decided",
          "largest final log-wealth (threshold 3.00)", "CPU s per run"], rows)
     print(table)
     print(summary)
+    if args.json:
+        Path(args.json).write_text(json.dumps(named, indent=1))
     if not args.no_write:
         body = ("## False alarms on correct DP-SGD (benchmarks/false_alarms.py)\n\n"
                 f"Command: `{command()}`  \nMachine: {machine()}\n\n"
