@@ -207,13 +207,19 @@ def check_setup(privacy_engine: Any, optimizer: Any, data_loader: Any,
                 f"are included at the loader's rate"))
         else:
             rate, source = acc_rate, "accountant"
-        if not verified:
+        if not verified and (n_reason is None or isinstance(data_loader, (list, tuple))):
             problems.append(SetupProblem(
                 "finding", "data loader",
                 f"the data loader handed to the auditor, {desc}, is not the one whose batches "
                 f"training releases: {why_not}; the audit uses the accountant's rate "
                 f"{acc_rate:.4g} and does not test the batch sizes (pass the data loader "
                 f"make_private returned)"))
+        elif not verified:  # nothing shows it is wrong; it cannot be checked
+            problems.append(SetupProblem(
+                "note", "data loader",
+                f"the data loader handed to the auditor, {desc}, cannot be checked against the "
+                f"training: {why_not}; the audit uses the accountant's rate {acc_rate:.4g} and "
+                f"does not test the batch sizes"))
     else:
         if loader_rate is None:
             raise ValueError(
