@@ -171,7 +171,8 @@ class Switch:
 
     def turn_on(self) -> None:
         if not self.on:
-            self.aud.tap.attach(self.aud, self.timed_hook, wrap=self.timed)
+            self.aud.tap.attach(self.aud, self.timed_hook, wrap=self.timed,
+                                post_hook=self.aud.engine.after_release)
             self.on = True
 
     def turn_off(self) -> None:

@@ -5,7 +5,8 @@ tap, or a test) and never names a monitor. Per audited step (:meth:`AuditEngine.
 
 1. the record's finiteness is checked (a non-finite observation is refused before the update,
    or dropped with ``on_nonfinite="skip"``);
-2. every monitor observes it (monitors that count releases also see dropped steps);
+2. every monitor observes it (monitors that count releases also see dropped steps); after the
+   step's update, the optimizer's post-hook calls :meth:`AuditEngine.after_release`;
 3. every ``check_every`` steps, the check (:meth:`AuditEngine.check`, one host synchronisation):
    the monitors process what they buffered and return their evidence, which the decision
    (:class:`~dpaudit_torch.audit.decision.Decision`) averages into one e-process against
@@ -206,6 +207,14 @@ class AuditEngine:
                     logger.warning("on_step callback %r failed: %r", fn, e)
         if self.decision.violation and not self.raised:
             self.act()
+
+    def after_release(self, applied: bool = True) -> None:
+        """The DP optimizer's step post-hook (``applied``: the update of the last step was
+        applied) or the audit attaching (not ``applied``): every monitor's ``after_release``
+        with that training step, or None."""
+        step = self.steps_at_attach + self.step if applied else None
+        for m in self.monitors.values():
+            m.after_release(step)
 
     def check(self) -> None:
         """Feed what the monitors buffered, take the decision (one host synchronisation)."""

@@ -303,9 +303,13 @@ class OpacusTap:
         return self.injector is not None and self.injector.attached
 
     def attach(self, owner: Any, pre_hook: Callable[..., Any],
-               wrap: Callable[[Callable[[], Any]], Callable[[], Any]] | None = None) -> None:
+               wrap: Callable[[Callable[[], Any]], Callable[[], Any]] | None = None,
+               post_hook: Callable[[bool], Any] | None = None) -> None:
         """Wrap the clipping and register the observation pre-hook; all or nothing. ``wrap``
-        wraps the injection wrapper (benchmarks time it)."""
+        wraps the injection wrapper (benchmarks time it). ``post_hook``: called with True after
+        every update of ``original_optimizer`` (its step post-hook; a failure there goes to the
+        injector's ``on_failure`` like any failure of the auditor inside a step) and once with
+        False here, when watching starts."""
         assert self.injector is not None
         other = getattr(self.optimizer, OWNER_ATTR, None)
         if other is not None and other is not owner and other.attached:
@@ -314,19 +318,40 @@ class OpacusTap:
         try:
             self.injector.attach(wrap)
             self._handle = self.optimizer.original_optimizer.register_step_pre_hook(pre_hook)
+            if post_hook is not None:
+                self._post_handle = self.optimizer.original_optimizer.register_step_post_hook(
+                    self._after_update(post_hook))
+                post_hook(False)
             setattr(self.optimizer, OWNER_ATTR, owner)
             self._owner = owner
         except BaseException:
             self.detach()
             raise
 
+    def _after_update(self, post_hook: Callable[[bool], Any]) -> Callable[..., None]:
+        """The step post-hook calling ``post_hook(True)``; the auditor's own failure there is
+        handled as inside the step (detach; raise unless training is to go on)."""
+
+        def hook(_opt: Any, _args: Any, _kwargs: Any) -> None:
+            try:
+                post_hook(True)
+            except Exception as e:
+                inj = self.injector
+                if inj is None or inj.on_failure is None or inj.on_failure(e) is not True:
+                    raise
+
+        return hook
+
     def detach(self) -> None:
-        """Restore every wrapped attribute, remove the pre-hook (idempotent)."""
+        """Restore every wrapped attribute, remove the pre- and post-hooks (idempotent)."""
         if self.injector is not None:
             self.injector.detach()
         if self._handle is not None:
             self._handle.remove()
             self._handle = None
+        if getattr(self, "_post_handle", None) is not None:
+            self._post_handle.remove()
+            self._post_handle = None
         if self._owner is not None and getattr(self.optimizer, OWNER_ATTR, None) is self._owner:
             delattr(self.optimizer, OWNER_ATTR)
         self._owner = None

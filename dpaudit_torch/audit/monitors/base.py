@@ -19,7 +19,10 @@ subclass of :class:`Monitor` decorated with :func:`register_monitor`, imported o
 The engine (:mod:`dpaudit_torch.audit.engine`) calls, in this order:
 
 * :meth:`Monitor.observe` at every audited step (cheap: buffer or add on the device, no host
-  synchronisation);
+  synchronisation), before the step's update;
+* :meth:`Monitor.after_release` after every update of the DP optimizer (its step post-hook; same
+  rules as ``observe``), and once with ``None`` when the audit attaches or attaches again (what
+  happened before is not comparable with what follows);
 * :meth:`Monitor.advance` at every check (every ``check_every`` steps, and at finalize): process
   what was buffered; a monitor that bets returns an :class:`Evidence` with the log of its
   e-process after each step it processed, which the decision averages with the other monitors'
@@ -235,6 +238,11 @@ class Monitor:
         return column
 
     def observe(self, record: StepRecord) -> None:
+        return None
+
+    def after_release(self, step: int | None) -> None:
+        """The DP optimizer's update of training step ``step`` was applied (``None``: the audit
+        (re)attaches here)."""
         return None
 
     def advance(self) -> Evidence | None:

@@ -1,50 +1,82 @@
-"""Coverage monitor: does the DP optimizer hold every trainable parameter of the model?
+"""Coverage monitor: does everything training changes change only through the DP release?
 (docs/monitors/coverage.md).
 
-DP-SGD's guarantee covers what its release covers: a parameter that trains (``requires_grad``)
-but is not in the DP optimizer is clipped by nothing and noised by nothing, so if anything
-updates it (a second optimizer, a manual update), it moves outside the DP release. This monitor
-compares, when the audit starts and again at finalize, the model's trainable parameters with
-the tensors the DP optimizer holds (by identity), and names every trainable tensor the optimizer
-does not hold (module path and shape), and every tensor the optimizer holds that is not in the
-model handed to the auditor (the wrong model was handed over).
+DP-SGD's guarantee covers what its release covers. Two checks:
+
+* **Who holds what** (at the start and at finalize): the model's trainable parameters against
+  the tensors the DP optimizer holds (by identity). A trainable tensor the optimizer does not
+  hold is clipped and noised by nothing (level ``finding``: if anything updates it, that update
+  is outside the release); a tensor the optimizer holds that is not in the model handed over
+  means the wrong model was handed over.
+* **What changes where** (every step): every parameter and buffer of the model is watched
+  (:mod:`._tensor_watch`: norms and sampled coordinates compared on the device). The DP
+  release of step t is applied by the inner optimizer's step, between the step pre-hook (where
+  the engine calls :meth:`CoverageMonitor.observe`) and the step post-hook
+  (:meth:`CoverageMonitor.after_release`). A tensor the DP optimizer holds that changes between
+  the end of one update and the start of the next, and any other tensor (a buffer, a parameter
+  the DP optimizer does not hold) that changes at all, changed outside the DP release: level
+  ``inconsistent`` (the claim does not follow from the training that ran), naming the tensor,
+  the first step it was seen and at how many steps.
 
 It needs the model (``PrivacyAuditor(..., model=model)``); without it, it says so and checks
-nothing. It costs nothing per step.
+nothing.
 """
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Any
 
 import torch
 
-from ...contract import MODEL, OPTIMIZER_PARAMS
-from .base import Contribution, Finding, Monitor, MonitorContext, register_monitor
+from ...contract import MODEL, OPTIMIZER_PARAMS, StepRecord
+from ._tensor_watch import Fingerprint, TensorWatch, module_path
+from .base import Contribution, Finding, Monitor, MonitorConfig, MonitorContext, register_monitor
 
-__all__ = ["CoverageMonitor", "module_path"]
+__all__ = ["CoverageMonitor", "CoverageConfig", "module_path"]
 
-#: wrapper prefixes removed from a parameter's name (Opacus's GradSampleModule, DDP, DPDDP)
-_WRAPPERS = ("_module.", "module.")
+#: what each kind of watched tensor is called in findings
+_KINDS = {(True, "parameter"): "parameter held by the DP optimizer",
+          (False, "parameter"): "parameter not held by the DP optimizer",
+          (False, "buffer"): "buffer"}
 
 
-def module_path(name: str) -> str:
-    """A parameter's name in the user's model: wrapper prefixes removed."""
-    stripped = True
-    while stripped:
-        stripped = False
-        for w in _WRAPPERS:
-            if name.startswith(w):
-                name, stripped = name[len(w):], True
-    return name
+@dataclass(frozen=True)
+class CoverageConfig(MonitorConfig):
+    """Settings of the coverage monitor.
+
+    Attributes:
+        watch: watch every parameter and buffer at every step (False: the start/finalize
+            comparison of what the DP optimizer holds only).
+        sample_coordinates: coordinates of each tensor compared exactly at every point (every
+            coordinate of a smaller tensor), besides its norm.
+        ignore: tensor paths (``"ema.shadow"``) or prefixes ending in ``"."`` (``"ema."``) not
+            watched: tensors that are functions of the released parameters only (an average of
+            the weights), which are post-processing of the release.
+    """
+
+    watch: bool = True
+    sample_coordinates: int = 8
+    ignore: tuple[str, ...] = ()
+
+    def __post_init__(self) -> None:
+        if int(self.sample_coordinates) < 1:
+            raise ValueError(f"sample_coordinates must be >= 1, got {self.sample_coordinates!r}")
+        if isinstance(self.ignore, str) or not all(isinstance(i, str) for i in self.ignore):
+            raise ValueError(f"ignore must be a sequence of tensor paths, got {self.ignore!r}")
+        object.__setattr__(self, "ignore", tuple(self.ignore))
 
 
 @register_monitor("coverage")
 class CoverageMonitor(Monitor):
-    """Trainable parameters of the model that the DP optimizer does not hold."""
+    """Tensors of the model that change outside the DP release, and trainable parameters the
+    DP optimizer does not hold."""
 
-    label = "coverage (parameters outside the DP optimizer)"
+    label = "coverage (tensors changed outside the DP release)"
+    config_class = CoverageConfig
     needs = (MODEL, OPTIMIZER_PARAMS)
+    #: every release counts (its values are not used)
+    observes_nonfinite = True
 
     def __init__(self, ctx: MonitorContext) -> None:
         super().__init__(ctx)
@@ -57,7 +89,70 @@ class CoverageMonitor(Monitor):
         self.at_start = self._uncovered() if self.reason_off is None else []
         self.at_end: list[tuple[str, tuple[int, ...]]] = []
         self.not_in_model = self._not_in_model() if self.reason_off is None else 0
+        on = self.reason_off is None and self.settings.watch
+        self.watch = TensorWatch(self.model, self._held, self.settings.sample_coordinates,
+                                 self.settings.ignore) if on else None
+        self._after: Fingerprint | None = None  # after the last update (or attach)
+        self._before: Fingerprint | None = None  # before the update being released
+        self._before_step = 0
+        #: updates of the inner optimizer that no audited release preceded
+        self.unaudited_updates = 0
+        #: path -> (kind, steps with a change, first step) of earlier sessions (checkpoints)
+        self._resumed: dict[str, tuple[str, int, int]] = {}
+        self._changed: list[dict[str, Any]] | None = None
 
+    # ------------------------------------------------------------------ the watch
+    def observe(self, record: StepRecord) -> None:
+        """Before the update of ``record.step``: every tensor that changed since the last
+        update changed outside the DP release."""
+        w = self.watch
+        if w is None:
+            return
+        now = w.fingerprint(record.step)
+        w.compare(now, self._after, record.step, held_too=True)
+        self._before, self._before_step = now, record.step
+
+    def after_release(self, step: int | None) -> None:
+        """After the update of ``step`` (None: the audit attaches): the tensors the DP
+        optimizer does not hold must not have changed during it; an update that no audited
+        release preceded changed every tensor it changed outside the release."""
+        w = self.watch
+        if w is None:
+            return
+        now = w.fingerprint(step)
+        if step is not None:
+            if self._before is not None:
+                w.compare(now, self._before, self._before_step, held_too=False)
+            elif self._after is not None:
+                self.unaudited_updates += 1
+                w.compare(now, self._after, step + 1, held_too=True)
+        self._after, self._before = now, None
+
+    def changed(self) -> list[dict[str, Any]]:
+        """Every watched tensor that changed outside the release: ``name``, ``module``,
+        ``tensor``, ``kind``, ``first_step``, ``steps`` (model order; read once at
+        finalize, else now)."""
+        if self._changed is not None:
+            return self._changed
+        found = dict(self._resumed)
+        if self.watch is not None:
+            for i, (steps, first) in self.watch.changes().items():
+                w = self.watch.tensors[i]
+                kind = _KINDS.get((w.held, w.kind), w.kind)
+                if w.path in found:
+                    _, s0, f0 = found[w.path]
+                    steps, first = steps + s0, min(first, f0)
+                found[w.path] = (kind, steps, first)
+        order = {w.path: i for i, w in enumerate(self.watch.tensors)} if self.watch else {}
+        out = []
+        for path in sorted(found, key=lambda n: order.get(n, len(order))):
+            kind, steps, first = found[path]
+            mod, _, attr = path.rpartition(".")
+            out.append({"name": path, "module": mod or "(the model)", "tensor": attr,
+                        "kind": kind, "first_step": int(first), "steps": int(steps)})
+        return out
+
+    # ------------------------------------------------------------------ who holds what
     def _named(self) -> list[tuple[str, torch.nn.Parameter]]:
         assert self.model is not None
         return [(module_path(n), p) for n, p in self.model.named_parameters()]
@@ -73,6 +168,8 @@ class CoverageMonitor(Monitor):
     def finalize(self, claimed_epsilon: float | None) -> None:
         if self.reason_off is None:
             self.at_end = self._uncovered()
+        self._changed = None
+        self._changed = self.changed()
 
     def uncovered(self) -> list[tuple[str, tuple[int, ...]]]:
         """Every tensor found uncovered at the start or at the end, once, in model order."""
@@ -81,10 +178,24 @@ class CoverageMonitor(Monitor):
             seen.setdefault(name, shape)
         return list(seen.items())
 
+    # ------------------------------------------------------------------ report
     def findings(self) -> list[Finding]:
         if self.reason_off is not None:
             return [Finding(self.name, "note", f"check not run: {self.reason_off}", "the model")]
         out = []
+        changed = self.changed()
+        if changed:
+            names = ", ".join(
+                f"{c['name']} ({c['kind']}; first at step {c['first_step']}, "
+                f"{c['steps']} step(s))" for c in changed[:8])
+            more = f" and {len(changed) - 8} more" if len(changed) > 8 else ""
+            out.append(Finding(
+                self.name, "inconsistent",
+                f"{len(changed)} tensor(s) of the model changed outside the DP release: "
+                f"{names}{more}. DP-SGD clips and noises only what its optimizer's step applies "
+                f"(a second optimizer, an update by hand, a buffer updated in forward from the "
+                f"data are not), so the claimed epsilon does not cover this training",
+                ", ".join(c["name"] for c in changed[:8])))
         missing = self.uncovered()
         if missing:
             names = ", ".join(f"{n} ({'x'.join(map(str, s)) or 'scalar'})"
@@ -106,6 +217,7 @@ class CoverageMonitor(Monitor):
 
     def contribution(self) -> Contribution:
         missing = self.uncovered()
+        changed = self.changed() if self.reason_off is None else []
         section: dict[str, Any] = {
             "run": self.reason_off is None, "reason_not_run": self.reason_off,
             "held_tensors": self._n_held,
@@ -113,13 +225,24 @@ class CoverageMonitor(Monitor):
                           for n, s in missing],
             "uncovered_coordinates": int(sum(torch.Size(s).numel() for _, s in missing)),
             "held_not_in_model": self.not_in_model,
+            "watched": self.watch is not None,
+            "watched_tensors": len(self.watch.tensors) if self.watch is not None else 0,
+            "changed_outside_release": changed,
+            "unaudited_updates": self.unaudited_updates,
+            "inconsistent": bool(changed),
         }
         if self.model is not None:
             section["trainable_tensors"] = sum(1 for _, p in self._named() if p.requires_grad)
-        return Contribution(section=section)
+        return Contribution(section=section, verdict="inconsistent" if changed else None)
 
     def state_dict(self) -> dict[str, Any]:
-        return {"at_start": [[n, list(s)] for n, s in self.at_start]}
+        return {"at_start": [[n, list(s)] for n, s in self.at_start],
+                "changed": [[c["name"], c["kind"], c["steps"], c["first_step"]]
+                            for c in self.changed()],
+                "unaudited_updates": self.unaudited_updates}
 
     def load_state_dict(self, sd: dict[str, Any]) -> None:
         self.at_start = [(str(n), tuple(int(x) for x in s)) for n, s in sd["at_start"]]
+        self._resumed = {str(n): (str(k), int(s), int(f))
+                         for n, k, s, f in sd.get("changed", [])}  # absent before the watch
+        self.unaudited_updates = int(sd.get("unaudited_updates", 0))

@@ -1,5 +1,5 @@
-"""The coverage monitor: trainable parameters of the model that the DP optimizer does not hold
-(docs/monitors/coverage.md)."""
+"""The coverage monitor: trainable parameters of the model that the DP optimizer does not hold,
+and tensors of the model that change outside the DP release (docs/monitors/coverage.md)."""
 
 from __future__ import annotations
 
@@ -12,7 +12,7 @@ from torch import nn
 from torch.utils.data import DataLoader, TensorDataset
 
 from dpaudit_torch.audit import AuditConfig, MonitorContext, PrivacyAuditor, build_monitors
-from dpaudit_torch.audit.monitors.coverage import CoverageMonitor, module_path
+from dpaudit_torch.audit.monitors.coverage import CoverageConfig, CoverageMonitor, module_path
 from dpaudit_torch.contract import MODEL, OPTIMIZER_PARAMS
 
 CFG = dict(k_pairs=4, m_canaries=32, seed=1)
@@ -143,3 +143,264 @@ def test_state_round_trip_and_disable_by_name():
 def test_module_path_strips_wrappers():
     assert module_path("_module.module.fc.weight") == "fc.weight"
     assert module_path("fc.module_x.weight") == "fc.module_x.weight"
+
+
+# ---------------------------------------------------------------- the per-step watch
+def _changed(report) -> dict[str, dict]:
+    return {c["name"]: c for c in report.audits["coverage"]["changed_outside_release"]}
+
+
+def _private_run(model: nn.Module, x: torch.Tensor, y: torch.Tensor, *, steps: int = 4,
+                 opt: str = "sgd", mode: str = "hooks", between=(), bmm: bool = False,
+                 before_aud=None, **aud_kw):
+    """Train ``model`` privately for ``steps`` logical steps with an auditor attached (``between``:
+    callables of the model run after backward, before the DP step); returns the report."""
+    from opacus import PrivacyEngine
+
+    params = [p for p in model.parameters() if p.requires_grad]
+    base = (torch.optim.Adam(params, lr=1e-2, weight_decay=1e-3) if opt == "adam"
+            else torch.optim.SGD(params, lr=0.1, momentum=0.9, weight_decay=1e-3))
+    dl = DataLoader(TensorDataset(x, y), batch_size=16,
+                    generator=torch.Generator().manual_seed(0))
+    engine = PrivacyEngine()
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        out = engine.make_private(module=model, optimizer=base, data_loader=dl,
+                                  noise_multiplier=1.0, max_grad_norm=1.0, grad_sample_mode=mode,
+                                  criterion=nn.CrossEntropyLoss(),
+                                  noise_generator=torch.Generator().manual_seed(1))
+    if mode == "ghost":
+        model, dp_opt, crit, dl = out
+    else:
+        (model, dp_opt, dl), crit = out, nn.CrossEntropyLoss()
+    if before_aud is not None:
+        before_aud(model, dp_opt)
+    aud = PrivacyAuditor(engine, dp_opt, dl, model=model, **{**CFG, **aud_kw})
+
+    def one(xb, yb):
+        dp_opt.zero_grad()
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            crit(model(xb), yb).backward()
+        for f in between:
+            f(model)
+        dp_opt.step()
+
+    done = 0
+    while done < steps:
+        if bmm:
+            from opacus.utils.batch_memory_manager import BatchMemoryManager
+
+            with BatchMemoryManager(data_loader=dl, max_physical_batch_size=4,
+                                    optimizer=dp_opt) as mdl:
+                for xb, yb in mdl:
+                    one(xb, yb)
+                    done += not dp_opt._is_last_step_skipped
+                    if done >= steps:
+                        break
+        else:
+            for xb, yb in dl:
+                one(xb, yb)
+                done += 1
+                if done >= steps:
+                    break
+    return aud.finalize()
+
+
+class _EmbedNet(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.emb = nn.Embedding(20, 8)
+        self.norm = nn.LayerNorm(8)
+        self.fc = nn.Linear(8, 2)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.fc(self.norm(self.emb(x)).mean(1))
+
+
+class _LSTMNet(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        from opacus.layers import DPLSTM
+
+        self.emb = nn.Embedding(20, 6)
+        self.lstm = DPLSTM(6, 8, batch_first=True)
+        self.fc = nn.Linear(8, 2)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        out, _ = self.lstm(self.emb(x))
+        return self.fc(out[:, -1])
+
+
+def _conv_net(freeze_first: bool) -> nn.Module:
+    net = nn.Sequential(nn.Conv2d(1, 4, 3, padding=1), nn.GroupNorm(2, 4), nn.ReLU(),
+                        nn.Flatten(), nn.Linear(4 * 6 * 6, 2))
+    if freeze_first:
+        net[0].requires_grad_(False)
+    return net
+
+
+def _tokens(n: int = 64):
+    g = torch.Generator().manual_seed(0)
+    return torch.randint(0, 20, (n, 5), generator=g), torch.randint(0, 2, (n,), generator=g)
+
+
+def _images(n: int = 64):
+    g = torch.Generator().manual_seed(0)
+    return torch.randn(n, 1, 6, 6, generator=g), torch.randint(0, 2, (n,), generator=g)
+
+
+@pytest.mark.parametrize("kind", ["embedding-layernorm", "lstm", "frozen-conv", "adam",
+                                  "ghost", "batch-memory-manager"])
+def test_correct_runs_change_nothing_outside_the_release(kind):
+    torch.manual_seed(0)
+    if kind in ("embedding-layernorm", "adam"):
+        rep = _private_run(_EmbedNet(), *_tokens(), opt="adam" if kind == "adam" else "sgd")
+    elif kind == "lstm":
+        rep = _private_run(_LSTMNet(), *_tokens())
+    elif kind == "ghost":
+        rep = _private_run(_conv_net(False), *_images(), mode="ghost")
+    else:
+        rep = _private_run(_conv_net(kind == "frozen-conv"), *_images(),
+                           bmm=kind == "batch-memory-manager")
+    sec = rep.audits["coverage"]
+    assert sec["watched"] and sec["watched_tensors"] >= 4
+    assert sec["changed_outside_release"] == [] and sec["inconsistent"] is False
+    assert not rep.claim_inconsistent and _coverage(rep) == []
+
+
+def test_equal_values_written_again_are_not_a_change():
+    def rewrite(model):  # in-place no-ops, a broadcast of equal values, a new equal storage
+        with torch.no_grad():
+            model._module[0].weight.mul_(1.0)
+            model._module[4].bias.data = model._module[4].bias.data.clone()
+            model._module.register_buffer("mask", torch.ones(3)) if not hasattr(
+                model._module, "mask") else model._module.mask.copy_(torch.ones(3))
+
+    rep = _private_run(_conv_net(False), *_images(), between=[rewrite])
+    assert rep.audits["coverage"]["changed_outside_release"] == []
+
+
+def test_a_second_optimizer_and_an_update_by_hand_are_named():
+    extra: list[torch.optim.Optimizer] = []
+
+    def second(model):
+        if not extra:
+            extra.append(torch.optim.SGD(model._module[4].parameters(), lr=0.1))
+        extra[0].step()
+
+    def by_hand(model):
+        w = model._module[0].weight
+        w.data.add_(w.grad, alpha=-0.1)  # .data: no version counter moves
+
+    rep = _private_run(_conv_net(False), *_images(), steps=5, between=[second, by_hand])
+    got = _changed(rep)
+    assert set(got) == {"0.weight", "4.weight", "4.bias"}
+    assert got["4.weight"] == {"name": "4.weight", "module": "4", "tensor": "weight",
+                               "kind": "parameter held by the DP optimizer", "first_step": 1,
+                               "steps": 5}
+    assert rep.claim_inconsistent and rep.verdict == "claim inconsistent"
+    found = [f for f in _coverage(rep) if f["level"] == "inconsistent"]
+    assert len(found) == 1 and "4.bias (parameter held by the DP optimizer; first at step 1, " \
+        "5 step(s))" in found[0]["message"]
+
+
+class _Stats(nn.Module):
+    def __init__(self, reassign: bool) -> None:
+        super().__init__()
+        self.reassign = reassign
+        self.register_buffer("running_mean", torch.zeros(6, 6))
+        self.register_buffer("frozen_stat", torch.ones(2))  # never updated: fine
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        with torch.no_grad():
+            if self.reassign:
+                self.running_mean = 0.9 * self.running_mean + 0.1 * x.mean((0, 1))
+            else:
+                self.running_mean.mul_(0.9).add_(0.1 * x.mean((0, 1)))
+        return x
+
+
+@pytest.mark.parametrize("reassign", [False, True])
+def test_a_buffer_updated_in_forward_from_the_data_is_named(reassign):
+    net = nn.Sequential(_Stats(reassign), *_conv_net(False))
+    rep = _private_run(net, *_images(), steps=3)
+    assert list(_changed(rep)) == ["0.running_mean"]
+    assert _changed(rep)["0.running_mean"]["kind"] == "buffer"
+    assert _changed(rep)["0.running_mean"]["steps"] == 3
+    rep = _private_run(nn.Sequential(_Stats(reassign), *_conv_net(False)), *_images(), steps=3,
+                       monitor_options={"coverage": {"ignore": ("0.running_mean",)}})
+    assert _changed(rep) == {} and not rep.claim_inconsistent
+
+
+def test_a_direct_step_of_the_inner_optimizer_is_outside_the_release():
+    s = make_private_setup(sigma=1.0)
+    aud = PrivacyAuditor(s.engine, s.optimizer, s.loader, model=s.model, **CFG)
+    s.train(2)
+    s.optimizer.original_optimizer.step()  # the inner optimizer, without clipping or noise
+    s.train(1)
+    rep = aud.finalize()
+    assert rep.audits["coverage"]["unaudited_updates"] == 1
+    assert {c["first_step"] for c in rep.audits["coverage"]["changed_outside_release"]} == {3}
+
+
+def test_training_while_detached_is_not_compared():
+    s = make_private_setup(sigma=1.0)
+    aud = PrivacyAuditor(s.engine, s.optimizer, s.loader, model=s.model, **CFG)
+    s.train(2)
+    aud.detach()
+    s.train(2)
+    aud.attach()
+    s.train(2)
+    assert aud.finalize().audits["coverage"]["changed_outside_release"] == []
+
+
+def test_a_failure_of_the_watch_detaches_and_training_goes_on(monkeypatch):
+    s = make_private_setup(sigma=1.0)
+    aud = PrivacyAuditor(s.engine, s.optimizer, s.loader, model=s.model, **CFG)
+    s.train(1)
+
+    def boom(step):
+        raise RuntimeError("watch failed")
+
+    monkeypatch.setattr(aud.monitors["coverage"], "after_release", boom)
+    before = [p.detach().clone() for p in s.model.parameters()]
+    s.train(1)
+    assert not aud.attached
+    assert any(not torch.equal(a, b) for a, b in zip(before, s.model.parameters()))
+    s.train(1)  # unaudited, no error
+    rep = aud.finalize()
+    assert any("watch failed" in w for w in rep.warnings)
+
+
+def test_changes_survive_a_checkpoint():
+    s = make_private_setup(sigma=1.0)
+    aud = PrivacyAuditor(s.engine, s.optimizer, s.loader, model=s.model, **CFG)
+    s.train(2)
+    with torch.no_grad():
+        s.model._module[2].bias.add_(1.0)
+    s.train(1)
+    sd = aud.state_dict()
+    assert sd["engine"]["monitors"]["coverage"]["changed"] == [
+        ["2.bias", "parameter held by the DP optimizer", 1, 3]]
+    aud.finalize()
+    again = PrivacyAuditor(s.engine, s.optimizer, s.loader, model=s.model, **CFG)
+    again.load_state_dict(sd)
+    s.train(1)
+    assert _changed(again.finalize())["2.bias"]["steps"] == 1
+
+
+def test_the_watch_can_be_switched_off_and_its_settings_are_checked():
+    s = make_private_setup(sigma=1.0)
+    aud = PrivacyAuditor(s.engine, s.optimizer, s.loader, model=s.model,
+                         monitor_options={"coverage": {"watch": False}}, **CFG)
+    with torch.no_grad():
+        s.model._module[2].bias.add_(1.0)
+    s.train(2)
+    sec = aud.finalize().audits["coverage"]
+    assert sec["watched"] is False and sec["changed_outside_release"] == []
+    with pytest.raises(ValueError, match="sample_coordinates"):
+        CoverageConfig(sample_coordinates=0)
+    with pytest.raises(ValueError, match="ignore"):
+        CoverageConfig(ignore="ema.shadow")
+    assert CoverageConfig(ignore=["ema."]).ignore == ("ema.",)

@@ -1,0 +1,223 @@
+"""Which tensors of a model changed between two points of training, cheaply (the coverage
+monitor's per-step watch, docs/monitors/coverage.md).
+
+A *fingerprint* of the model at one point is, per watched tensor (every parameter and buffer),
+its L2 norm in its own precision (``torch._foreach_norm``: one fused pass over the tensors of a
+device and dtype, no copy) and its values at a fixed sample of coordinates (every coordinate of
+a tensor with no more than ``sample`` of them). Two fingerprints are compared bit for bit on
+the device: a tensor whose fingerprint differs changed between the two points (equal values
+written again, e.g. DDP's buffer broadcast or an in-place no-op, give equal fingerprints). The
+per-tensor counters (steps with a change, the first and the last such step) stay on the device
+until :meth:`TensorWatch.changes` reads them: no host synchronisation per point.
+
+Tensors are looked up by name in their module at every point, so a buffer or parameter
+*replaced* (``self.running = 0.9 * self.running + ...`` in ``forward``, ``p.data = ...``) is
+compared by value like one written in place. A tensor replaced by one of another shape, or
+removed, is recorded on the host as changed (its values are not comparable); a change of device
+or dtype (``model.to(...)``) rebuilds the layout without a finding.
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+
+logger = logging.getLogger(__name__)
+
+__all__ = ["WatchedTensor", "TensorWatch", "Fingerprint", "module_path"]
+
+#: wrapper prefixes removed from a tensor's name (Opacus's GradSampleModule, DDP, DPDDP)
+_WRAPPERS = ("_module.", "module.")
+
+
+def module_path(name: str) -> str:
+    """A tensor's name in the user's model: wrapper prefixes removed."""
+    stripped = True
+    while stripped:
+        stripped = False
+        for w in _WRAPPERS:
+            if name.startswith(w):
+                name, stripped = name[len(w):], True
+    return name
+
+
+@dataclass(frozen=True)
+class WatchedTensor:
+    """One tensor of the model: its path (wrappers removed), where it lives, what it is."""
+
+    path: str
+    module: torch.nn.Module = field(compare=False, repr=False)
+    attr: str
+    kind: str  # "parameter" | "buffer"
+    held: bool  # held by the DP optimizer (its update at a release is the release)
+
+    def current(self) -> torch.Tensor | None:
+        table = self.module._parameters if self.kind == "parameter" else self.module._buffers
+        t = table.get(self.attr)
+        if t is None:
+            return None
+        if hasattr(t, "to_local"):  # a sharded (DTensor) parameter: this rank's shard
+            t = t.to_local()
+        return torch.view_as_real(t) if t.is_complex() else t
+
+
+def _key(t: torch.Tensor | None) -> tuple[Any, ...] | None:
+    return None if t is None else (tuple(t.shape), t.dtype, t.device)
+
+
+@dataclass
+class Fingerprint:
+    """The model's fingerprint at one point: one vector per device, of one layout."""
+
+    layout: int
+    vectors: list[torch.Tensor]
+
+
+class _Group:
+    """The tensors of one device: how a fingerprint is laid out, and the change counters."""
+
+    def __init__(self, idx: list[int], tensors: list[torch.Tensor], held: list[bool],
+                 sample: int, gen: torch.Generator) -> None:
+        dev = tensors[0].device
+        self.idx = idx
+        by_norm: dict[torch.dtype, list[int]] = {}
+        by_sample: dict[torch.dtype, list[int]] = {}
+        self.take: list[torch.Tensor] = []
+        for j, t in enumerate(tensors):
+            if t.is_floating_point() and t.numel() > sample:
+                by_norm.setdefault(t.dtype, []).append(j)
+            by_sample.setdefault(t.dtype, []).append(j)
+            n = t.numel()
+            pick = (torch.arange(n) if n <= sample
+                    else torch.randperm(n, generator=gen)[:sample].sort().values)
+            self.take.append(pick.to(dev))
+        self.norm_parts = list(by_norm.values())
+        self.sample_parts = list(by_sample.values())
+        seg = [j for part in self.norm_parts for j in part]
+        seg += [j for part in self.sample_parts for j in part
+                for _ in range(int(self.take[j].numel()))]
+        self.seg = torch.tensor(seg, dtype=torch.long, device=dev)
+        n = len(tensors)
+        self.outside_held = torch.tensor([not h for h in held], dtype=torch.bool, device=dev)
+        self.steps = torch.zeros(n, dtype=torch.int32, device=dev)
+        self.first = torch.full((n,), -1, dtype=torch.long, device=dev)
+        self.last = torch.full((n,), -1, dtype=torch.long, device=dev)
+
+    def fingerprint(self, tensors: list[torch.Tensor]) -> torch.Tensor:
+        parts = [torch.stack(torch._foreach_norm([tensors[j] for j in part])).double()
+                 for part in self.norm_parts]
+        for part in self.sample_parts:
+            taken = [torch.take(tensors[j], self.take[j]) for j in part]
+            parts.append((torch.cat(taken) if len(taken) > 1 else taken[0]).double())
+        return torch.cat(parts)
+
+    def compare(self, now: torch.Tensor, before: torch.Tensor, step: int,
+                held_too: bool) -> None:
+        diff = (now.view(torch.int64) != before.view(torch.int64)).to(torch.int32)
+        changed = torch.zeros_like(self.steps).index_add_(0, self.seg, diff) > 0
+        if not held_too:
+            changed &= self.outside_held
+        self.steps += (changed & (self.last != step)).to(torch.int32)
+        self.first = torch.where(changed & (self.first < 0), step, self.first)
+        self.last = torch.where(changed, step, self.last)
+
+
+class TensorWatch:
+    """Fingerprints of every parameter and buffer of ``model`` and the changes between them.
+
+    Args:
+        model: the model being trained.
+        held: ids of the tensors the DP optimizer holds.
+        sample: coordinates sampled per tensor (every coordinate of a smaller one).
+        ignore: paths (or path prefixes ending in ".") not watched.
+    """
+
+    def __init__(self, model: torch.nn.Module, held: set[int], sample: int = 8,
+                 ignore: tuple[str, ...] = ()) -> None:
+        self.sample = int(sample)
+        seen: set[int] = set()
+        self.tensors: list[WatchedTensor] = []
+        for prefix, mod in model.named_modules():
+            for kind, table in (("parameter", mod._parameters), ("buffer", mod._buffers)):
+                for attr, t in table.items():
+                    if t is None or id(t) in seen:
+                        continue
+                    seen.add(id(t))
+                    path = module_path(f"{prefix}.{attr}" if prefix else attr)
+                    if any(path == i or (i.endswith(".") and path.startswith(i))
+                           for i in ignore):
+                        continue
+                    self.tensors.append(WatchedTensor(path, mod, attr, kind, id(t) in held))
+        self._keys: list[tuple[Any, ...] | None] = []
+        self._layout = 0  # how many layouts were built (fingerprints of one layout compare)
+        self._groups: list[_Group] = []
+        #: host totals per tensor index: [steps, first, last] (counters of earlier layouts)
+        self._host: dict[int, list[int]] = {}
+        #: tensor index -> first step at which it was replaced by another shape or removed
+        self.reshaped: dict[int, int] = {}
+        self._gen = torch.Generator().manual_seed(20240717)
+
+    # ------------------------------------------------------------------ points
+    def fingerprint(self, step: int | None) -> Fingerprint:
+        """The model's fingerprint now (one vector per device). Where the layout changed since
+        the last point (``step``: where a reshaped or removed tensor is recorded), it is not
+        comparable with the earlier ones."""
+        cur = [w.current() for w in self.tensors]
+        keys = [_key(t) for t in cur]
+        if keys != self._keys:
+            if self._layout:
+                for i, (a, b) in enumerate(zip(self._keys, keys)):
+                    if a != b and (a is None or b is None or a[0] != b[0]):
+                        self.reshaped.setdefault(i, -1 if step is None else step)
+                logger.debug("coverage watch: the model's tensors changed layout; rebuilt")
+            self._rebuild(cur, keys)
+        with torch.no_grad():
+            return Fingerprint(self._layout,
+                               [g.fingerprint([cur[i] for i in g.idx]) for g in self._groups])
+
+    def compare(self, now: Fingerprint, before: Fingerprint | None, step: int,
+                held_too: bool) -> None:
+        """Record the tensors whose fingerprint differs between ``before`` and ``now`` as
+        changed at ``step`` (the DP optimizer's own tensors only where ``held_too``)."""
+        if before is None or before.layout != now.layout:
+            return
+        with torch.no_grad():
+            for g, a, b in zip(self._groups, now.vectors, before.vectors):
+                g.compare(a, b, step, held_too)
+
+    def _rebuild(self, cur: list[torch.Tensor | None], keys: list[Any]) -> None:
+        for g in self._groups:  # keep what the old layout counted (host, a rare event)
+            for j, i in enumerate(g.idx):
+                s, f, last = int(g.steps[j]), int(g.first[j]), int(g.last[j])
+                if s:
+                    h = self._host.setdefault(i, [0, f, last])
+                    h[0] += s
+                    h[2] = max(h[2], last)
+        by_dev: dict[Any, list[int]] = {}
+        for i, t in enumerate(cur):
+            if t is not None and t.numel() > 0:
+                by_dev.setdefault(t.device, []).append(i)
+        self._groups = [
+            _Group(idx, [cur[i] for i in idx], [self.tensors[i].held for i in idx],
+                   self.sample, self._gen)
+            for idx in by_dev.values()]
+        self._keys = keys
+        self._layout += 1
+
+    # ------------------------------------------------------------------ results
+    def changes(self) -> dict[int, tuple[int, int]]:
+        """Tensor index -> (steps with a change, first such step), read to the host."""
+        out = {i: (h[0], h[1]) for i, h in self._host.items()}
+        for g in self._groups:
+            steps, first = g.steps.tolist(), g.first.tolist()
+            for j, i in enumerate(g.idx):
+                if steps[j]:
+                    s0, f0 = out.get(i, (0, first[j]))
+                    out[i] = (s0 + steps[j], min(f0, first[j]) if f0 >= 0 else first[j])
+        for i, step in self.reshaped.items():
+            s0, f0 = out.get(i, (0, step))
+            out[i] = (max(s0, 1), min(f0, step) if f0 >= 0 else step)
+        return out
