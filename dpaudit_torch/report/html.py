@@ -161,12 +161,14 @@ def verdict_section(v: ReportView) -> str:
         text = violation_text(v)
     elif d.get("claim_inconsistent"):
         css = "verdict-violation"
+        why = [f"<li>{esc(f.get('message', ''))}</li>" for f in d.get("findings", [])
+               if f.get("level") == "inconsistent"]
         text = (
             f"<p>The claimed ε = {claim} (δ = {delta}) is <strong>inconsistent with the "
-            "training that ran</strong>: recomputed by the same accountant from what the "
-            "optimizer really did (steps released, examples per step, noise measured), at the "
-            f"conservative ends of the {v.level_pct}% intervals, ε is larger. This is a "
-            "statement about the accountant's inputs, not a lower bound on the true ε.</p>"
+            "training that ran</strong>: what the optimizer, the model or the accountant "
+            "really did contradicts what the claim assumes. This is a statement about what "
+            "ran, not a lower bound on the true ε.</p>"
+            + (f"<ul>{''.join(why)}</ul>" if why else "")
         )
     elif any(f.get("level") == "finding" for f in d.get("findings", [])):
         css = "verdict-nothing"

@@ -315,6 +315,13 @@ def test_verdict_of_an_inconsistent_claim_and_of_a_finding() -> None:
     report.claim_inconsistent = True
     box = verdict_section(ReportView(report))
     assert "inconsistent with the training that ran" in box
+    # the box says why, in the inconsistent findings' own words (escaped), whichever monitor
+    report.findings.append({"monitor": "coverage", "level": "inconsistent",
+                            "message": "head.bias changed <outside> the DP release",
+                            "where": "head.bias"})
+    box = verdict_section(ReportView(report))
+    assert "<li>head.bias changed &lt;outside&gt; the DP release</li>" in box
+    assert "recomputed by the same accountant" not in box
     report.training["audited_steps"] = 0
     assert html.escape(NO_STEPS_SENTENCE) in verdict_section(ReportView(report))
 
