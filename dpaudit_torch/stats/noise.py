@@ -41,6 +41,7 @@ from .._buffers import host_zeros
 from .._compiled import compiled
 from .._validation import as_real, check_alpha, check_positive_int
 from ._kernels import fresh_start_mixed
+from ._noise_precision import _as_samples, _finite_floats, low_precision_grid
 from .betting import log_mean_exp
 from .sampling import _Decision, _host, fresh_start_log_mass
 
@@ -59,32 +60,6 @@ def _check_grid(values: Sequence[float], name: str, lo: float, hi: float) -> np.
         raise ValueError(f"{name} must be a non-empty sequence of numbers in ({lo}, {hi}), "
                          f"got {values!r}")
     return arr
-
-
-def _finite_floats(x: object, name: str, rows: bool) -> np.ndarray:
-    """A float64 array of finite values (a cheap check first: one sum): one-dimensional
-    (samples), or two-dimensional (steps x samples) when ``rows``."""
-    arr = np.asarray(x)
-    if arr.dtype == np.bool_ or arr.dtype.kind not in "iuf":
-        raise TypeError(f"{name} must hold real numbers, got dtype {arr.dtype}")
-    if rows and arr.ndim != 2:
-        raise ValueError(f"{name} must be [steps, samples], got shape {arr.shape}")
-    if not rows and arr.ndim > 1:
-        raise ValueError(f"{name} must be one-dimensional, got shape {arr.shape}")
-    arr = arr.astype(np.float64, copy=False)
-    if not rows:
-        arr = arr.reshape(-1)
-    with np.errstate(over="ignore", invalid="ignore"):
-        cheap = math.isfinite(float(arr.sum()))
-    if not cheap and not np.all(np.isfinite(arr)):
-        raise ValueError(f"{name} contains non-finite values (e.g. "
-                         f"{arr[~np.isfinite(arr)][:3].tolist()})")
-    return arr
-
-
-def _as_samples(xi: object, name: str = "xi") -> np.ndarray:
-    """The samples of one step: a one-dimensional float64 array of finite values."""
-    return _finite_floats(xi, name, rows=False)
 
 
 def _as_step_rows(xs: object, name: str = "xi") -> np.ndarray:
@@ -172,6 +147,8 @@ class NoiseVarianceTest(_Decision):
         self._count = np.zeros(self.n_groups, dtype=np.int64)
         self._sumsq = np.zeros(self.n_groups)  # sum of xi^2 / sigma^2 over the steps
         self._sigma: float | None = None
+        self._rejected_group: int | None = None  # see rejected_group, rejected_ratio
+        self._rejected_ratio: float | None = None
         self._groups_cache: np.ndarray | None = None
         self._counts_cache = np.zeros(self.n_groups)
         self._single_group: int | None = None
@@ -242,13 +219,28 @@ class NoiseVarianceTest(_Decision):
             v = sums / (s * s)
         log_e = n[None, :, None] * self._half_log_r - v[:, :, None] * self._half_inv  # [S,G,R]
         t0 = self._t
-        self._log_s, traj = _advance_mixed(self._log_s, log_e, t0)
+        log_s0 = self._log_s
+        self._log_s, traj = _advance_mixed(log_s0, log_e, t0)
+        if self._rejected_at is None and traj.max() >= math.log(1.0 / self.alpha):
+            self._note_crossing(log_s0, log_e, v, n, traj, t0)
         self._t = t0 + S
         self._count += (S * n).astype(np.int64)
         self._sumsq += v.sum(axis=0)
         self._sigma = s
         self._record(traj)
         return traj
+
+    def _note_crossing(self, log_s0: np.ndarray, log_e: np.ndarray, v: np.ndarray,
+                       n: np.ndarray, traj: np.ndarray, t0: int) -> None:
+        """Keep the group that drove the first crossing of log(1/alpha) in this block (the
+        largest log-wealth then, among groups with samples) and its variance ratio up to then
+        (the block replayed up to the crossing: once per test)."""
+        j = int(np.flatnonzero(traj >= math.log(1.0 / self.alpha))[0]) + 1
+        lw = _component_log_wealth(_advance_mixed(log_s0, log_e[:j], t0)[0], t0 + j)
+        count = self._count + (j * n).astype(np.int64)
+        g = self._rejected_group = _argmax_seen(lw, count)
+        self._rejected_ratio = (float((self._sumsq[g] + v[:j, g].sum()) / count[g])
+                                if count[g] else None)
 
     @property
     def group_log_wealth(self) -> np.ndarray:
@@ -263,8 +255,20 @@ class NoiseVarianceTest(_Decision):
         return float(log_mean_exp(self.group_log_wealth))
 
     def worst_group(self) -> int:
-        """The group with the largest log-wealth (the strongest evidence of too little noise)."""
-        return int(np.argmax(self.group_log_wealth))
+        """The group with the largest log-wealth now, among those with samples (an unseen
+        group's wealth 1 is no evidence). :attr:`rejected_group` is the one that made it cross."""
+        return _argmax_seen(self.group_log_wealth, self._count)
+
+    @property
+    def rejected_group(self) -> int | None:
+        """The group with the largest log-wealth (among those with samples) at the first
+        rejection, or None (none, or a state saved before it was kept)."""
+        return self._rejected_group
+
+    @property
+    def rejected_ratio(self) -> float | None:
+        """Variance ratio estimate of :attr:`rejected_group` up to the rejection, or None."""
+        return self._rejected_ratio
 
     @property
     def counts(self) -> np.ndarray:
@@ -310,6 +314,8 @@ class NoiseVarianceTest(_Decision):
             "worst_group": self.worst_group(),
             "rejected": self.rejected,
             "rejected_at": self._rejected_at,
+            "rejected_group": self._rejected_group,
+            "rejected_ratio": self._rejected_ratio,
             "counts": self._count.tolist(),
             "variance_ratio": [None if math.isnan(r[0]) else r.tolist() for r in est],
             "sigma_claimed": self._sigma,
@@ -319,6 +325,16 @@ class NoiseVarianceTest(_Decision):
     def _config(self) -> dict[str, Any]:
         return {"kind": self.kind, "n_groups": self.n_groups, "alpha": self.alpha,
                 "ratios": self.ratios.tolist()}
+
+    def state_dict(self) -> dict[str, Any]:
+        return {**super().state_dict(), "rejected_group": self._rejected_group,
+                "rejected_ratio": self._rejected_ratio}
+
+    def load_state_dict(self, sd: dict[str, Any]) -> None:
+        super().load_state_dict(sd)
+        g, r = sd.get("rejected_group"), sd.get("rejected_ratio")  # absent from older states
+        self._rejected_group = None if g is None else int(g)
+        self._rejected_ratio = None if r is None else float(r)
 
     def _as_groups(self, groups: object, n: int) -> np.ndarray:
         if isinstance(groups, (int, np.integer)) and not isinstance(groups, bool):
@@ -348,6 +364,13 @@ class NoiseVarianceTest(_Decision):
         seen = np.flatnonzero(self._counts_cache)
         self._single_group = int(seen[0]) if seen.size == 1 else None
         return self._counts_cache
+
+
+def _argmax_seen(log_wealth: np.ndarray, count: np.ndarray) -> int:
+    """argmax of the log-wealth among groups with samples (an unseen one sits at 0, above
+    the seen ones under H0, and has no estimate); the plain argmax if none has any."""
+    seen = np.asarray(count) > 0
+    return int(np.argmax(np.where(seen, log_wealth, -np.inf) if seen.any() else log_wealth))
 
 
 def _ratio_interval(sumsq: np.ndarray, count: np.ndarray, alpha: float) -> np.ndarray:
@@ -547,101 +570,3 @@ class NoiseIndependenceTest(_Decision):
     def _config(self) -> dict[str, Any]:
         return {"kind": self.kind, "lags": list(self.lags), "alpha": self.alpha,
                 "stakes": self.stakes.tolist()}
-
-
-# ---------------------------------------------------------------------- low-precision noise
-#: (fraction bits, smallest normal exponent, largest finite value) of each format
-_FORMATS: dict[str, tuple[int, int, float]] = {
-    "bfloat16": (7, -126, 3.3895313892515355e38),
-    "float16": (10, -14, 65504.0),
-}
-
-
-def _grid_distance(ax: np.ndarray, frac_bits: int, min_exp: int,
-                   max_val: float) -> tuple[np.ndarray, np.ndarray]:
-    """Distance of |x| to the nearest value of a binary format, and the format's spacing there."""
-    _, p = np.frexp(ax)  # ax = m 2^p, m in [0.5, 1)
-    e = np.maximum(p.astype(np.int64) - 1, min_exp)  # subnormals share the smallest spacing
-    spacing = np.ldexp(1.0, (e - frac_bits).astype(np.int32))
-    dist = np.abs(ax - np.rint(ax / spacing) * spacing)
-    dist = np.where(ax > max_val, np.inf, dist)  # not representable at all
-    return dist, spacing
-
-
-def low_precision_grid(xi_raw: np.ndarray, reference: np.ndarray | float, *,
-                       noise_std: np.ndarray | float | None = None,
-                       min_std_fraction: float = 0.1, rel_tol: float = 2.0 ** -21,
-                       min_values: int = 200, min_fraction: float = 0.99) -> dict[str, Any]:
-    """Does the released noise lie on the bfloat16 or float16 grid?
-
-    ``xi_raw`` are noise values in the gradient's own units (before any division by C or the
-    batch size: a scaling moves values off the grid), reconstructed from released float32
-    values ``reference`` (broadcastable to ``xi_raw``). The reconstruction error is at most
-    ``rel_tol`` x max(|reference|, |xi|) (default 2^-21, four float32 roundings). A value counts
-    for a format when it is non-zero, at least ``min_std_fraction`` x ``noise_std`` in absolute
-    value, and the format's spacing at it exceeds 100 times that error (otherwise landing on
-    the grid by chance is not unlikely); the fraction of counted values within the error of the
-    grid is reported. Gaussian float32 noise gives a fraction of about 2 / 100 or less; noise
-    drawn in the format gives 1.
-
-    ``noise_std`` is the standard deviation the noise is claimed to have, in the same raw units
-    (broadcastable to ``xi_raw``; > 0 where given). Give it whenever it is known: where no noise
-    (or far less than claimed) was added, the reconstructed "noise" is only float32 rounding
-    leftovers of the gradient, tiny values that sit on any grid near zero (they would read as a
-    float16 finding); the magnitude floor excludes them, so the check speaks only about noise at
-    the claimed scale (about 92 % of N(0, s^2) values exceed 0.1 s). ``None``: no floor.
-
-    Returns:
-        ``{"bfloat16": fraction | None, "float16": fraction | None, "n": number of values,
-        "n_eligible_bfloat16": int, "n_eligible_float16": int, "n_below_std_floor": int,
-        "finding": "bfloat16" | "float16" | None, "explanation": str | None}``. A finding needs
-        at least ``min_values`` counted values with a fraction >= ``min_fraction``; bfloat16
-        (the coarser grid, whose values are also float16 values) takes precedence. This is a
-        finding, not a statistical rejection: noise with few significant bits is not the
-        Gaussian noise the accountant analyses and can leak the value it was added to (Mironov,
-        CCS 2012).
-    """
-    x = _as_samples(np.asarray(xi_raw).reshape(-1), "xi_raw")
-    ref = np.abs(np.broadcast_to(np.asarray(reference, dtype=np.float64),
-                                 np.shape(xi_raw)).reshape(-1))
-    if not np.all(np.isfinite(ref)):
-        raise ValueError("reference contains non-finite values")
-    tol_r = as_real("rel_tol", rel_tol)
-    if not (0.0 <= tol_r < 1.0):
-        raise ValueError(f"rel_tol must lie in [0, 1), got {rel_tol!r}")
-    frac_std = as_real("min_std_fraction", min_std_fraction)
-    if not (0.0 <= frac_std < 10.0):
-        raise ValueError(f"min_std_fraction must lie in [0, 10), got {min_std_fraction!r}")
-    ax = np.abs(x)
-    floor = np.zeros_like(ax)
-    if noise_std is not None:
-        std = np.broadcast_to(np.asarray(noise_std, dtype=np.float64),
-                              np.shape(xi_raw)).reshape(-1)
-        bad = ~(np.isfinite(std) & (std > 0))
-        if bad.any():
-            raise ValueError(f"noise_std must be finite and > 0, got {float(std[bad][0])!r}")
-        floor = frac_std * std
-    big = ax >= floor
-    tol = tol_r * np.maximum(ref, ax)
-    out: dict[str, Any] = {"n": int(x.size), "n_below_std_floor": int((~big).sum())}
-    for name, (bits, min_exp, max_val) in _FORMATS.items():
-        dist, spacing = _grid_distance(ax, bits, min_exp, max_val)
-        ok = (ax > 0) & big & (spacing > 100.0 * tol)
-        k = int(ok.sum())
-        out[name] = float(np.mean(dist[ok] <= tol[ok])) if k else None
-        out[f"n_eligible_{name}"] = k
-    out["finding"] = None
-    out["explanation"] = None
-    for name in ("bfloat16", "float16"):
-        frac = out[name]
-        if out[f"n_eligible_{name}"] >= min_values and frac is not None and frac >= min_fraction:
-            out["finding"] = name
-            out["explanation"] = (
-                f"{100 * frac:.1f}% of {out[f'n_eligible_{name}']} noise values lie on the "
-                f"{name} grid: the noise appears to be drawn or stored in {name}, so it has few "
-                f"significant bits and is not the Gaussian noise the accountant assumes; its "
-                f"low-order bits can reveal the gradient it was added to (Mironov, CCS 2012)"
-            )
-            logger.info("low-precision noise: %s", out["explanation"])
-            break
-    return out

@@ -165,6 +165,69 @@ def test_variance_state_dict_round_trip() -> None:
         NoiseVarianceTest(n_groups=2).load_state_dict(a.state_dict())
 
 
+def _crossing_then_recovery(rng: np.random.Generator, t: NoiseVarianceTest,
+                            late: int = 60) -> np.ndarray:
+    """Group 1 (of groups 0, 1; group 2 never has samples) gets 0.6 x the variance for 3 steps,
+    then ``late`` correct steps: its test crosses early and its log-wealth falls back below 0,
+    under the unseen group's 0. Returns the group ids."""
+    groups = np.repeat([0, 1], [200, 100])
+    scale = np.where(groups == 1, math.sqrt(0.6), 1.0)
+    for _ in range(3):
+        t.update(rng.normal(0.0, SIGMA, 300) * scale, groups, SIGMA)
+    assert t.rejected and t.rejected_group == 1
+    for _ in range(late):
+        t.update(rng.normal(0.0, SIGMA, 300), groups, SIGMA)
+    return groups
+
+
+def test_rejected_group_is_the_one_that_crossed_never_an_unseen_one() -> None:
+    """The finding names the group that drove the crossing, recorded then: later the
+    crossing group's wealth decays (correct noise) and an unseen group (wealth 1, no estimate)
+    would be the argmax of the current log-wealth."""
+    t = NoiseVarianceTest(n_groups=3)
+    _crossing_then_recovery(np.random.default_rng(21), t)
+    lw = t.group_log_wealth
+    assert abs(lw[2]) < 1e-12 and lw[:2].max() < -0.1  # the old argmax: the unseen group
+    assert t.rejected_group == 1 and t.worst_group() in (0, 1)
+    assert t.rejected_at <= 3 and 0.3 < t.rejected_ratio < 0.85  # up to the crossing only
+    assert np.isnan(t.variance_ratio_estimate()[2, 0])
+    summ = t.summary()
+    assert summ["rejected_group"] == 1 and summ["worst_group"] != 2
+    assert NoiseVarianceTest(n_groups=3).worst_group() == 0  # nothing seen yet
+    assert NoiseVarianceTest(n_groups=3).rejected_group is None
+
+
+def test_rejected_group_inside_a_block_equals_step_by_step() -> None:
+    """A crossing in the middle of a block of steps records the same group and ratio as the
+    same steps fed one by one (the block is replayed up to the crossing)."""
+    rng = np.random.default_rng(22)
+    groups = np.repeat([0, 1, 2], [150, 100, 50])
+    xs = rng.normal(0.0, SIGMA, (12, 300))
+    xs[4:, groups == 2] *= math.sqrt(0.5)  # group 2 from step 5 on; group 0 slightly low
+    xs[:, groups == 0] *= math.sqrt(0.97)
+    one = NoiseVarianceTest(n_groups=4)
+    for x in xs:
+        one.update(x, groups, SIGMA)
+    block = NoiseVarianceTest(n_groups=4)
+    block.update_steps(xs, groups, SIGMA)
+    assert one.rejected_at == block.rejected_at and 5 <= one.rejected_at < 12
+    assert one.rejected_group == block.rejected_group == 2
+    assert one.rejected_ratio == pytest.approx(block.rejected_ratio, rel=1e-12)
+
+
+def test_rejected_group_state_round_trip_and_older_states() -> None:
+    t = NoiseVarianceTest(n_groups=3)
+    _crossing_then_recovery(np.random.default_rng(23), t, late=5)
+    sd = json.loads(json.dumps(t.state_dict()))
+    back = NoiseVarianceTest(n_groups=3)
+    back.load_state_dict(sd)
+    assert (back.rejected_group, back.rejected_ratio) == (1, t.rejected_ratio)
+    old = NoiseVarianceTest(n_groups=3)  # a state saved before the group was kept
+    old.load_state_dict({k: v for k, v in sd.items()
+                         if k not in ("rejected_group", "rejected_ratio")})
+    assert old.rejected and old.rejected_group is None and old.worst_group() in (0, 1)
+
+
 def test_variance_group_ids_may_change_in_place() -> None:
     # the validated ids are cached while equal; a caller mutating its array must still be seen
     rng = np.random.default_rng(12)

@@ -375,16 +375,7 @@ class NoiseMonitor(Monitor):
         out: list[Finding] = []
         if self.reason_off is None:  # a rejection at any step stands (Ville)
             if self.by_tensor.rejected or self.by_group.rejected:
-                t = self.by_tensor.worst_group()
-                g = self.by_group.worst_group()
-                est = float(self.by_tensor.variance_ratio_estimate()[t, 0])
-                out.append(Finding(
-                    self.name, "violation",
-                    f"too little noise: on {self._name(self.tensor_names, t, 'tensor')} the "
-                    f"noise variance is about {est:.3g} x the claimed one (anytime-valid test "
-                    f"at level {self.config.alpha:g})",
-                    f"{self._name(self.tensor_names, t, 'tensor')}; worst parameter group: "
-                    f"{self._name(self.group_names, g, 'group')}"))
+                out.append(self._variance_finding())
             if self.independence.rejected:
                 lag = self.independence.worst_lag()
                 out.append(Finding(
@@ -413,6 +404,26 @@ class NoiseMonitor(Monitor):
                 f"through its least significant bits (Mironov, CCS 2012); this is not a "
                 f"statistical proof", "noise generation"))
         return out
+
+    def _variance_finding(self) -> Finding:
+        """Too little noise, on the tensor and the group whose evidence made their test cross
+        (the largest log-wealth at the crossing, among those with samples, recorded then; a
+        test that has not crossed: its largest log-wealth now, among those with samples)."""
+        bt, bg = self.by_tensor, self.by_group
+        t = bt.rejected_group if bt.rejected_group is not None else bt.worst_group()
+        g = bg.rejected_group if bg.rejected_group is not None else bg.worst_group()
+        tensor = self._name(self.tensor_names, t, "tensor")
+        est = float(bt.variance_ratio_estimate()[t, 0])
+        what = f"the noise variance is about {est:.3g} x the claimed one"
+        if bt.rejected_group == t and bt.rejected_ratio is not None:
+            what = (f"the noise variance was about {bt.rejected_ratio:.3g} x the claimed one "
+                    f"over the {bt.rejected_at} steps up to the test's crossing ({est:.3g} over "
+                    f"all {bt.n_steps} steps)")
+        return Finding(
+            self.name, "violation",
+            f"too little noise: on {tensor} {what} (anytime-valid test at level "
+            f"{self.config.alpha:g})",
+            f"{tensor}; worst parameter group: {self._name(self.group_names, g, 'group')}")
 
     def contribution(self) -> Contribution:
         return Contribution(section=self.report_section())

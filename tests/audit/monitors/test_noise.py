@@ -94,6 +94,45 @@ def test_violation_location_names_the_tensor_and_group_once() -> None:
     assert "fc.weight" in v.message
 
 
+def test_violation_names_the_tensor_that_crossed_not_one_without_samples() -> None:
+    """Three tensors, the last without noise-audit coordinates (a 2-value bias, as the DPLSTM
+    classifier's head): the middle one has too little noise for 3 steps, then correct noise
+    for 60. The finding names the middle tensor (the largest log-wealth when the test
+    crossed), never the tensor without samples (log-wealth 0, variance estimate nan)."""
+    cfg = AuditConfig(k_pairs=2, m_canaries=4)
+    tensor = np.repeat([0, 1], [400, 200])
+    ctx = MonitorContext(config=cfg, k_pairs=2, m_canaries=4, device="cpu",
+                         warn=lambda _m: None, noise_tensor=tensor,
+                         facts={TENSOR_GROUPS: [0, 0, 0],
+                                TENSOR_NAMES: ["lstm.weight_ih", "lstm.weight_hh", "head.bias"],
+                                GROUP_NAMES: ["group 0"]})
+    mon = NoiseMonitor(ctx)
+    g = torch.Generator().manual_seed(5)
+    z = torch.zeros(2, dtype=torch.float64)
+    low = torch.from_numpy(np.where(tensor == 1, 0.75, 1.0))
+    for t in range(1, 64):
+        xi = torch.randn(tensor.size, generator=g, dtype=torch.float64) * (low if t <= 3 else 1)
+        mon.observe(StepRecord(step=t, values=torch.zeros(8, dtype=torch.float64), x=z, y=z,
+                               coins=torch.tensor([True, False]), sigma=1.0, sigma_claimed=1.0,
+                               noise=xi, noise_std=1.0))
+        if t % 3 == 0:
+            mon.advance()
+    bt = mon.by_tensor
+    assert bt.rejected and bt.rejected_at <= 3 and bt.rejected_group == 1
+    lw = bt.group_log_wealth
+    assert abs(lw[2]) < 1e-12 and lw[:2].max() < -0.1  # the old argmax: head.bias
+    (v,) = [f for f in mon.findings() if f.level == "violation"]
+    assert v.where == "lstm.weight_hh; worst parameter group: group 0"
+    assert "on lstm.weight_hh the noise variance was about" in v.message
+    assert f"over the {bt.rejected_at} steps up to the test's crossing" in v.message
+    assert "over all 63 steps" in v.message
+    assert "nan" not in v.message and "head.bias" not in v.message + v.where
+    # restored from a checkpoint: the same words
+    again = NoiseMonitor(ctx)
+    again.load_state_dict(mon.state_dict())
+    assert [f.message for f in again.findings()] == [f.message for f in mon.findings()]
+
+
 def test_step_with_non_finite_noise_carries_no_evidence_with_or_without_sumsq():
     """A step whose noise holds a NaN is skipped (the wealth stays where it was), whether the
     adapter gave the step's sum of squares (the shortcut: a finite sum proves the step finite,
