@@ -48,6 +48,8 @@ class Decision:
         self.log_wealth = 0.0
         self.latest: dict[str, float] = {k: 0.0 for k in extra_keys}
         self.crossed_at: int | None = None
+        #: the averaged log-wealth at ``crossed_at`` (what crossed 1/alpha; None before)
+        self.crossed_log_wealth: float | None = None
         self.violation_step: int | None = None
         self.violation = False
         self.history: dict[str, list] = {"step": [], "combined": [],
@@ -100,6 +102,7 @@ class Decision:
                     self.latest[key] = float(col[s])
                 if self.log_wealth >= self.threshold_log and self.crossed_at is None:
                     self.crossed_at = st
+                    self.crossed_log_wealth = self.log_wealth
                 if st % self.history_stride == 0:
                     self.record(st)
         if self.crossed_at is not None and not self.violation:
@@ -124,6 +127,8 @@ class Decision:
         """Take another process's decision (DDP: rank 0's); True if it differed from ours."""
         differs = violation != self.violation or (violation and (
             violation_step, crossed_at) != (self.violation_step, self.crossed_at))
+        if crossed_at != self.crossed_at:  # the other rank's crossing: its value is not ours
+            self.crossed_log_wealth = None
         self.violation, self.violation_step, self.crossed_at = (violation, violation_step,
                                                                 crossed_at)
         return differs
@@ -131,7 +136,8 @@ class Decision:
     def state_dict(self) -> dict[str, Any]:
         return {"log_wealth": self.log_wealth, "latest": dict(self.latest),
                 "crossed_at": self.crossed_at, "violation_step": self.violation_step,
-                "violation": self.violation, "last": dict(self._last),
+                "crossed_log_wealth": self.crossed_log_wealth, "violation": self.violation,
+                "last": dict(self._last),
                 "excluded": sorted(self.excluded), "frozen": dict(self.frozen),
                 "history": {k: list(v) for k, v in self.history.items()}}
 
@@ -151,6 +157,8 @@ class Decision:
         self.latest = {**{k: 0.0 for k in self.latest},
                        **{k: float(v) for k, v in sd["latest"].items() if k in self.latest}}
         self.crossed_at = None if sd["crossed_at"] is None else int(sd["crossed_at"])
+        cw = sd.get("crossed_log_wealth")  # absent from states written before it was kept
+        self.crossed_log_wealth = None if cw is None else float(cw)
         self.violation_step = (None if sd["violation_step"] is None
                                else int(sd["violation_step"]))
         self.violation = bool(sd["violation"])

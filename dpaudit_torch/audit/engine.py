@@ -268,7 +268,13 @@ class AuditEngine:
 
         return violation_message([f.to_dict() for f in self.findings()],
                                  self.decision.violation_step, self.config.alpha,
-                                 self.decision.log_wealth, labels=self.labels())
+                                 self.crossing_log_wealth(), labels=self.labels())
+
+    def crossing_log_wealth(self) -> float:
+        """The averaged log-wealth that crossed 1/alpha (at ``crossed_at``; the current value
+        where the crossing is not known here, e.g. a decision adopted from another rank)."""
+        d = self.decision
+        return d.log_wealth if d.crossed_log_wealth is None else d.crossed_log_wealth
 
     def act(self) -> None:
         """Act on a proven violation as configured (``on_violation``)."""

@@ -269,6 +269,9 @@ def test_checkpoint_of_the_first_state_layout_is_refused_by_version():
 
 
 #: the sampling finding's step: "rejected after 6 steps" then, "at training step 6; ..." now
+_NOISE_RATIO = re.compile(r"was about \S+ x the claimed one (?:over the \d+ steps up to the "
+                          r"test's crossing|at the first step, where the test crossed) "
+                          r"\((\S+) over all \d+ steps\)")
 _SAMPLING_STEP = re.compile(r"\((?:anytime-valid test rejected after|its own anytime-valid test "
                             r"crossed 1/alpha at training step) (\d+)[^)]*\)")
 
@@ -289,6 +292,11 @@ def _drop_new(d: Any, new: set[str]) -> Any:
         f.pop("scope", None)
         if f.get("monitor") == "sampling":  # reworded since: it names the training step
             f["message"] = _SAMPLING_STEP.sub(r"(rejected at \1)", f["message"])
+        if f.get("monitor") == "noise":  # reworded since: the ratio up to the crossing first
+            f["message"] = _NOISE_RATIO.sub(r"is about \1 x the claimed one", f["message"])
+    for test in ("by_tensor", "by_group"):  # which group crossed, kept since
+        for k in ("rejected_group", "rejected_ratio"):
+            d["audits"].get("noise", {}).get(test, {}).pop(k, None)
     for k in ("monitors", "disable_monitors", "monitor_options", "on_internal_error"):
         d["config"].pop(k, None)
     d["training"].pop("audit_incomplete_from_step", None)

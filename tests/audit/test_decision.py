@@ -135,3 +135,24 @@ def test_a_frozen_monitor_stays_in_the_average_and_an_excluded_one_never_enters(
     back = Decision(0.05, 1, [])
     back.load_state_dict(d.state_dict())
     assert back.frozen == d.frozen and back.excluded == {"c"}
+
+
+def test_the_crossing_value_is_kept_when_the_wealth_falls_back_within_a_check() -> None:
+    """The violation message quotes the averaged wealth that crossed 1/alpha, not the value at
+    the end of the check (which may lie below it again)."""
+    d = Decision(0.05, 1, [])
+    d.update({"a": _ev([1, 2, 3], [1.0, 3.5, 1.1])}, now=3)
+    assert d.violation and d.crossed_at == 2 and d.violation_step == 3
+    assert d.crossed_log_wealth == pytest.approx(3.5) and d.log_wealth == pytest.approx(1.1)
+    back = Decision(0.05, 1, [])
+    back.load_state_dict(d.state_dict())
+    assert back.crossed_log_wealth == pytest.approx(3.5)
+    old = d.state_dict()
+    del old["crossed_log_wealth"]  # a state written before the value was kept
+    back.load_state_dict(old)
+    assert back.crossed_log_wealth is None
+    back.adopt(True, 3, 2)  # the same crossing: the value stays
+    other = Decision(0.05, 1, [])
+    other.load_state_dict(d.state_dict())
+    other.adopt(True, 5, 4)  # another rank's crossing: its value is not known here
+    assert other.crossed_log_wealth is None

@@ -416,9 +416,10 @@ class NoiseMonitor(Monitor):
         est = float(bt.variance_ratio_estimate()[t, 0])
         what = f"the noise variance is about {est:.3g} x the claimed one"
         if bt.rejected_group == t and bt.rejected_ratio is not None:
+            span = ("at the first step, where the test crossed" if bt.rejected_at == 1 else
+                    f"over the {bt.rejected_at} steps up to the test's crossing")
             what = (f"the noise variance was about {bt.rejected_ratio:.3g} x the claimed one "
-                    f"over the {bt.rejected_at} steps up to the test's crossing ({est:.3g} over "
-                    f"all {bt.n_steps} steps)")
+                    f"{span} ({est:.3g} over all {bt.n_steps} steps)")
         return Finding(
             self.name, "violation",
             f"too little noise: on {tensor} {what} (anytime-valid test at level "

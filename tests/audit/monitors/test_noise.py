@@ -124,7 +124,9 @@ def test_violation_names_the_tensor_that_crossed_not_one_without_samples() -> No
     (v,) = [f for f in mon.findings() if f.level == "violation"]
     assert v.where == "lstm.weight_hh; worst parameter group: group 0"
     assert "on lstm.weight_hh the noise variance was about" in v.message
-    assert f"over the {bt.rejected_at} steps up to the test's crossing" in v.message
+    span = ("at the first step, where the test crossed" if bt.rejected_at == 1
+            else f"over the {bt.rejected_at} steps up to the test's crossing")
+    assert span in v.message
     assert "over all 63 steps" in v.message
     assert "nan" not in v.message and "head.bias" not in v.message + v.where
     # restored from a checkpoint: the same words
