@@ -145,32 +145,33 @@ def test_bad_input() -> None:
 
 
 # ---------------------------------------------------------------------- validity
-@pytest.mark.parametrize("dtype", [np.float32, np.float64])
-def test_false_alarms_below_alpha(dtype: type) -> None:
-    # 300 simulated correct releases x 30 steps at alpha = 0.2 (a level at which a broken
-    # e-process shows); fixed seed
-    alpha, runs, steps = 0.2, 300, 30
-    rng = np.random.default_rng(2024 if dtype is np.float32 else 2025)
-    t, f = _layout(0.5)
+def _alarms(alpha: float, runs: int, steps: int, seed: int, frac: float, dtype: type) -> int:
+    """Runs of the test on simulated correct releases (exact iid Gaussian noise added to and
+    taken from a real sum in ``dtype``) that reject."""
+    rng = np.random.default_rng(seed)
+    t, f = _layout(frac)
     alarms = 0
     for _ in range(runs):
         test = NoiseNullTest(t, f, SHAPES, alpha)
         test.update_steps(_released_noise(rng, steps, test.n, dtype))
         alarms += test.rejected
+    return alarms
+
+
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+def test_false_alarms_below_alpha(dtype: type) -> None:
+    # 300 simulated correct releases x 30 steps at alpha = 0.2 (a level at which a broken
+    # e-process shows); fixed seed
+    alpha, runs = 0.2, 300
+    alarms = _alarms(alpha, runs, 30, 2024 if dtype is np.float32 else 2025, 0.5, dtype)
     assert alarms / runs <= _tol(alpha, runs)
 
 
 @pytest.mark.slow
 @pytest.mark.parametrize("dtype", [np.float32, np.float64])
 def test_false_alarms_below_alpha_long(dtype: type) -> None:
-    alpha, runs, steps = 0.1, 1000, 200
-    rng = np.random.default_rng(7 if dtype is np.float32 else 8)
-    t, f = _layout(1.0)
-    alarms = 0
-    for _ in range(runs):
-        test = NoiseNullTest(t, f, SHAPES, alpha)
-        test.update_steps(_released_noise(rng, steps, test.n, dtype))
-        alarms += test.rejected
+    alpha, runs = 0.1, 1000
+    alarms = _alarms(alpha, runs, 200, 7 if dtype is np.float32 else 8, 1.0, dtype)
     assert alarms / runs <= _tol(alpha, runs)
 
 
