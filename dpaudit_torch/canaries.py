@@ -282,9 +282,12 @@ def draw_noise_coordinates(design: CanaryDesign, per_tensor: int, generator: tor
                            total: int | None = None) -> tuple[torch.Tensor, torch.Tensor]:
     """A fixed random subset U of coordinates of every tensor for the noise audit
     (docs/design.md section 11): up to ``per_tensor`` coordinates of each tensor, and at most
-    ``total`` in all (:func:`noise_allotment`), none of them a canary coordinate, uniformly at
-    random from ``generator``. Returns (param, flat) int64 tensors, tensor-major. Where the cap
-    does not bind the draw is the uncapped one (same coordinates from the same generator)."""
+    ``total`` in all (:func:`noise_allotment`), none of them a canary coordinate, at random
+    from ``generator``: uniformly where they are at least half of a tensor's free coordinates,
+    else structured (:func:`_structured_coordinates`: neighbours and aligned positions, so
+    that the whole-null test's pairs are observed on large tensors too). Returns (param, flat)
+    int64 tensors, tensor-major. Where the cap does not bind the draw is the uncapped one (same
+    coordinates from the same generator)."""
     coord_param, coord_flat = design.coordinates()
     taken: dict[int, set[int]] = {}
     for i, f in zip(coord_param.tolist(), coord_flat.tolist()):
@@ -293,10 +296,20 @@ def draw_noise_coordinates(design: CanaryDesign, per_tensor: int, generator: tor
     wants = noise_allotment([n - len(taken.get(i, ())) for i, n in enumerate(numels)],
                             per_tensor, total)
     params, flats = [], []
+    previous: list[int] = []  # the previous tensor's coordinates, in draw order
     for i, n in enumerate(numels):
         busy = taken.get(i, set())
         want = wants[i]
         if want <= 0:
+            continue
+        shape = design.shapes[i]
+        if 2 * want < n - len(busy):  # a small share: structured, so pairs of U are observed
+            stride = n // int(shape[0]) if len(shape) >= 2 and int(shape[0]) >= 2 else 0
+            chosen = _structured_coordinates(n, want, busy, stride, previous, generator)
+            previous = list(chosen)
+            chosen.sort()
+            params.append(torch.full((len(chosen),), i, dtype=torch.long))
+            flats.append(torch.tensor(chosen, dtype=torch.long))
             continue
         if n <= 4 * (want + len(busy)) or n <= 1 << 16:
             perm = torch.randperm(n, generator=generator).tolist()
@@ -311,12 +324,42 @@ def draw_noise_coordinates(design: CanaryDesign, per_tensor: int, generator: tor
                         chosen.append(c)
                         if len(chosen) == want:
                             break
+        previous = list(chosen)
         chosen.sort()
         params.append(torch.full((len(chosen),), i, dtype=torch.long))
         flats.append(torch.tensor(chosen, dtype=torch.long))
     if not params:
         return torch.zeros(0, dtype=torch.long), torch.zeros(0, dtype=torch.long)
     return torch.cat(params), torch.cat(flats)
+
+
+def _structured_coordinates(n: int, want: int, busy: set[int], stride: int,
+                            previous: list[int], generator: torch.Generator) -> list[int]:
+    """``want`` distinct coordinates of a tensor of ``n`` (none in ``busy``) of which a useful
+    share come in the pairs the whole-null noise test bets on (docs/design.md section 11): a
+    quarter at the previous tensor's positions (the same flat index in two tensors), the rest
+    as random anchors a with their neighbours a + 1 (the next element) and a + ``stride`` (the
+    same position of the next output row; 0: none). Drawn from ``generator`` only, before any
+    noise is seen."""
+    seen = set(busy)
+    chosen: list[int] = []
+
+    def take(c: int) -> None:
+        if len(chosen) < want and 0 <= c < n and c not in seen:
+            seen.add(c)
+            chosen.append(c)
+
+    for c in previous[:want // 4]:
+        take(c)
+    while len(chosen) < want:
+        for a in torch.randint(0, n, (max(8, want - len(chosen)),), generator=generator).tolist():
+            take(a)
+            take(a + 1)
+            if stride:
+                take(a + stride)
+            if len(chosen) >= want:
+                break
+    return chosen
 
 
 def add_spread_pairs(design: CanaryDesign, n_spread: int, width: int,

@@ -357,3 +357,34 @@ def test_coins_state_round_trip() -> None:
 def test_coins_bad_state(bad: object) -> None:
     with pytest.raises(ValueError, match="secret coins must be a 1-d tensor"):
         SecretCoins.from_state(bad, False)  # type: ignore[arg-type]
+
+
+def test_noise_coordinates_of_large_tensors_come_in_the_whole_null_tests_pairs() -> None:
+    """Where U is a small share of a tensor, it is drawn as neighbours and aligned positions
+    (docs/design.md section 11), so the pairs the whole-null test bets on are observed on
+    large tensors; a broadcast-per-row noise, invisible to single values, is then caught."""
+    from dpaudit_torch.stats.noise_null import NoiseNullTest, noise_pairs
+
+    shapes = [(512, 256), (512,), (512, 512), (1024, 512)]
+    design = draw_design(shapes, 8, 64, torch.Generator().manual_seed(0))
+    p, f = draw_noise_coordinates(design, 1024, torch.Generator().manual_seed(1))
+    again = draw_noise_coordinates(design, 1024, torch.Generator().manual_seed(1))
+    assert torch.equal(p, again[0]) and torch.equal(f, again[1])  # fixed by the generator
+    coords = list(zip(p.tolist(), f.tolist()))
+    cp, cf = design.coordinates()
+    busy_bias = int((cp == 1).sum())  # the bias: every free coordinate (uniform path)
+    assert np.bincount(p.numpy()).tolist() == [1024, 512 - busy_bias, 1024, 1024]
+    assert len(set(coords)) == len(coords) and not set(zip(cp.tolist(), cf.tolist())) & set(
+        coords)
+    pairs = {k: len(v[0]) for k, v in noise_pairs(p.numpy(), f.numpy(), shapes).items()}
+    # a uniform draw of 1024 of 131,072 coordinates has about 8 adjacent pairs; structured:
+    assert pairs["adjacent"] > 300 and pairs["column"] > 150 and pairs["aligned_odd"] > 100
+    # one noise value per output row, broadcast over the row (exact N(0, 1) marginals)
+    rng = np.random.default_rng(3)
+    test = NoiseNullTest(p.numpy(), f.numpy(), shapes, alpha=0.05)
+    rows = np.array([fl // (math.prod(shapes[t]) // shapes[t][0]) if len(shapes[t]) > 1 else fl
+                     for t, fl in coords])
+    for _ in range(5):
+        per_row = {t: rng.standard_normal(shapes[t][0]) for t in range(len(shapes))}
+        test.update_steps(np.array([[per_row[t][r] for t, r in zip(p.tolist(), rows)]]))
+    assert test.rejected
