@@ -283,7 +283,8 @@ def draw_noise_coordinates(design: CanaryDesign, per_tensor: int, generator: tor
     """A fixed random subset U of coordinates of every tensor for the noise audit
     (docs/design.md section 11): up to ``per_tensor`` coordinates of each tensor, and at most
     ``total`` in all (:func:`noise_allotment`), none of them a canary coordinate, at random
-    from ``generator``: uniformly where they are at least half of a tensor's free coordinates,
+    from ``generator``: uniformly where they are at least a quarter of a tensor's free
+    coordinates (a uniform draw then has about want / 4 adjacent pairs),
     else structured (:func:`_structured_coordinates`: neighbours and aligned positions, so
     that the whole-null test's pairs are observed on large tensors too). Returns (param, flat)
     int64 tensors, tensor-major. Where the cap does not bind the draw is the uncapped one (same
@@ -303,7 +304,7 @@ def draw_noise_coordinates(design: CanaryDesign, per_tensor: int, generator: tor
         if want <= 0:
             continue
         shape = design.shapes[i]
-        if 2 * want < n - len(busy):  # a small share: structured, so pairs of U are observed
+        if 4 * want < n - len(busy):  # a small share: structured, so pairs of U are observed
             stride = n // int(shape[0]) if len(shape) >= 2 and int(shape[0]) >= 2 else 0
             chosen = _structured_coordinates(n, want, busy, stride, previous, generator)
             previous = list(chosen)
