@@ -3,7 +3,7 @@ the model that training changes changes outside the DP release.
 
 Each class edits a :class:`~dpaudit_torch.testing.training.Training` the way real training code
 does; the model handed to the auditor is the one trained. The coverage monitor
-(docs/monitors/coverage.md) reports each at ``finalize()`` (level ``inconsistent``).
+(docs/monitors/coverage.md) reports each at ``finalize()`` (level ``finding``).
 """
 
 from __future__ import annotations

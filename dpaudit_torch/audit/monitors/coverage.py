@@ -15,8 +15,9 @@ DP-SGD's guarantee covers what its release covers. Two checks:
   (:meth:`CoverageMonitor.after_release`). A tensor the DP optimizer holds that changes between
   the end of one update and the start of the next, and any other tensor (a buffer, a parameter
   the DP optimizer does not hold) that changes at all, changed outside the DP release: level
-  ``inconsistent`` (the claim does not follow from the training that ran), naming the tensor,
-  the first step it was seen and at how many steps.
+  ``finding``, naming the tensor, the first step it was seen and at how many steps (the monitor
+  sees that a tensor changed, not whether the change depends on the data: post-processing of
+  the released parameters, such as a projection, is private).
 
 It needs the model (``PrivacyAuditor(..., model=model)``); without it, it says so and checks
 nothing.
@@ -190,11 +191,14 @@ class CoverageMonitor(Monitor):
                 f"{c['steps']} step(s))" for c in changed[:8])
             more = f" and {len(changed) - 8} more" if len(changed) > 8 else ""
             out.append(Finding(
-                self.name, "inconsistent",
+                self.name, "finding",
                 f"{len(changed)} tensor(s) of the model changed outside the DP release: "
-                f"{names}{more}. DP-SGD clips and noises only what its optimizer's step applies "
-                f"(a second optimizer, an update by hand, a buffer updated in forward from the "
-                f"data are not), so the claimed epsilon does not cover this training",
+                f"{names}{more}. DP-SGD clips and noises only what its optimizer's step applies: "
+                f"where these changes depend on the data (a second optimizer, an update by hand, "
+                f"a buffer updated in forward from the inputs), the claimed epsilon does not "
+                f"cover this training; where they are post-processing of the released "
+                f"parameters only (a projection, a weight average), leave them out with "
+                f"monitor_options={{'coverage': {{'ignore': (...)}}}}",
                 ", ".join(c["name"] for c in changed[:8])))
         missing = self.uncovered()
         if missing:
@@ -229,11 +233,11 @@ class CoverageMonitor(Monitor):
             "watched_tensors": len(self.watch.tensors) if self.watch is not None else 0,
             "changed_outside_release": changed,
             "unaudited_updates": self.unaudited_updates,
-            "inconsistent": bool(changed),
+            "any_changed": bool(changed),
         }
         if self.model is not None:
             section["trainable_tensors"] = sum(1 for _, p in self._named() if p.requires_grad)
-        return Contribution(section=section, verdict="inconsistent" if changed else None)
+        return Contribution(section=section)
 
     def state_dict(self) -> dict[str, Any]:
         return {"at_start": [[n, list(s)] for n, s in self.at_start],
