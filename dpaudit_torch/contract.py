@@ -32,7 +32,7 @@ from typing import Any, Generic, Protocol, TypeVar
 import torch
 
 __all__ = ["StepRecord", "StepRefused", "Fact", "FactUnavailable", "FactSource", "StaticFacts",
-           "FACTS", "SETUP", "SAMPLE_RATE", "N_RECORDS", "NOISE_MULTIPLIER", "TENSOR_NAMES",
+           "FACTS", "SETUP_CHECK", "SAMPLE_RATE", "N_RECORDS", "NOISE_MULTIPLIER", "TENSOR_NAMES",
            "TENSOR_GROUPS", "GROUP_NAMES", "EPSILON_OF_SIGMA", "ACCOUNTANT_HISTORY",
            "EPSILON_OF_HISTORY", "MODEL", "OPTIMIZER_PARAMS", "PARAM_GROUPS", "DATA_LOADER",
            "ACCOUNTANT_NAME"]
@@ -163,7 +163,8 @@ N_RECORDS: Fact[int] = Fact("n_records", "the number of records training samples
 #: the setup check of the engine, loader and accountant against the optimizer: a dict with
 #: the rate used and its source, N, the step hook's kind and rate, and ``problems`` (a list of
 #: {"level", "scope", "message"})
-SETUP: Fact[dict[str, Any]] = Fact("setup_check", "the check of the setup against the optimizer")
+SETUP_CHECK: Fact[dict[str, Any]] = Fact("setup_check",
+                                         "the check of the setup against the optimizer")
 #: the noise multiplier the optimizer uses now (adaptive / ghost adjusted)
 NOISE_MULTIPLIER: Fact[float] = Fact("noise_multiplier", "the optimizer's noise multiplier")
 #: a name per parameter tensor the DP optimizer holds (its order), for findings
@@ -199,4 +200,4 @@ ACCOUNTANT_NAME: Fact[str] = Fact("accountant_name", "the accountant's name")
 FACTS: dict[str, Fact[Any]] = {f.name: f for f in (
     SAMPLE_RATE, N_RECORDS, NOISE_MULTIPLIER, TENSOR_NAMES, TENSOR_GROUPS, GROUP_NAMES,
     EPSILON_OF_SIGMA, ACCOUNTANT_HISTORY, EPSILON_OF_HISTORY, MODEL, OPTIMIZER_PARAMS,
-    PARAM_GROUPS, DATA_LOADER, ACCOUNTANT_NAME, SETUP)}
+    PARAM_GROUPS, DATA_LOADER, ACCOUNTANT_NAME, SETUP_CHECK)}

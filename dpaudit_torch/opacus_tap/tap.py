@@ -178,7 +178,7 @@ class OpacusTap:
             if n is None:
                 raise FactUnavailable(fact, self.setup.n_reason or "N is not known")
             return n
-        if fact == facts.SETUP:
+        if fact == facts.SETUP_CHECK:
             return self.setup.summary()
         if fact == facts.NOISE_MULTIPLIER:
             return self.noise_multiplier()

@@ -18,7 +18,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from ...contract import ACCOUNTANT_HISTORY, SETUP, StepRecord
+from ...contract import ACCOUNTANT_HISTORY, SETUP_CHECK, StepRecord
 from .base import Contribution, Finding, Monitor, MonitorContext, register_monitor
 
 __all__ = ["SetupMonitor"]
@@ -29,14 +29,14 @@ class SetupMonitor(Monitor):
     """Wrong inputs found at attach; releases against the accountant's count at finalize."""
 
     label = "setup (engine, loader and accountant)"
-    needs = (SETUP, ACCOUNTANT_HISTORY)
+    needs = (SETUP_CHECK, ACCOUNTANT_HISTORY)
     #: every release counts, also those whose observation was dropped as non-finite
     observes_nonfinite = True
 
     def __init__(self, ctx: MonitorContext) -> None:
         super().__init__(ctx)
-        self.setup: dict[str, Any] | None = ctx.fact_or(SETUP)
-        self.reason_off = ctx.why_not(SETUP)
+        self.setup: dict[str, Any] | None = ctx.fact_or(SETUP_CHECK)
+        self.reason_off = ctx.why_not(SETUP_CHECK)
         self._history = ctx.fact_or(ACCOUNTANT_HISTORY)
         self.releases = 0
         self.accountant_steps: int | None = None

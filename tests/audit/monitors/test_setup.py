@@ -8,7 +8,7 @@ from conftest import make_private_setup
 from torch.utils.data import DataLoader
 
 from dpaudit_torch.audit import AuditConfig, MonitorContext, PrivacyAuditor, build_monitors
-from dpaudit_torch.contract import ACCOUNTANT_HISTORY, SETUP, StaticFacts
+from dpaudit_torch.contract import ACCOUNTANT_HISTORY, SETUP_CHECK, StaticFacts
 
 CFG = dict(k_pairs=4, m_canaries=32, seed=1)
 
@@ -26,7 +26,7 @@ class _Rec:
 
 def test_problems_become_findings_and_counts_are_compared():
     problems = [{"level": "finding", "scope": "data loader", "message": "loader X is wrong"}]
-    m = _monitor({SETUP: {"rate": 0.1, "problems": problems},
+    m = _monitor({SETUP_CHECK: {"rate": 0.1, "problems": problems},
                   ACCOUNTANT_HISTORY: lambda: [(1.0, 0.1, 3)]})
     for _ in range(5):
         m.observe(_Rec())
@@ -36,14 +36,14 @@ def test_problems_become_findings_and_counts_are_compared():
     assert "counted 3 step(s) while the optimizer released 5" in m.findings()[1].message
     c = m.contribution()
     assert c.verdict == "inconsistent" and c.section["accountant_steps"] == 3
-    m2 = _monitor({SETUP: {"problems": []}, ACCOUNTANT_HISTORY: lambda: [(1.0, 0.1, 5)]})
+    m2 = _monitor({SETUP_CHECK: {"problems": []}, ACCOUNTANT_HISTORY: lambda: [(1.0, 0.1, 5)]})
     m2.load_state_dict(m.state_dict())
     m2.finalize(None)
     assert m2.findings() == [] and m2.contribution().verdict is None
 
 
 def test_no_history_is_a_note():
-    m = _monitor({SETUP: {"problems": []}, ACCOUNTANT_HISTORY: lambda: None})
+    m = _monitor({SETUP_CHECK: {"problems": []}, ACCOUNTANT_HISTORY: lambda: None})
     m.observe(_Rec())
     m.finalize(None)
     [f] = m.findings()
