@@ -58,7 +58,7 @@ from dpaudit_torch.demo import DigitsCNN, load_digits_tensors  # noqa: E402
 from dpaudit_torch.testing import bugs  # noqa: E402
 from dpaudit_torch.testing.contract_bugs import contract_bugs  # noqa: E402
 from dpaudit_torch.testing.harness import digits_training, run_audited, run_bug  # noqa: E402
-from dpaudit_torch.testing.leaks_setup import WRONG_INPUTS  # noqa: E402
+from dpaudit_torch.testing.leaks_inputs import WRONG_INPUTS  # noqa: E402
 
 #: bugs whose target is a finding at finalize, not a sequential decision
 FINDING_BUGS = {"noise-bf16": "finding"}
@@ -259,7 +259,7 @@ def main() -> None:
                          "(testing.contract_bugs); 'contract' = every contract bug")
     ap.add_argument("--wrong-inputs", action="store_true",
                     help="also run correct trainings handed a wrong input "
-                         "(testing.leaks_setup.WRONG_INPUTS): refusal or finding, never a proof")
+                         "(testing.leaks_inputs.WRONG_INPUTS): refusal or finding, never a proof")
     ap.add_argument("--section", default="detection",
                     help="the docs/benchmarks.md section written (the contract bugs' run "
                          "writes 'detection-contract')")

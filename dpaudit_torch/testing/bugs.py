@@ -186,10 +186,10 @@ def _noise_reused(base: type) -> dict[str, Any]:
         base.add_noise(self)
         with torch.no_grad():
             if st["releases"] % 2 == 1:  # odd release: fresh noise, kept for the next one
-                st["noise"] = [(p.grad - p.summed_grad.view_as(p)).clone()
+                st["last_noise"] = [(p.grad - p.summed_grad.view_as(p)).clone()
                                for p in self.params]
             else:  # even release: the previous release's noise again
-                for p, n in zip(self.params, st.pop("noise")):
+                for p, n in zip(self.params, st.pop("last_noise")):
                     p.grad = (p.summed_grad.view_as(p) + n).view_as(p)
 
     return {"add_noise": add_noise}

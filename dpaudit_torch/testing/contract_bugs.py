@@ -1,18 +1,19 @@
 """Every contract bug (:mod:`dpaudit_torch.testing.training`), by clause.
 
 ``contract_bugs()`` maps name -> :class:`~dpaudit_torch.testing.training.ContractBug` for every
-clause (setup, coverage, noise, clipping; ``contract_bugs("noise")`` for one); each clause's
+clause (inputs, release, gaussian, clipping: :data:`~dpaudit_torch.testing.training.CLAUSES`;
+``contract_bugs("gaussian")`` for one); each clause's
 classes live in ``testing/leaks_<clause>.py``.
 """
 
 from __future__ import annotations
 
-from . import leaks_clipping, leaks_coverage, leaks_noise, leaks_setup
+from . import leaks_clipping, leaks_gaussian, leaks_inputs, leaks_release
 from .training import CLAUSES, ContractBug
 
 __all__ = ["contract_bugs"]
 
-_MODULES = {"setup": leaks_setup, "coverage": leaks_coverage, "noise": leaks_noise,
+_MODULES = {"inputs": leaks_inputs, "release": leaks_release, "gaussian": leaks_gaussian,
             "clipping": leaks_clipping}
 
 

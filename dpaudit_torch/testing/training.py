@@ -28,8 +28,11 @@ from typing import Any
 
 __all__ = ["Training", "ContractBug", "CLAUSES"]
 
-#: the clauses of the DP-SGD contract a bug can break
-CLAUSES = ("setup", "coverage", "noise", "clipping")
+#: the clauses of the DP-SGD contract a bug can break: "inputs" (the accountant counts exactly
+#: the releases at (sigma, q), and the auditor is handed what training uses), "release" (every
+#: change of the model comes through the DP release), "gaussian" (fresh iid N(0, sigma^2 C^2)
+#: noise on every coordinate), "clipping" (each example's contribution clipped to C)
+CLAUSES = ("inputs", "release", "gaussian", "clipping")
 
 
 @dataclass

@@ -13,7 +13,7 @@ def test_correct_run_and_between_hooks_run():
         tr.between.append(lambda: calls.append(1))
         return tr
 
-    rep = run_bug(ContractBug("count", "coverage", "counts the loop's steps", apply,
+    rep = run_bug(ContractBug("count", "release", "counts the loop's steps", apply,
                               per_step=False), seed=0, steps=6)
     assert len(calls) == 6
     assert rep.training["audited_steps"] == 6 and not rep.violation and not rep.claim_refuted

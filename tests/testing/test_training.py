@@ -16,8 +16,8 @@ def test_training_defaults_to_what_training_uses():
 
 
 def test_contract_bug_names_its_clause():
-    assert CLAUSES == ("setup", "coverage", "noise", "clipping")
-    bug = ContractBug("x", "noise", "does x", lambda tr: tr)
+    assert CLAUSES == ("inputs", "release", "gaussian", "clipping")
+    bug = ContractBug("x", "gaussian", "does x", lambda tr: tr)
     assert bug.per_step and bug.ghost_ok
     with pytest.raises(ValueError, match="'privacy'"):
         ContractBug("x", "privacy", "does x", lambda tr: tr)

@@ -1,4 +1,4 @@
-"""Contract bugs of the setup clause, and wrong inputs to the auditor
+"""Contract bugs of the inputs clause (setup coherence), and wrong inputs to the auditor
 (:mod:`dpaudit_torch.testing.training`).
 
 The clause: the releases cover a Poisson sample at rate q, and the accountant counts exactly
@@ -91,16 +91,16 @@ def _original_loader(tr: Training) -> Training:
 
 
 CLASSES: dict[str, ContractBug] = {b.name: b for b in (
-    ContractBug("step-hook-missing", "setup",
+    ContractBug("step-hook-missing", "inputs",
                 "the optimizer has no step hook: the accountant counts no release",
                 _step_hook_missing, per_step=False),
-    ContractBug("accountant-told-double-sigma", "setup",
+    ContractBug("accountant-told-double-sigma", "inputs",
                 "the user's accounting hook tells the accountant twice the noise multiplier "
                 "the optimizer uses", _double_sigma, per_step=False),
-    ContractBug("accountant-stepped-per-epoch", "setup",
+    ContractBug("accountant-stepped-per-epoch", "inputs",
                 "the user's accounting hook steps the accountant once per epoch instead of "
                 "once per release", _per_epoch, per_step=False),
-    ContractBug("trains-on-original-loader", "setup",
+    ContractBug("trains-on-original-loader", "inputs",
                 "the loop iterates the original non-private loader (fixed batches of 256) "
                 "while the accountant and the auditor see the private loader's rate",
                 _original_loader, per_step=False),

@@ -1,11 +1,11 @@
-"""testing.leaks_coverage: each class breaks the coverage clause and the audit sees it."""
+"""testing.leaks_release: each class breaks the coverage clause and the audit sees it."""
 
 from __future__ import annotations
 
 import pytest
 
 from dpaudit_torch.testing.harness import run_bug
-from dpaudit_torch.testing.leaks_coverage import CLASSES
+from dpaudit_torch.testing.leaks_release import CLASSES
 
 
 def _changed(report) -> set[str]:
@@ -15,7 +15,7 @@ def _changed(report) -> set[str]:
 def test_classes_name_their_clause():
     assert len(CLASSES) >= 4
     for name, bug in CLASSES.items():
-        assert bug.name == name and bug.clause == "coverage" and not bug.per_step
+        assert bug.name == name and bug.clause == "release" and not bug.per_step
 
 
 @pytest.mark.parametrize("name,names", [

@@ -1,4 +1,4 @@
-"""Contract bugs of the coverage clause (:mod:`dpaudit_torch.testing.training`): something of
+"""Contract bugs of the release clause (:mod:`dpaudit_torch.testing.training`): something of
 the model that training changes changes outside the DP release.
 
 Each class edits a :class:`~dpaudit_torch.testing.training.Training` the way real training code
@@ -100,19 +100,19 @@ def _group_misses_a_tensor(tr: Training) -> Training:
 
 #: name -> bug, in the order the detection benchmark runs them
 CLASSES: dict[str, ContractBug] = {b.name: b for b in (
-    ContractBug("second-optimizer", "coverage",
+    ContractBug("second-optimizer", "release",
                 "a second, non-private SGD over the head's parameters (created from the model) "
                 "is stepped in the training loop besides the DP optimizer",
                 _second_optimizer, per_step=False),
-    ContractBug("manual-update", "coverage",
+    ContractBug("manual-update", "release",
                 "the head's bias is updated by hand in the loop from its non-private gradient "
                 "(bias.data.add_(bias.grad, alpha=-lr))",
                 _manual_update, per_step=False),
-    ContractBug("running-stats-buffer", "coverage",
+    ContractBug("running-stats-buffer", "release",
                 "a module of the model keeps the running mean and variance of its inputs in "
                 "buffers, updated in forward from the data (one in place, one re-assigned)",
                 _running_stats_buffer, per_step=False),
-    ContractBug("group-misses-tensor", "coverage",
+    ContractBug("group-misses-tensor", "release",
                 "the DP optimizer's param groups miss the head's bias, which a second "
                 "non-private optimizer steps",
                 _group_misses_a_tensor, per_step=False),

@@ -1,4 +1,4 @@
-"""testing.leaks_noise: each class breaks the noise clause, keeps the claimed variance, and the
+"""testing.leaks_gaussian: each class breaks the noise clause, keeps the claimed variance, and the
 audit decides a violation within 50 steps (the detection benchmark's criterion; one seed per
 class here, 5 seeds in the session that added them); a correct run does not alarm."""
 
@@ -9,25 +9,25 @@ import math
 import pytest
 import torch
 
-from dpaudit_torch.testing import leaks_noise
+from dpaudit_torch.testing import leaks_gaussian
 from dpaudit_torch.testing.harness import run_bug
-from dpaudit_torch.testing.leaks_noise import CLASSES
+from dpaudit_torch.testing.leaks_gaussian import CLASSES
 
 
 def test_classes_name_their_clause():
     for name, bug in CLASSES.items():
-        assert bug.name == name and bug.clause == "noise" and bug.per_step
+        assert bug.name == name and bug.clause == "gaussian" and bug.per_step
 
 
 _MAKERS = {
-    "noise-row-broadcast": leaks_noise._row_broadcast,
-    "noise-reseeded-per-tensor": leaks_noise._reseeded_per_tensor,
-    "noise-shared-same-shape": leaks_noise._shared_same_shape,
-    "noise-pairwise-averaged": leaks_noise._pairwise_averaged,
-    "noise-neighbour-correlated": leaks_noise._neighbour_correlated,
-    "noise-laplace": leaks_noise._laplace,
-    "noise-uniform": leaks_noise._uniform_noise,
-    "noise-rademacher": leaks_noise._rademacher,
+    "noise-row-broadcast": leaks_gaussian._row_broadcast,
+    "noise-reseeded-per-tensor": leaks_gaussian._reseeded_per_tensor,
+    "noise-shared-same-shape": leaks_gaussian._shared_same_shape,
+    "noise-pairwise-averaged": leaks_gaussian._pairwise_averaged,
+    "noise-neighbour-correlated": leaks_gaussian._neighbour_correlated,
+    "noise-laplace": leaks_gaussian._laplace,
+    "noise-uniform": leaks_gaussian._uniform_noise,
+    "noise-rademacher": leaks_gaussian._rademacher,
 }
 
 

@@ -1,4 +1,4 @@
-"""Contract bugs of the noise clause (:mod:`dpaudit_torch.testing.training`).
+"""Contract bugs of the gaussian clause (:mod:`dpaudit_torch.testing.training`).
 
 Each class replaces the optimizer's ``add_noise`` (Opacus's ``DPOptimizer``; the instance's
 class is swapped for a subclass, as :mod:`dpaudit_torch.testing.bugs` does) with noise code
@@ -132,7 +132,7 @@ def _noise_bug(name: str, make: NoiseMaker) -> Callable[[Training], Training]:
 
 
 def _bug(name: str, description: str, make: NoiseMaker) -> ContractBug:
-    return ContractBug(name, "noise", description, _noise_bug(name, make), per_step=True)
+    return ContractBug(name, "gaussian", description, _noise_bug(name, make), per_step=True)
 
 
 #: name -> bug, in the order the detection benchmark runs them

@@ -1,4 +1,4 @@
-"""testing.leaks_setup: each setup bug is flagged at finalize; each wrong input with correct
+"""testing.leaks_inputs: each setup bug is flagged at finalize; each wrong input with correct
 training gets a refusal or a finding naming it, never a proof (one seed each; 20 in
 benchmarks/detection.py)."""
 
@@ -7,7 +7,7 @@ from __future__ import annotations
 import pytest
 
 from dpaudit_torch.testing.harness import digits_training, run_audited, run_bug
-from dpaudit_torch.testing.leaks_setup import CLASSES, WRONG_INPUTS
+from dpaudit_torch.testing.leaks_inputs import CLASSES, WRONG_INPUTS
 
 #: what flags each class (monitor, level) in the report
 EXPECTED = {
@@ -21,7 +21,7 @@ EXPECTED = {
 def test_classes_name_their_clause():
     assert list(CLASSES) == list(EXPECTED)
     for name, bug in CLASSES.items():
-        assert bug.name == name and bug.clause == "setup" and not bug.per_step
+        assert bug.name == name and bug.clause == "inputs" and not bug.per_step
 
 
 @pytest.mark.parametrize("name", list(EXPECTED))
