@@ -1,4 +1,4 @@
-"""The ``dpaudit`` command line: ``demo``, ``table1``, ``report``.
+"""The ``dpaudit`` command line: ``demo``, ``table1``, ``report``, ``run``.
 
 Exit codes follow the report's verdict: 0 nothing found, 3 violation proven or claim refuted,
 4 claim inconsistent (the accountant's inputs contradict the training that ran), 5 a finding that
@@ -160,6 +160,28 @@ def _build_parser() -> _Parser:
     t1.add_argument("--seed", type=int, default=0)
     t1.add_argument("--no-progress", action="store_true")
 
+    run = sub.add_parser(
+        "run", help="audit an unmodified Opacus training script: dpaudit run -- python train.py",
+        description="Run a training script with an auditor on every PrivacyEngine.make_private* "
+                    "call of its Python processes (DDP launchers such as torchrun included); "
+                    "rank 0 writes the report(s) when the script ends, also after an error. Exit "
+                    "code: the strongest verdict's (0, 3, 4, 5 as for demo); 2 when nothing was "
+                    "audited or the script failed (what report could be written is written).")
+    run.add_argument("--out", default="audit_out", help="report directory (default audit_out; "
+                     "several make_private calls: DIR/audit-<i>)")
+    run.add_argument("--delta", type=float, default=None,
+                     help="delta of the claim and of the bounds (default: the config's, 1e-5)")
+    run.add_argument("--config", default=None, metavar="FILE",
+                     help="PrivacyAuditor settings, a JSON or TOML table (k_pairs, seed, ...)")
+    run.add_argument("--stop-on-violation", action="store_true",
+                     help="raise PrivacyViolationError from optimizer.step() once a violation is "
+                          "proven (default: log it and let training go on)")
+    run.add_argument("--inject-bug", default=None, metavar="BUG",
+                     help=f"testing only: apply a deliberate DP bug at every make_private call: "
+                          f"one of {', '.join(bug_names())}")
+    run.add_argument("script", nargs=argparse.REMAINDER, metavar="-- COMMAND ...",
+                     help="the script's command line, after --")
+
     rep = sub.add_parser("report", help="re-render report.html from an audit.json",
                          description="Load audit.json (file or its directory) and write "
                                      "report.html next to it, or into --out.")
@@ -265,6 +287,41 @@ def _cmd_report(args: argparse.Namespace) -> int:
     return verdict_exit_code(report)
 
 
+def _cmd_run(args: argparse.Namespace) -> int:
+    from . import launch
+    from .testing.bugs import names as bug_names
+
+    command = args.script[1:] if args.script[:1] == ["--"] else args.script
+    if not command:
+        raise UsageError("no script given: dpaudit run [--out DIR] -- python train.py ARGS")
+    if args.inject_bug is not None and args.inject_bug not in bug_names():
+        raise UsageError(f"unknown bug {args.inject_bug!r}; choose one of: "
+                         f"{', '.join(bug_names())}")
+    settings: dict[str, Any] = {}
+    if args.config is not None:
+        try:
+            settings = launch.load_settings(args.config)
+        except (OSError, ValueError) as exc:
+            raise UsageError(f"--config {args.config!r}: {exc}") from None
+    try:
+        settings = launch.audit_settings(settings, delta=args.delta,
+                                         stop_on_violation=args.stop_on_violation)
+    except (TypeError, ValueError) as exc:
+        where = f"--config {args.config!r}" if args.config else "--delta"
+        raise UsageError(f"{where}: {exc}") from None
+    out = _writable_dir(args.out)
+    try:
+        result = launch.run_script(command, out, settings, inject_bug=args.inject_bug)
+    except OSError as exc:
+        raise UsageError(f"cannot run {command[0]!r}: {exc.strerror or exc}") from None
+    for path, report in result.reports:
+        print(report.summary_text())
+        print(f"report: {path / 'report.html'}")
+    if result.problem is not None:
+        print(f"dpaudit: error: {result.problem}", file=sys.stderr)
+    return result.exit_code
+
+
 def main(argv: list[str] | None = None) -> int:
     """Entry point of the ``dpaudit`` command; returns the exit code."""
     shown = warnings.showwarning
@@ -287,7 +344,8 @@ def _main(argv: list[str] | None) -> int:
         if args.command is None:
             parser.print_help()
             return EXIT_USAGE
-        handler = {"demo": _cmd_demo, "table1": _cmd_table1, "report": _cmd_report}
+        handler = {"demo": _cmd_demo, "table1": _cmd_table1, "report": _cmd_report,
+                   "run": _cmd_run}
         return handler[args.command](args)
     except UsageError as exc:
         print(f"dpaudit: error: {exc}", file=sys.stderr)
