@@ -51,6 +51,7 @@ def _findings(aud: PrivacyAuditor) -> list[dict[str, Any]]:
 def assemble_report(aud: PrivacyAuditor, claimed: float | None) -> AuditReport:
     """The report of a finalized white-box audit (``claimed``: the accountant's epsilon)."""
     from ..report.build import build_report
+    from ..report.fingerprint import architecture_hash
 
     cfg, tap, eng = aud.config, aud.tap, aud.engine
     dec = eng.decision
@@ -125,6 +126,8 @@ def assemble_report(aud: PrivacyAuditor, claimed: float | None) -> AuditReport:
             "audit_incomplete_from_step": eng.incomplete_from,
             "steps_at_attach": eng.steps_at_attach,
             "claimed_epsilon_history": [[s, e] for s, e in eng.claimed_history],
+            # module classes and parameter shapes of the model handed over (model=), or None
+            "architecture_hash": architecture_hash(tap.model),
         },
         config={**cfg.to_dict(), "device": str(aud.device)},
         seed_policy=aud.seed_policy,

@@ -93,6 +93,19 @@ def _names(value: Any, what: str, none_ok: bool = False) -> tuple[str, ...] | No
     return tuple(names)
 
 
+def _label(value: Any, what: str) -> str | None:
+    """A user-given name (``model_name``, ``dataset_name``): None, or a non-empty string of at
+    most 200 characters on one line, kept as given."""
+    if value is None:
+        return None
+    if not isinstance(value, str):
+        raise TypeError(f"{what} must be a string or None, got {value!r}")
+    if not value.strip() or len(value) > 200 or "\n" in value or "\r" in value:
+        raise ValueError(f"{what} must be a non-empty name of at most 200 characters on one "
+                         f"line, got {value!r}")
+    return value
+
+
 @dataclass(frozen=True)
 class AuditConfig:
     """The settings of one audit (see :class:`~dpaudit_torch.audit.auditor.PrivacyAuditor` for
@@ -105,6 +118,12 @@ class AuditConfig:
     ``disable_monitors``; ``monitor_options``: per monitor name, its own settings): a checkpoint
     resumes the monitors both sets share, each checked against its own settings, and starts the
     others fresh.
+
+    ``model_name`` and ``dataset_name`` are the user's names for what is trained and on what
+    (e.g. ``"resnet18-v3"``, ``"cifar10-train"``); they are recorded in the report's ``config``
+    and its ``fingerprint``, where the release gate (``dpaudit gate``, docs/release_gate.md)
+    checks that two audits are about the same model and data. They change no statistic and are
+    not part of :meth:`fingerprint`.
     """
 
     delta: float = 1e-5
@@ -132,6 +151,8 @@ class AuditConfig:
     monitors: tuple[str, ...] | None = None
     disable_monitors: tuple[str, ...] = ()
     monitor_options: dict[str, dict[str, Any]] = field(default_factory=dict)
+    model_name: str | None = None
+    dataset_name: str | None = None
 
     def __post_init__(self) -> None:
         put = object.__setattr__  # frozen: normalise the values once, here
@@ -204,6 +225,8 @@ class AuditConfig:
             raise TypeError(f"monitor_options must map a monitor name to a dict of options, "
                             f"got {opts!r}")
         put(self, "monitor_options", {k: dict(v) for k, v in opts.items()})
+        for name in ("model_name", "dataset_name"):
+            put(self, name, _label(getattr(self, name), name))
         from ..stats.one_run_scores import SCORES
 
         if self.one_run_score not in SCORES:
@@ -297,5 +320,6 @@ class AuditConfig:
             "monitors": None if self.monitors is None else list(self.monitors),
             "disable_monitors": list(self.disable_monitors),
             "monitor_options": {k: dict(v) for k, v in self.monitor_options.items()},
+            "model_name": self.model_name, "dataset_name": self.dataset_name,
         }
 

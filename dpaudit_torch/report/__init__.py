@@ -10,6 +10,8 @@ Modules, from the bottom up (each imports only those above it in this list):
 * :mod:`~dpaudit_torch.report.schema`: the data layer: :class:`~.schema.ReportData` (the fields,
   their checks, strict JSON with non-finite floats as strings, ``from_dict`` / ``load``, the
   verdict), the verdict vocabulary and a few readings of the data; it imports no renderer;
+* :mod:`~dpaudit_torch.report.fingerprint`: the audit's fingerprint (what the audit was) and the
+  strength order of two audits (used by the release gate, ``dpaudit gate``);
 * :mod:`~dpaudit_torch.report.formatting`: how numbers, scopes and recurring sentences are written
   in words (shared by the page and the summary);
 * :mod:`~dpaudit_torch.report.wording`: the words for a proven violation (which monitor decided

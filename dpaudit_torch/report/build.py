@@ -14,6 +14,7 @@ from typing import Any
 
 from ..registry import BOUND_METHODS, WHOLE_RUN, refuting_methods
 from .audit_report import AuditReport
+from .fingerprint import fingerprint_of
 
 __all__ = ["BoundResult", "build_report", "THREAT_MODEL_NOTES"]
 
@@ -50,7 +51,8 @@ def build_report(*, claimed_epsilon: float | None, bounds: Mapping[str, BoundRes
             optionally scope); a "refuted" finding is added for every bound that refutes the
             claim.
         **fields: every other :class:`AuditReport` field, as is (e.g. ``monitor_labels``: how
-            the report names each monitor).
+            the report names each monitor). The ``fingerprint`` is read from the others
+            (:func:`~dpaudit_torch.report.fingerprint.fingerprint_of`) unless given.
     """
     order = _order(bounds)
     eps = {m: float(bounds[m][0]) for m in order}
@@ -72,7 +74,7 @@ def build_report(*, claimed_epsilon: float | None, bounds: Mapping[str, BoundRes
                          "message": f"the {spec.label} lower bound {eps[m]:.4g} on the whole "
                                     f"run's epsilon exceeds the claimed epsilon "
                                     f"{claimed_epsilon:.4g}", "where": "the whole training run"})
-    return AuditReport(
+    report = AuditReport(
         findings=found,
         claimed_epsilon=claimed_epsilon,
         epsilon_lower_bounds=eps,
@@ -84,3 +86,6 @@ def build_report(*, claimed_epsilon: float | None, bounds: Mapping[str, BoundRes
         warnings=notes,
         **fields,
     )
+    if not report.fingerprint:  # what the audit was, read from the fields just set
+        report.fingerprint = fingerprint_of(report).to_dict()
+    return report

@@ -18,7 +18,9 @@ The numbers it carries come from:
 
 Monitors are named by the report's own data (field ``monitor_labels``, schema 1.3, filled by the
 engine), never by a table of this package; a finding's optional ``scope`` (the registry's
-:data:`~dpaudit_torch.registry.ONE_STEP`) says that it is about the per-step guarantee.
+:data:`~dpaudit_torch.registry.ONE_STEP`) says that it is about the per-step guarantee. The
+audit's fingerprint (schema 1.4, field ``fingerprint``; :mod:`dpaudit_torch.report.fingerprint`)
+says what the audit was, so that two releases' audits can be compared (``dpaudit gate``).
 
 Every epsilon here is a statistical LOWER bound: the report can prove a privacy claim false; it can
 never prove a claim true.
@@ -78,11 +80,11 @@ __all__ = [
 ]
 
 #: version of the ``audit.json`` schema written by this module (see docs/report.md)
-SCHEMA_VERSION = "1.3"
+SCHEMA_VERSION = "1.4"
 #: fields added after 1.0, with the minor version that introduced them (a document of an older
 #: minor version must not carry them; reading it fills in their defaults)
 _FIELDS_SINCE = {"power": 1, "findings": 2, "claim_inconsistent": 2, "audits": 2,
-                 "monitor_labels": 3}
+                 "monitor_labels": 3, "fingerprint": 4}
 #: file names written by :meth:`AuditReport.save`
 JSON_NAME = "audit.json"
 HTML_NAME = "report.html"
@@ -264,7 +266,7 @@ def _check_fields(d: dict[str, Any]) -> None:
         _need(isinstance(v, list) and all(is_num(x) for x in v), f"one_run_scores.{k}",
               "a list of numbers", v if not isinstance(v, list) else "a list with non-numbers")
     for name in ("sequential", "canaries", "training", "threat_model", "interference", "config",
-                 "versions", "audits"):
+                 "versions", "audits", "fingerprint"):
         _need(isinstance(g(name), dict), name, "a dict", g(name))
     _need(isinstance(g("seed_policy"), str), "seed_policy", "a string", g("seed_policy"))
     w = g("warnings")
@@ -416,6 +418,10 @@ class ReportData:
     #: (since 1.3) monitor name -> how the report names it, filled by the engine; a monitor
     #: without a label is shown under its name
     monitor_labels: dict[str, str] = field(default_factory=dict)
+    #: (since 1.4) what the audit was (threat model, canaries, judge, power, subject, version),
+    #: :func:`dpaudit_torch.report.fingerprint.fingerprint_of` of the other fields; ``{}`` when
+    #: not filled (a report built by hand, or read from an older version)
+    fingerprint: dict = field(default_factory=dict)
 
     # -- plain data ------------------------------------------------------------------------------
 

@@ -19,6 +19,7 @@ import math
 from typing import Any
 
 from ..registry import bound_method, refuting_methods
+from .fingerprint import stored_fingerprint_contradictions
 from .formatting import format_number
 from .schema import ReportData, is_num
 
@@ -139,7 +140,8 @@ def contradictions(report: ReportData) -> list[str]:
     d = report.to_dict()
     if not d["epsilon_lower_bounds"] and not d["findings"] and not d["sequential"].get("tests"):
         return ["it holds no results (no lower bound, no sequential test, no finding)"]
-    return _refutation(d) + _findings(d) + _sequential(d) + _numbers(d)
+    return (_refutation(d) + _findings(d) + _sequential(d) + _numbers(d)
+            + stored_fingerprint_contradictions(d))
 
 
 def validate(report: ReportData) -> None:

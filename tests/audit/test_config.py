@@ -1,6 +1,7 @@
 """``AuditConfig`` (dpaudit_torch/audit/config.py): every setting validated once with an error
 naming the value, the normalised frozen values, ``replace`` / ``from_kwargs``, sizing for a
-model, the checkpoint fingerprint, the report's ``config`` section and the testers' options."""
+model, the checkpoint fingerprint (which leaves out the user's model and dataset names), the
+report's ``config`` section and the testers' options."""
 
 from __future__ import annotations
 
@@ -86,6 +87,11 @@ _BAD: list[tuple[dict[str, Any], type[Exception], str]] = [
     (dict(monitor_options={1: {}}), TypeError, "got {1: {}}"),
     (dict(one_run_score="median"), ValueError, "one_run_score must be one of ('llr', 'sum'), "
                                                "got 'median'"),
+    (dict(model_name=3), TypeError, "model_name must be a string or None, got 3"),
+    (dict(dataset_name="  "), ValueError, "dataset_name must be a non-empty name of at most "
+                                          "200 characters on one line, got '  '"),
+    (dict(model_name="a\nb"), ValueError, "got 'a\\nb'"),
+    (dict(model_name="x" * 201), ValueError, "model_name must be a non-empty name"),
 ]
 
 
@@ -228,7 +234,8 @@ def test_fingerprint_leaves_out_seed_device_kernels_and_the_monitor_set() -> Non
     base = AuditConfig(k_pairs=4, m_canaries=10)
     other = base.replace(seed=7, device="cuda:1", compiled_kernels=False,
                          monitors=("noise",), disable_monitors=("sampling",),
-                         monitor_options={"noise": {"alpha": 0.01}})
+                         monitor_options={"noise": {"alpha": 0.01}},
+                         model_name="resnet18-v3", dataset_name="cifar10-train")
     assert other.fingerprint() == base.fingerprint()
 
 
@@ -265,6 +272,9 @@ def test_to_dict_is_every_setting_but_the_seed() -> None:
     assert d["monitors"] == ["noise", "sampling"] and d["disable_monitors"] == ["sampling"]
     assert d["device"] == "cpu" and d["compiled_kernels"] is None
     assert AuditConfig().to_dict()["monitors"] is None
+    assert d["model_name"] is None and d["dataset_name"] is None
+    named = AuditConfig(model_name="resnet18-v3", dataset_name="cifar10-train").to_dict()
+    assert (named["model_name"], named["dataset_name"]) == ("resnet18-v3", "cifar10-train")
     assert json.loads(json.dumps(d)) == d
     for name in FIELDS - {"seed", "per_step_null", "tests", "monitors", "disable_monitors"}:
         assert d[name] == getattr(cfg, name), name

@@ -251,7 +251,8 @@ def test_cli_report_refuses_contradictions_and_empty_reports(runs: dict,
 #: objects whose keys are names (methods, tests, monitors), not fixed fields: their values are
 #: checked under "<path>.<name>", the objects themselves are described in words
 _NAMED = {"epsilon_lower_bounds", "lower_bound_details", "sequential.tests",
-          "config.test_options", "config.monitor_options", "monitor_labels", "audits"}
+          "config.test_options", "config.monitor_options", "monitor_labels", "audits",
+          "fingerprint.scores"}
 #: each monitor documents its own ``audits.<name>`` section on its page
 MONITOR_DOCS = REPO / "docs" / "monitors"
 _ROOT = "audit.json"

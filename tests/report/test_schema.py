@@ -211,17 +211,17 @@ def test_load_errors(tmp_path: Path) -> None:
 
 
 # ----------------------------------------------------------------------------------------------
-# versions: power (1.1), findings (1.2), monitor_labels (1.3)
+# versions: power (1.1), findings (1.2), monitor_labels (1.3), fingerprint (1.4)
 # ----------------------------------------------------------------------------------------------
 
 
 def test_power_round_trip_and_schema_version(tmp_path: Path) -> None:
-    assert SCHEMA_VERSION == "1.3"
+    assert SCHEMA_VERSION == "1.4"
     report = make_report("nothing")
     report.power = power_dict()
     path = _write(tmp_path, report)
     raw = json.loads(path.read_text(encoding="utf-8"))
-    assert raw["schema_version"] == "1.3" and raw["power"] == power_dict()
+    assert raw["schema_version"] == "1.4" and raw["power"] == power_dict()
     back = AuditReport.load(path)
     assert back == report and back.power == power_dict()
     assert AuditReport().to_dict()["power"] == {}
@@ -229,7 +229,8 @@ def test_power_round_trip_and_schema_version(tmp_path: Path) -> None:
 
 def test_old_reports_without_power_still_load(tmp_path: Path) -> None:
     d = make_report("violation").to_dict()
-    for key in ("power", "findings", "claim_inconsistent", "audits", "monitor_labels"):
+    for key in ("power", "findings", "claim_inconsistent", "audits", "monitor_labels",
+                "fingerprint"):
         del d[key]
     d["schema_version"] = "1.0"
     (tmp_path / JSON_NAME).write_text(json.dumps(d), encoding="utf-8")
@@ -239,7 +240,7 @@ def test_old_reports_without_power_still_load(tmp_path: Path) -> None:
     assert old.claimed_epsilon == d["claimed_epsilon"] and old.violation
     (tmp_path / "again").mkdir()
     again = _write(tmp_path / "again", old)
-    assert json.loads(again.read_text())["schema_version"] == "1.3"
+    assert json.loads(again.read_text())["schema_version"] == "1.4"
     # a 1.0 document cannot hold a field that 1.0 did not have
     d["power"] = power_dict()
     with pytest.raises(ValueError, match=r"\['power'\] do not exist in schema 1.0"):
@@ -253,15 +254,32 @@ def test_monitor_labels_since_1_3() -> None:
     assert AuditReport.from_dict(report.to_dict()).monitor_labels == labels
     # a 1.2 document has no labels: it loads with {} and carries 1.3 afterwards
     d = report.to_dict()
-    del d["monitor_labels"]
+    del d["monitor_labels"], d["fingerprint"]
     d["schema_version"] = "1.2"
     old = AuditReport.from_dict(d)
-    assert old.monitor_labels == {} and old.schema_version == "1.3"
+    assert old.monitor_labels == {} and old.schema_version == SCHEMA_VERSION
     # ... and cannot hold them
     d["monitor_labels"] = labels
     with pytest.raises(ValueError, match=r"\['monitor_labels'\] do not exist in schema 1.2 "
                                          r"\(added in 1.3\)"):
         AuditReport.from_dict(d)
+
+
+def test_fingerprint_since_1_4() -> None:
+    """A 1.3 document (tests/data/report_v1_3.json, written by the 1.3 release) loads with
+    ``fingerprint = {}`` and carries 1.4 afterwards; a 1.3 document cannot hold one; a
+    fingerprint must be an object."""
+    data = Path(__file__).resolve().parents[1] / "data" / "report_v1_3.json"
+    raw = json.loads(data.read_text(encoding="utf-8"))
+    assert raw["schema_version"] == "1.3" and "fingerprint" not in raw
+    old = AuditReport.from_dict(raw)
+    assert old.fingerprint == {} and old.schema_version == SCHEMA_VERSION
+    assert AuditReport.from_dict(old.to_dict()) == old
+    with pytest.raises(ValueError, match=r"\['fingerprint'\] do not exist in schema 1.3 "
+                                         r"\(added in 1.4\)"):
+        AuditReport.from_dict({**raw, "fingerprint": {"version": 1}})
+    with pytest.raises(ValueError, match="'fingerprint' must be a dict"):
+        AuditReport.from_dict({**old.to_dict(), "fingerprint": ["white box"]})
 
 
 def test_findings_with_and_without_scope() -> None:
