@@ -71,6 +71,10 @@ class BoundMethod:
         family: for a bound that is not family-free, the trade-off family it assumes, as the
             report names it ("Gaussian": "assumes the Gaussian family").
         monitor: the monitor that computes it (:mod:`dpaudit_torch.audit.monitors`).
+        refutes_if_verified: a family bound that may refute the claim in a run whose data
+            passed the method's own check of the family (its detail's ``family_verified`` is
+            True): the white-box release bound, whose family is the release DP-SGD specifies
+            and whose check is run on the canaries' own values (docs/design.md section 13).
     """
 
     name: str
@@ -80,13 +84,27 @@ class BoundMethod:
     citation: str
     family: str = ""
     monitor: str = ""
+    refutes_if_verified: bool = False
 
     @property
     def may_refute(self) -> bool:
-        """Only a family-free bound on the whole run can refute the accountant's (eps, delta)
-        claim: a per-step bound speaks of another mechanism (one step), and a bound that assumes
-        a trade-off family (Gaussian f-DP) is a test within that family."""
-        return self.scope == WHOLE_RUN and self.family_free
+        """Whether the bound can refute the accountant's (eps, delta) claim at all: a family-free
+        bound on the whole run always can; a per-step bound speaks of another mechanism (one
+        step) and never can; a bound within a trade-off family can only where its family is
+        verified on the run's data (:meth:`refutes_with`), which the Gaussian f-DP test never
+        is."""
+        return self.scope == WHOLE_RUN and (self.family_free or self.refutes_if_verified)
+
+    def refutes_with(self, detail: Any) -> bool:
+        """Whether the bound, with its recorded ``detail``, may refute the claim: a family-free
+        whole-run bound always; a family bound only when ``detail["family_verified"]`` is
+        True."""
+        if self.scope != WHOLE_RUN:
+            return False
+        if self.family_free:
+            return True
+        return (self.refutes_if_verified and isinstance(detail, dict)
+                and detail.get("family_verified") is True)
 
 
 TESTERS: dict[str, TesterSpec] = {
@@ -103,6 +121,11 @@ TESTERS: dict[str, TesterSpec] = {
 BOUND_METHODS: dict[str, BoundMethod] = {
     b.name: b
     for b in (
+        BoundMethod("whitebox", "white-box release, DP-SGD family (exact law of the traces)",
+                    WHOLE_RUN, False,
+                    "docs/design.md section 13 (after Agrawal et al., arXiv 2606.12733)",
+                    family="DP-SGD white-box release", monitor="one_run",
+                    refutes_if_verified=True),
         BoundMethod("steinke", "Steinke et al. one-run (2023)", WHOLE_RUN, True,
                     "Steinke, Nasr & Jagielski, NeurIPS 2023", monitor="one_run"),
         BoundMethod("fdp", "f-DP one-run, Gaussian family (Mahloujifar et al.)", WHOLE_RUN, False,
@@ -139,9 +162,11 @@ def bound_method(name: str) -> BoundMethod | None:
     return BOUND_METHODS.get(name)
 
 
-def refuting_methods(bounds: dict[str, Any], claimed: float | None) -> list[str]:
-    """The methods whose bound exceeds ``claimed`` and that may refute a claim (in registry
-    order). ``claimed`` None or not finite refutes nothing."""
+def refuting_methods(bounds: dict[str, Any], claimed: float | None,
+                     details: dict[str, Any] | None = None) -> list[str]:
+    """The methods whose bound exceeds ``claimed`` and that may refute a claim with their
+    recorded ``details`` (:meth:`BoundMethod.refutes_with`), in registry order. ``claimed`` None
+    or not finite refutes nothing."""
     import math
 
     if claimed is None or not isinstance(claimed, (int, float)) or not math.isfinite(claimed):
@@ -149,6 +174,7 @@ def refuting_methods(bounds: dict[str, Any], claimed: float | None) -> list[str]
     out = []
     for name, spec in BOUND_METHODS.items():
         v = bounds.get(name)
-        if spec.may_refute and isinstance(v, (int, float)) and v > claimed:
+        if (spec.refutes_with((details or {}).get(name)) and isinstance(v, (int, float))
+                and v > claimed):
             out.append(name)
     return out

@@ -82,7 +82,9 @@ def test_every_bound_method_entry_is_consistent() -> None:
     # every method belongs to exactly one monitor; the one-run monitor computes the stats' tests
     covered = [n for m in {b.monitor for b in BOUND_METHODS.values()} for n in methods_of(m)]
     assert sorted(covered) == sorted(BOUND_METHODS)
-    assert methods_of("one_run") == ONE_RUN_METHODS == ("steinke", "fdp")
+    # the one-run monitor computes the white-box release bound and the canary game's tests
+    assert methods_of("one_run") == ("whitebox", *ONE_RUN_METHODS)
+    assert ONE_RUN_METHODS == ("steinke", "fdp")
     assert methods_of("sequential_pairs") == ("sequential",)
 
 
@@ -91,17 +93,27 @@ def test_the_documented_entries() -> None:
     assert (steinke.scope, steinke.family_free) == (WHOLE_RUN, True)
     assert (fdp.scope, fdp.family_free, fdp.family) == (WHOLE_RUN, False, "Gaussian")
     assert (seq.scope, seq.family_free) == (ONE_STEP, True)
+    wb = BOUND_METHODS["whitebox"]
+    assert (wb.scope, wb.family_free, wb.refutes_if_verified) == (WHOLE_RUN, False, True)
+    assert wb.family == "DP-SGD white-box release"
+    assert not fdp.refutes_if_verified
 
 
-def test_may_refute_only_for_whole_run_family_free_methods() -> None:
+def test_may_refute_only_for_whole_run_family_free_or_verified_methods() -> None:
     for b in BOUND_METHODS.values():
-        assert b.may_refute == (b.scope == WHOLE_RUN and b.family_free)
-    assert [n for n, b in BOUND_METHODS.items() if b.may_refute] == ["steinke"]
-    # the rule itself, on every combination
+        assert b.may_refute == (b.scope == WHOLE_RUN and (b.family_free or b.refutes_if_verified))
+    assert [n for n, b in BOUND_METHODS.items() if b.may_refute] == ["whitebox", "steinke"]
+    # the rule itself, on every combination, with and without a verified family
     for scope in (WHOLE_RUN, ONE_STEP):
         for free in (True, False):
-            b = BoundMethod("x", "x", scope, free, "c", family="" if free else "Gaussian")
-            assert b.may_refute == (scope == WHOLE_RUN and free)
+            for verifiable in (True, False):
+                b = BoundMethod("x", "x", scope, free, "c", family="" if free else "Gaussian",
+                                refutes_if_verified=verifiable)
+                assert b.may_refute == (scope == WHOLE_RUN and (free or verifiable))
+                for det in (None, {}, {"family_verified": False}, {"family_verified": "yes"}):
+                    assert b.refutes_with(det) == (scope == WHOLE_RUN and free)
+                assert b.refutes_with({"family_verified": True}) == (
+                    scope == WHOLE_RUN and (free or verifiable))
 
 
 def test_entries_are_frozen() -> None:
@@ -127,6 +139,12 @@ def test_refuting_methods() -> None:
         assert refuting_methods({"steinke": bound}, 1.0) == []
     # an unknown method (a newer report's) is ignored; a float bound of inf refutes
     assert refuting_methods({"newer": 9.0, "steinke": math.inf}, 1.0) == ["steinke"]
+    # the white-box bound refutes only with its family verified in its recorded detail
+    wb = {"whitebox": 9.0, "steinke": 0.5}
+    assert refuting_methods(wb, 1.0) == []
+    assert refuting_methods(wb, 1.0, {"whitebox": {"family_verified": False}}) == []
+    assert refuting_methods(wb, 1.0, {"whitebox": {"family_verified": True}}) == ["whitebox"]
+    assert refuting_methods({"whitebox": 0.9}, 1.0, {"whitebox": {"family_verified": True}}) == []
 
 
 def test_lookups_of_unknown_names() -> None:

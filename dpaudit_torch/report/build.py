@@ -56,17 +56,19 @@ def build_report(*, claimed_epsilon: float | None, bounds: Mapping[str, BoundRes
     """
     order = _order(bounds)
     eps = {m: float(bounds[m][0]) for m in order}
-    refuting = refuting_methods(eps, claimed_epsilon)
+    refuting = refuting_methods(eps, claimed_epsilon, {m: bounds[m][1] for m in order})
     notes = list(warnings)
     if claimed_epsilon is not None and not refuting:
         for m in order:
             spec = BOUND_METHODS.get(m)
             if (spec is not None and spec.scope == WHOLE_RUN and not spec.family_free
                     and eps[m] > claimed_epsilon):
+                why = (f"it assumes the {spec.family} family, which this run's data did not "
+                       f"verify" if spec.refutes_if_verified
+                       else f"it assumes the {spec.family} trade-off family")
                 notes.append(
                     f"the {spec.label} bound {eps[m]:.4g} exceeds the claimed epsilon "
-                    f"{claimed_epsilon:.4g}; it assumes a Gaussian trade-off curve, so it is "
-                    f"not used to refute the claim")
+                    f"{claimed_epsilon:.4g}; {why}, so it is not used to refute the claim")
     found = list(findings or [])
     for m in refuting:
         spec = BOUND_METHODS[m]

@@ -48,7 +48,7 @@ def _fmt_bounds(bounds: dict[str, Any]) -> str:
 def _refutation(d: dict[str, Any]) -> list[str]:
     out = []
     claim, bounds = d["claimed_epsilon"], d["epsilon_lower_bounds"]
-    refuting = refuting_methods(bounds, claim)
+    refuting = refuting_methods(bounds, claim, d.get("lower_bound_details"))
     if d["claim_refuted"] and claim is None:
         out.append("claim_refuted is true but claimed_epsilon is null (no claim to refute)")
     elif d["claim_refuted"] and not refuting:

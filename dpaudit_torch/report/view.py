@@ -47,12 +47,14 @@ class ReportView:
         return is_one_step(method)
 
     def may_refute(self, method: str) -> bool:
-        """Can this method's bound refute the (eps, delta) claim? Only a family-free bound on the
-        whole run can (the registry's rule): the f-DP one-run test assumes the Gaussian trade-off
-        family (Mahloujifar, Melis & Chaudhuri, ICML 2025) and the sequential bound is about one
-        step. A method this version does not know never counts as refuting."""
+        """Can this method's bound refute the (eps, delta) claim in this report? A family-free
+        bound on the whole run can; a family bound only where its recorded detail says its family
+        was verified on the run's data (the registry's rule,
+        :meth:`~dpaudit_torch.registry.BoundMethod.refutes_with`): the white-box release bound
+        can, the Gaussian f-DP test (Mahloujifar, Melis & Chaudhuri, ICML 2025) never, and the
+        sequential bound is about one step. A method this version does not know never counts."""
         spec = bound_method(method)
-        return spec is not None and spec.may_refute
+        return spec is not None and spec.refutes_with(self.detail(method))
 
     def ceiling(self, method: str) -> float | None:
         """The largest epsilon the method could have certified (its recorded ``ceiling``; for
@@ -88,7 +90,8 @@ class ReportView:
 
     def refuting(self) -> list[str]:
         """Methods whose bound exceeds a finite claimed epsilon and that may refute it."""
-        return refuting_methods(self.d["epsilon_lower_bounds"], self.d["claimed_epsilon"])
+        return refuting_methods(self.d["epsilon_lower_bounds"], self.d["claimed_epsilon"],
+                                self.d["lower_bound_details"])
 
     def best_ceiling(self) -> tuple[str, float] | None:
         """The highest ceiling among the methods that could refute the claim."""

@@ -103,10 +103,10 @@ def test_registries_name_every_part():
     assert {"sequential_pairs", "one_run", "noise", "sampling", "accounting"} <= set(MONITORS)
     assert monitor_names() == tuple(MONITORS)  # every registered monitor runs by default
     assert set(TESTERS) == {"mmd", "hockey_stick"}
-    assert methods_of("one_run") == ("steinke", "fdp")
+    assert methods_of("one_run") == ("whitebox", "steinke", "fdp")
     assert methods_of("sequential_pairs") == ("sequential",)
     # the refutation rule: only family-free whole-run bounds refute
-    assert [n for n, b in BOUND_METHODS.items() if b.may_refute] == ["steinke"]
+    assert [n for n, b in BOUND_METHODS.items() if b.may_refute] == ["whitebox", "steinke"]
     assert refuting_methods({"steinke": 2.0, "fdp": 9.0, "sequential": 9.0}, 1.0) == ["steinke"]
     assert refuting_methods({"steinke": 0.5, "fdp": 9.0, "sequential": 9.0}, 1.0) == []
     assert refuting_methods({"steinke": 2.0}, None) == []

@@ -42,7 +42,7 @@ def test_a_gaussian_family_bound_above_the_claim_is_a_warning() -> None:
     assert report.warnings[0] == "w"
     assert report.warnings[1] == (
         "the f-DP one-run, Gaussian family (Mahloujifar et al.) bound 0.9 exceeds the claimed "
-        "epsilon 0.5; it assumes a Gaussian trade-off curve, so it is not used to refute the "
+        "epsilon 0.5; it assumes the Gaussian trade-off family, so it is not used to refute the "
         "claim")
     assert len(report.warnings) == 2  # the per-step bound is never compared with the claim
     assert not _build(None, {"fdp": 0.9}).warnings[1:]  # no claim, nothing to compare

@@ -14,6 +14,12 @@ and the whole-run lower bounds registered for this monitor
 :class:`~dpaudit_torch.stats.one_run.OneRunAudit`; and the audit's power: the bound a correct
 implementation would give with this run's settings, and the smallest true epsilon it would
 refute (:func:`~dpaudit_torch.stats.one_run_power.one_run_power`).
+
+It also keeps each canary's sums of Z^2 and Z^4, for the default bound: the white-box release
+bound of :mod:`dpaudit_torch.stats.whitebox` (docs/design.md section 13), which uses every
+observation's value through the exact law of the canaries' sums, the known inclusion rate and the
+noise measured on the OUT canaries, and reports only when those canaries' per-step values pass
+its family check. Its power statement (exact, no simulation) is the report's ``power``.
 """
 
 from __future__ import annotations
@@ -29,6 +35,7 @@ import torch
 
 from ...contract import EPSILON_OF_SIGMA, NOISE_MULTIPLIER, SAMPLE_RATE, StepRecord
 from ...registry import methods_of
+from ...stats.whitebox import WHITEBOX_ALPHA
 from .base import Contribution, Evidence, Monitor, MonitorConfig, MonitorContext, register_monitor
 
 logger = logging.getLogger(__name__)
@@ -58,15 +65,31 @@ def _positive_or_zero(value: Any) -> float:
     return v if v > 0 and math.isfinite(v) else 0.0
 
 
+class _NoBoundError(Exception):
+    """The white-box bound does not apply to this run (the reason is reported)."""
+
+    def __init__(self, reason: str) -> None:
+        super().__init__(reason)
+        self.reason = reason
+
+
 @dataclass(frozen=True)
 class OneRunConfig(MonitorConfig):
-    """Settings of the one-run game: the bounds' delta and level, the score, and the check
-    period (how many steps are scored together on the CPU)."""
+    """Settings of the one-run game: the bounds' delta and level, the score, the check
+    period (how many steps are scored together on the CPU) and the level of the white-box
+    release bound (``whitebox_alpha``, docs/design.md section 13: it decides how often a
+    correct run's white-box bound can exceed its claim)."""
 
     delta: float = 1e-5
     alpha: float = 0.05
     one_run_score: str = "llr"
     check_every: int = 5
+    whitebox_alpha: float = WHITEBOX_ALPHA
+
+    def __post_init__(self) -> None:
+        a = self.whitebox_alpha
+        if isinstance(a, bool) or not isinstance(a, (int, float)) or not (0.0 < a < 1.0):
+            raise ValueError(f"whitebox_alpha must be in (0, 1), got {a!r}")
 
 
 @register_monitor("one_run")
@@ -90,6 +113,9 @@ class OneRunMonitor(Monitor):
         self.steps = 0
         self._scores = {s: torch.zeros(self.m, dtype=torch.float64, device=self.device)
                         for s in ("sum", "llr")}
+        # per canary: sum of Z^2 and of Z^4 over the steps (the white-box family check)
+        self._moments = torch.zeros(2, self.m, dtype=torch.float64, device=self.device)
+        self._moments_ok = True  # False after loading a checkpoint that lacks them
         self.sigmas: set[float] = set()  # noise multipliers of the observed steps
         self.score_used: str | None = None
         self.bounds: dict[str, float] = {}
@@ -138,8 +164,14 @@ class OneRunMonitor(Monitor):
         total, llr = self._scores["sum"].numpy(), self._scores["llr"].numpy()
         sig = self._pending_sigma
         self._pending_sigma = []
+        mom = self._moments.numpy()
+        sq = self._scratch[0][:1]
         for row in self._pending[:n]:
             np.add(total, row, out=total)
+            np.multiply(row, row, out=sq[0])
+            np.add(mom[0], sq[0], out=mom[0])
+            np.multiply(sq[0], sq[0], out=sq[0])
+            np.add(mom[1], sq[0], out=mom[1])
         i = 0
         while i < n:
             j = i + 1
@@ -156,13 +188,13 @@ class OneRunMonitor(Monitor):
             scored = record.sigma > 0 and math.isfinite(record.sigma)
             hv = record.host  # the compiled CPU path's NumPy buffers (no torch call needed)
             if (scored and hv is not None and isinstance(record.finite, bool)
-                    and self._host_scores()):
+                    and self._host_scores() and self._moments.device.type == "cpu"):
                 z_np = hv.vals[2 * hv.k:2 * hv.k + self.m]
             else:
                 z = record.one_run
                 total, llr = self._scores["sum"], self._scores["llr"]
                 z_np = (z.numpy() if scored and isinstance(record.finite, bool)
-                        and _host_f64(z, total, llr) else None)
+                        and _host_f64(z, total, llr, self._moments) else None)
             if z_np is not None:
                 # CPU: kept for the next flush, in arrays allocated once (nothing of m's size
                 # per step)
@@ -177,6 +209,11 @@ class OneRunMonitor(Monitor):
             else:
                 self._flush()
                 total += z
+                sq = z * z
+                if not isinstance(record.finite, bool):
+                    sq = torch.where(record.finite, sq, torch.zeros_like(sq))
+                self._moments[0] += sq
+                self._moments[1] += sq * sq
                 if scored:
                     inc = llr_step_score(z, self.sample_rate, record.sigma)
                     if not isinstance(record.finite, bool):  # a dropped step adds nothing
@@ -220,6 +257,9 @@ class OneRunMonitor(Monitor):
 
             audit = OneRunAudit(ins, outs)
             for method in self.methods:
+                if method == "whitebox":
+                    self._whitebox()
+                    continue
                 try:
                     res = audit.epsilon_lower_bound(delta=self.config.delta,
                                                     alpha=self.config.alpha, method=method)
@@ -232,6 +272,43 @@ class OneRunMonitor(Monitor):
                     self.details[method] = {"bound": 0.0, "method": method, "note": msg}
         self.power = self._power(claimed_epsilon, score)
 
+    def _whitebox(self) -> None:
+        """The white-box release bound (docs/design.md section 13); never raises."""
+        from ...stats.whitebox import release_moments, whitebox_bound
+
+        method = "whitebox"
+        t0 = time.perf_counter()
+        try:
+            if len(self.sigmas) > 1:
+                raise _NoBoundError("the noise multiplier changed during the run, and the "
+                                    "white-box family has one noise level")
+            if not self._moments_ok:
+                raise _NoBoundError("the per-step moments were not in the checkpoint this "
+                                    "audit resumed from")
+            assert self._in_mask is not None
+            mask = self._in_mask.cpu().numpy()
+            mom = release_moments(self.scores["sum"].detach().cpu().numpy(), mask, self.steps,
+                                  self._moments[0].detach().cpu().numpy(),
+                                  self._moments[1].detach().cpu().numpy())
+            res = whitebox_bound(mom, self.sample_rate, self.config.delta,
+                                 alpha=float(self.config.whitebox_alpha))
+            det = res.to_dict()
+            det["score"] = "sum"
+            if res.bound is None:
+                self._warn(f"one-run white-box bound: {res.note}")
+            self.bounds[method] = float(res.bound) if res.bound is not None else 0.0
+            det["bound"] = self.bounds[method]
+            self.details[method] = det
+        except Exception as e:  # noqa: BLE001 - report, never crash the end of training
+            msg = (f"no white-box bound: {e.reason}" if isinstance(e, _NoBoundError)
+                   else f"one-run whitebox bound failed: {e!r}")
+            if not isinstance(e, _NoBoundError):
+                self._warn(msg)
+            self.bounds[method] = 0.0
+            self.details[method] = {"bound": 0.0, "method": method, "note": msg,
+                                    "family_verified": False}
+        logger.info("white-box bound took %.2f s", time.perf_counter() - t0)
+
     def _power(self, claimed: float | None, score: str) -> dict[str, Any]:
         """What this audit could have found (docs/one_run.md): never raises."""
         from ...stats.one_run_power import one_run_power
@@ -241,6 +318,8 @@ class OneRunMonitor(Monitor):
         else:  # no step observed: the optimizer's noise multiplier, as claimed now
             sigma = _positive_or_zero(self.ctx.fact_or(NOISE_MULTIPLIER, 0.0))
         t0 = time.perf_counter()
+        if "whitebox" in self.methods and self.steps > 0 and sigma > 0:
+            return self._whitebox_power(sigma, claimed)
         try:
             eps_of = self._epsilon_of_sigma
             res = one_run_power(
@@ -270,6 +349,29 @@ class OneRunMonitor(Monitor):
         logger.info("one-run power simulation took %.2f s", time.perf_counter() - t0)
         return out
 
+    def _whitebox_power(self, sigma: float, claimed: float | None) -> dict[str, Any]:
+        """The default bound's power statement: exact, from the law of its statistic."""
+        from ...stats.whitebox import whitebox_power
+
+        t0 = time.perf_counter()
+        eps_of = self._epsilon_of_sigma
+        n_in = int(self._in_mask.sum()) if self._in_mask is not None else None
+        try:
+            out = whitebox_power(
+                sigma, self.sample_rate, self.steps, self.m, delta=self.config.delta,
+                alpha=float(self.config.whitebox_alpha), claimed_epsilon=claimed, n_in=n_in,
+                epsilon_of_sigma=(None if eps_of is None
+                                  else (lambda s, _t=self.steps: float(eps_of(s, _t)))))
+        except Exception as e:  # noqa: BLE001 - a power statement must not break finalize
+            self._warn(f"one-run white-box power failed: {e!r}")
+            return {"note": f"no power statement: the computation failed ({e!r})"}
+        out["claimed_epsilon"] = claimed
+        out["sigma"] = sigma
+        for w in out.get("warnings", []):
+            self._warn(w)
+        logger.info("white-box power took %.2f s", time.perf_counter() - t0)
+        return out
+
     def contribution(self) -> Contribution:
         """Its whole-run bounds, the scores split by the revealed coins (``one_run_scores``),
         the power statement (``power``) and the IN count (in ``canaries``)."""
@@ -295,7 +397,9 @@ class OneRunMonitor(Monitor):
 
     def state_dict(self) -> dict[str, Any]:
         return {"steps": self.steps, "sigmas": sorted(self.sigmas),
-                "scores": {k: v.detach().cpu().clone() for k, v in self.scores.items()}}
+                "scores": {k: v.detach().cpu().clone() for k, v in self.scores.items()},
+                "moments": (self._moments.detach().cpu().clone() if self._moments_ok
+                            else None)}
 
     def load_state_dict(self, sd: dict[str, Any]) -> None:
         scores = sd["scores"]
@@ -307,3 +411,10 @@ class OneRunMonitor(Monitor):
         self.steps = int(sd["steps"])
         self.sigmas = {float(s) for s in sd["sigmas"]}
         self.scores = {k: v.to(self.device, torch.float64).clone() for k, v in scores.items()}
+        mom = sd.get("moments")  # absent in checkpoints written before the white-box bound
+        if isinstance(mom, torch.Tensor) and tuple(mom.shape) == (2, self.m):
+            self._moments = mom.to(self.device, torch.float64).clone()
+            self._moments_ok = True
+        else:
+            self._moments = torch.zeros(2, self.m, dtype=torch.float64, device=self.device)
+            self._moments_ok = self.steps == 0

@@ -119,11 +119,13 @@ def test_finalize_reveals_the_coins_and_computes_the_bounds() -> None:
     assert not coins.revealed
     mon.finalize(1.5)
     assert coins.revealed and mon.score_used == "llr"
-    assert set(mon.bounds) == set(methods_of("one_run")) == {"steinke", "fdp"}
+    assert set(mon.bounds) == set(methods_of("one_run")) == {"whitebox", "steinke", "fdp"}
     assert all(b > 0 for b in mon.bounds.values())
     for method, d in mon.details.items():
         assert d["bound"] == mon.bounds[method] and d["method"] == method
-        assert d["score"] == "llr"
+        # the guess-based tests rank the configured score; the white-box bound uses the sums
+        assert d["score"] == ("sum" if method == "whitebox" else "llr")
+    assert mon.details["whitebox"]["family_verified"] is True
     assert not warned
 
 
@@ -132,7 +134,7 @@ def test_contribution_bounds_scores_power_and_in_count() -> None:
     inside = coins.reveal()
     c = mon.contribution()
     assert c.section is None and c.verdict is None
-    assert list(c.bounds) == ["steinke", "fdp"]
+    assert list(c.bounds) == ["whitebox", "steinke", "fdp"]
     assert c.bounds["steinke"] == (mon.bounds["steinke"], mon.details["steinke"])
     assert set(c.fields) == {"one_run_scores", "power"}
     scores = mon.scores["llr"]
@@ -153,25 +155,32 @@ def test_power_statement() -> None:
     mon, _, _ = _played(facts={SAMPLE_RATE: Q, EPSILON_OF_SIGMA: accountant})
     p = mon.power
     assert (p["sigma"], p["q"], p["steps"], p["m"]) == (SIGMA, Q, T, M)
-    assert p["claimed_epsilon"] == 1.5 and p["score"] == "llr" and p["replicates"] > 0
+    # the power statement is the default (white-box) bound's: exact, no simulated runs
+    assert p["method"] == "whitebox" and p["mode"] == "exact" and p["replicates"] is None
+    assert p["claimed_epsilon"] == 1.5 and p["score"] == "sum"
     assert p["mean_inclusions"] == pytest.approx(Q * T) and "seconds" not in p
     assert p["expected_bound"] > 0 and p["no_power"] is False
-    # the claim is above what a correct run certifies: a smaller noise multiplier is searched
-    assert p["min_refutable_sigma"] < SIGMA
+    # this test's accountant claims 1.5, below the PRV epsilon of the release at SIGMA (about
+    # 3.2), so the white-box bound refutes it even with more noise than SIGMA; the refutable
+    # epsilon is the run's accountant's at that noise
+    from dpaudit_torch.stats.whitebox import dpsgd_epsilon
+
+    assert dpsgd_epsilon(SIGMA, Q, T, 1e-5, "lower") > 1.5
+    assert p["min_refutable_sigma"] > SIGMA
     assert p["min_refutable_epsilon"] == pytest.approx(eps_of_sigma(p["min_refutable_sigma"], T))
-    assert p["min_refutable_epsilon"] > 1.5
     assert calls and all(steps == T for _, steps in calls)
 
 
 def test_power_statement_without_the_accountant() -> None:
-    """EPSILON_OF_SIGMA unavailable: the expected bound is still stated; no refutable epsilon
-    is searched, and the note says why."""
+    """EPSILON_OF_SIGMA unavailable: the expected bound is still stated (the white-box bound
+    maps its noise level with the PRV accountant either way); the refutable epsilon is the PRV
+    accountant's, and the note says so."""
     with_acc, _, _ = _played()
     mon, warned, _ = _played(facts={SAMPLE_RATE: Q})
     p = mon.power
     assert p["expected_bound"] == with_acc.power["expected_bound"] > 0
     assert p["expected_bound_quantiles"] == with_acc.power["expected_bound_quantiles"]
-    assert p["min_refutable_epsilon"] is None and p["min_refutable_sigma"] is None
+    assert p["min_refutable_sigma"] == with_acc.power["min_refutable_sigma"]
     assert "no epsilon_of_sigma given" in p["note"]
     assert mon.bounds == with_acc.bounds and not warned
 
@@ -186,7 +195,7 @@ def test_too_little_noise_gives_a_higher_bound_than_a_correct_run() -> None:
 def test_the_score_can_be_the_plain_sum() -> None:
     mon, _, _ = _played(one_run_score="sum")
     assert mon.settings.one_run_score == "sum" and mon.score_used == "sum"
-    assert mon.details["steinke"]["score"] == "sum" and mon.power["score"] == "sum"
+    assert mon.details["steinke"]["score"] == "sum" and mon.details["fdp"]["score"] == "sum"
 
 
 def test_a_step_without_noise_falls_back_to_the_sum() -> None:
@@ -205,7 +214,7 @@ def test_a_step_without_noise_falls_back_to_the_sum() -> None:
 def test_no_steps_no_bound() -> None:
     mon, warned, coins = _monitor()
     mon.finalize(1.0)
-    assert coins.revealed and mon.bounds == {"steinke": 0.0, "fdp": 0.0}
+    assert coins.revealed and mon.bounds == {"whitebox": 0.0, "steinke": 0.0, "fdp": 0.0}
     assert all("no audited steps" in d["note"] for d in mon.details.values())
     assert mon.power["no_power"] is True
     assert any("no power" in w for w in warned)

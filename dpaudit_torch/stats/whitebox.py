@@ -1,0 +1,523 @@
+"""The white-box release bound: the one-run canaries' whole traces, within the DP-SGD family
+(docs/design.md section 13).
+
+In a white-box audit of DP-SGD every step releases, for each one-run canary i, the value
+
+    Z_{t,i} = c S_i B_{t,i} + sigma N_{t,i}       (units of the clipping norm C)
+
+where S_i is the canary's secret coin (IN = 1), B_{t,i} ~ Bernoulli(q) is drawn by the auditor
+itself (Poisson inclusion at the accountant's rate), c is what the implementation lets a clipped
+canary contribute (1 when clipping is right) and N is the step's noise.  The privacy of that
+release is the accountant's DP-SGD with noise multiplier 1 / rho, rho = c / sigma, at rate q for
+T steps: the *DP-SGD family*, one parameter rho.
+
+Instead of thresholding scores into guesses (Steinke et al. 2023; Mahloujifar, Melis &
+Chaudhuri 2025) this test uses every observation's value, the known inclusion probability and the
+noise measured on the OUT canaries themselves, as Agrawal et al. ("Let's Ask Gauss: Improved
+One-Run Privacy Auditing", arXiv 2606.12733) propose; but where they rely on a central limit
+theorem, the statistic here has an exact finite-sample law:
+
+    D   = mean of the IN canaries' sums  -  mean of the OUT canaries' sums
+    S^2 = sample variance of the OUT canaries' sums            (n0 - 1 degrees of freedom)
+    L   = D / S
+    L  ~  [rho K / n1 + sqrt(T (1/n1 + 1/n0)) N] / sqrt(T W / (n0 - 1)),
+          K ~ Binomial(n1 T, q),  N ~ N(0, 1),  W ~ chi^2(n0 - 1),  independent,
+
+which depends on (c, sigma) only through rho and is stochastically increasing in it.  So
+P_rho(L >= l) is a valid p-value for "rho <= rho0" for every rho0, and the largest rho0 it rejects
+at level alpha is a lower confidence bound rho_lb.  The bound on epsilon is the *lower* end of the
+PRV accountant's error interval (Gopi, Lee & Wutschitz, NeurIPS 2021) at noise multiplier
+1 / rho_lb: a lower bound on the true epsilon of every release in the family whose rho is at least
+rho_lb.  P_rho(L >= l) is computed by a two-dimensional quadrature whose every cell takes the
+value of its worst corner, so the computed p-value is never below the true one (conservative).
+
+It is a test *within* the family (:data:`WHITEBOX_FAMILY_NOTE`).  The family's assumptions that
+the data can check are checked on the OUT canaries' per-step values
+(:func:`family_check`): independent steps (the variance of the sums against T times the per-step
+variance) and a Gaussian shape (kurtosis).  A release that fails the check gets no bound: the
+number would not be a bound for it.
+"""
+
+from __future__ import annotations
+
+import functools
+import logging
+import math
+import warnings
+from collections.abc import Callable
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+import numpy as np
+from scipy import optimize, special, stats
+
+from .._validation import check_alpha, check_delta
+
+logger = logging.getLogger(__name__)
+
+__all__ = [
+    "WHITEBOX_FAMILY_NOTE",
+    "WHITEBOX_ALPHA",
+    "ReleaseMoments",
+    "FamilyCheck",
+    "WhiteboxResult",
+    "ReleaseLaw",
+    "release_moments",
+    "family_check",
+    "rho_lower_bound",
+    "whitebox_bound",
+    "whitebox_power",
+    "dpsgd_epsilon",
+    "smallest_sigma",
+]
+
+#: stated with every white-box result
+WHITEBOX_FAMILY_NOTE = (
+    "test within the DP-SGD family (the canary's white-box release is c B + N(0, sigma^2) per "
+    "step, B ~ Bernoulli(q) drawn by the auditor), not a family-free bound; reported only when "
+    "the OUT canaries' per-step values pass the family check (independent steps, Gaussian shape)")
+
+#: default level of the white-box bound.  The bound comes within a few percent of a correct
+#: run's claim, so its level is how often a correct run's bound can exceed its claim; the
+#: guess-based bounds stay far below the claim and keep the audit's alpha (docs/design.md
+#: section 13)
+WHITEBOX_ALPHA = 1e-3
+
+#: level of each part of the family check (a failed check withholds the bound: conservative)
+FAMILY_ALPHA = 1e-4
+#: PRV discretisation: eps error, and the largest mesh (points) computed at finalize
+PRV_EPS_ERROR = 0.01
+PRV_MAX_POINTS = 2_000_000
+
+# CDF levels of the quadrature cells: fine in both tails, where a cell's worst corner is far
+# from its mass, and even in the bulk
+_LEVELS = np.unique(np.concatenate((
+    [0.0], np.logspace(-15, -1.3, 70), np.linspace(0.05, 0.95, 121),
+    1.0 - np.logspace(-1.3, -15, 70), [1.0])))
+
+
+# ------------------------------------------------------------------------------------------------
+# sufficient statistics and the family check
+# ------------------------------------------------------------------------------------------------
+@dataclass(frozen=True)
+class ReleaseMoments:
+    """What the bound needs from the canaries' traces, split by the revealed coins.
+
+    ``d``: mean IN sum minus mean OUT sum; ``s2``: sample variance of the OUT sums;
+    ``step_var``: mean of Z^2 over every OUT value (the per-step noise variance);
+    ``kurtosis``: mean of Z^4 over mean of Z^2 squared, OUT values (None when not tracked);
+    units of C.
+    """
+
+    n_in: int
+    n_out: int
+    steps: int
+    d: float
+    s2: float
+    step_var: float | None = None
+    kurtosis: float | None = None
+
+    @property
+    def statistic(self) -> float:
+        """L = D / S (inf when the OUT sums do not vary and D > 0)."""
+        if self.s2 > 0:
+            return self.d / math.sqrt(self.s2)
+        return math.inf if self.d > 0 else (0.0 if self.d == 0 else -math.inf)
+
+
+def release_moments(sums: np.ndarray, is_in: np.ndarray, steps: int,
+                    sum_sq: np.ndarray | None = None, sum_4: np.ndarray | None = None
+                    ) -> ReleaseMoments:
+    """The moments of the canaries' traces: per-canary sums of Z (and optionally of Z^2 and Z^4)
+    over ``steps`` steps, with the revealed coins ``is_in``."""
+    sums = np.asarray(sums, dtype=np.float64).ravel()
+    is_in = np.asarray(is_in, dtype=bool).ravel()
+    if sums.shape != is_in.shape:
+        raise ValueError(f"sums {sums.shape} and coins {is_in.shape} differ in shape")
+    if not np.all(np.isfinite(sums)):
+        raise ValueError("canary sums must be finite")
+    ins, outs = sums[is_in], sums[~is_in]
+    n1, n0 = int(ins.size), int(outs.size)
+    if n1 < 1 or n0 < 2:
+        raise ValueError(f"need at least 1 IN and 2 OUT canaries, got {n1} and {n0}")
+    d = float(ins.mean() - outs.mean())
+    s2 = float(outs.var(ddof=1))
+    step_var = kurt = None
+    if sum_sq is not None and steps > 0:
+        sq = np.asarray(sum_sq, dtype=np.float64).ravel()[~is_in]
+        step_var = float(sq.sum() / (n0 * steps))
+        if sum_4 is not None and step_var > 0:
+            q4 = np.asarray(sum_4, dtype=np.float64).ravel()[~is_in]
+            kurt = float(q4.sum() / (n0 * steps) / step_var ** 2)
+    return ReleaseMoments(n1, n0, int(steps), d, s2, step_var, kurt)
+
+
+@dataclass(frozen=True)
+class FamilyCheck:
+    """Whether the OUT canaries' per-step values fit the family: ``passed``, and why not."""
+
+    passed: bool
+    reason: str
+    dispersion: float | None = None
+    dispersion_min: float | None = None
+    kurtosis: float | None = None
+    kurtosis_tolerance: float | None = None
+
+
+def family_check(mom: ReleaseMoments, alpha: float = FAMILY_ALPHA) -> FamilyCheck:
+    """Check the family's assumptions on the OUT canaries (docs/design.md section 13).
+
+    * Independent steps: S^2 / (T step_var) is chi^2(n0 - 1) / (n0 - 1) when the steps are
+      independent.  Too small a ratio means the sums vary less than independent steps allow
+      (negatively correlated noise), which would inflate L; a larger ratio only makes the bound
+      smaller, so the check is one-sided.
+    * Gaussian shape: the kurtosis of the N = n0 T values is 3 +- sqrt(24 / N) for Gaussian
+      noise; outside 3 +- z sqrt(24 / N) (two-sided, z for level ``alpha``) the shape is not
+      Gaussian, and a noise with other tails can be more private than its Gaussian twin at a
+      large signal-to-noise ratio (Laplace noise is), so the family would overstate epsilon.
+    """
+    if mom.step_var is None:
+        return FamilyCheck(False, "per-step moments were not recorded (a checkpoint of an "
+                                  "older version): the family check cannot run")
+    if mom.steps < 2:
+        return FamilyCheck(False, "fewer than 2 steps: the family check cannot run")
+    if mom.step_var <= 0:
+        return FamilyCheck(False, "the OUT canaries' values are all zero: no noise to check")
+    nu = mom.n_out - 1
+    ratio = mom.s2 / (mom.steps * mom.step_var)
+    r_min = float(stats.chi2.ppf(alpha, nu) / nu)
+    if ratio < r_min:
+        return FamilyCheck(False, f"the OUT canaries' sums vary less than independent steps "
+                                  f"allow (variance ratio {ratio:.4g} < {r_min:.4g}): the "
+                                  f"steps' noise is not independent", ratio, r_min)
+    if mom.kurtosis is None:
+        return FamilyCheck(False, "per-step fourth moments were not recorded", ratio, r_min)
+    n_vals = mom.n_out * mom.steps
+    tol = float(stats.norm.isf(alpha / 2) * math.sqrt(24.0 / n_vals))
+    if abs(mom.kurtosis - 3.0) > tol:
+        return FamilyCheck(False, f"the per-step noise is not Gaussian: kurtosis "
+                                  f"{mom.kurtosis:.4g} outside 3 +- {tol:.3g}", ratio, r_min,
+                           mom.kurtosis, tol)
+    return FamilyCheck(True, "independent steps and Gaussian shape not rejected", ratio, r_min,
+                       mom.kurtosis, tol)
+
+
+# ------------------------------------------------------------------------------------------------
+# the exact law of L
+# ------------------------------------------------------------------------------------------------
+class ReleaseLaw:
+    """The law of L = D / S for n1 IN and n0 OUT canaries, T steps and inclusion rate q.
+
+    :meth:`tail` gives P_rho(L >= l) on a quadrature over the CDF levels of W ~ chi^2(n0 - 1) and
+    K ~ Binomial(n1 T, q).  ``conservative=True`` evaluates each cell at its corner where the
+    integrand is largest (the lower W edge for l >= 0, the upper for l < 0; the upper K edge), so
+    the result is an upper bound on the exact tail; ``False`` evaluates at the cells' median
+    levels (an accurate value for power statements).
+    """
+
+    def __init__(self, n_in: int, n_out: int, steps: int, q: float) -> None:
+        if n_in < 1 or n_out < 2 or steps < 1 or not (0.0 < q <= 1.0):
+            raise ValueError(f"no law for n_in={n_in}, n_out={n_out}, steps={steps}, q={q}")
+        self.n1, self.n0, self.T, self.q = int(n_in), int(n_out), int(steps), float(q)
+        nu = self.n0 - 1
+        mass = np.diff(_LEVELS)
+        mid = 0.5 * (_LEVELS[:-1] + _LEVELS[1:])
+        w_edges = stats.chi2.ppf(_LEVELS, nu)
+        self._w_lo, self._w_hi = w_edges[:-1], w_edges[1:]
+        self._w_mid = stats.chi2.ppf(mid, nu)
+        self._w_mass = mass
+        n_trials = self.n1 * self.T
+        if q >= 1.0:
+            k_hi = np.array([float(n_trials)])
+            k_mass = np.array([1.0])
+            k_mid = k_hi
+        else:
+            k_edges = np.unique(stats.binom.ppf(_LEVELS[1:-1], n_trials, q))
+            k_edges = np.concatenate((k_edges, [float(n_trials)]))
+            cdf = stats.binom.cdf(k_edges, n_trials, q)
+            cdf[-1] = 1.0
+            k_mass = np.diff(np.concatenate(([0.0], cdf)))
+            keep = k_mass > 0
+            k_hi, k_mass = k_edges[keep], k_mass[keep]
+            lo = np.concatenate(([-1.0], k_hi[:-1])) + 1.0
+            k_mid = np.floor(0.5 * (lo + k_hi))
+        self._k_hi, self._k_mid, self._k_mass = k_hi, k_mid, k_mass
+        self._scale = math.sqrt(self.T * (1.0 / self.n1 + 1.0 / self.n0))
+        self._sqrt_t_nu = math.sqrt(self.T / nu)
+
+    def tail(self, stat: float, rho: float, conservative: bool = True) -> float:
+        """P_rho(L >= stat)."""
+        if stat == math.inf:
+            return 0.0
+        if stat == -math.inf:
+            return 1.0
+        if conservative:
+            w = self._w_lo if stat >= 0 else self._w_hi
+            k = self._k_hi
+        else:
+            w, k = self._w_mid, self._k_mid
+        a = (stat * self._sqrt_t_nu * np.sqrt(w))[:, None] - (rho / self.n1) * k[None, :]
+        with np.errstate(invalid="ignore"):
+            vals = special.ndtr(a / self._scale * -1.0)
+        vals = np.where(np.isnan(vals), 1.0, vals)
+        p = float(self._w_mass @ vals @ self._k_mass)
+        return min(1.0, max(0.0, p))
+
+    def quantile(self, prob: float, rho: float) -> float:
+        """The level-``prob`` quantile of L under rho (accurate, not conservative)."""
+        center = rho * self.q * self.T / math.sqrt(self.T)
+        spread = 1.0 + abs(center)
+        lo, hi = center - 10 * spread, center + 10 * spread
+
+        def f(x: float) -> float:
+            return (1.0 - self.tail(x, rho, conservative=False)) - prob
+
+        while f(lo) > 0:
+            lo -= 10 * spread
+        while f(hi) < 0:
+            hi += 10 * spread
+        return float(optimize.brentq(f, lo, hi, xtol=1e-10, rtol=1e-12))
+
+    def rho_lower_bound(self, stat: float, alpha: float) -> float:
+        """The largest rho the test rejects at level alpha: P_rho(L >= stat) = alpha (0 when
+        rho = 0 is not rejected, inf when stat is inf)."""
+        if stat == math.inf:
+            return math.inf
+        if self.tail(stat, 0.0) >= alpha:
+            return 0.0
+        hi = max(1e-6, 2.0 * stat / (self.q * math.sqrt(self.T)))
+        while self.tail(stat, hi) < alpha:
+            hi *= 2.0
+            if hi > 1e12:
+                return math.inf
+        return float(optimize.brentq(lambda r: self.tail(stat, r) - alpha, 0.0, hi,
+                                     xtol=1e-12, rtol=1e-10))
+
+
+@functools.lru_cache(maxsize=32)
+def _law(n_in: int, n_out: int, steps: int, q: float) -> ReleaseLaw:
+    return ReleaseLaw(n_in, n_out, steps, q)
+
+
+def rho_lower_bound(mom: ReleaseMoments, q: float, alpha: float = WHITEBOX_ALPHA) -> float:
+    """Lower confidence bound on rho = c / sigma at level alpha from the moments."""
+    return _law(mom.n_in, mom.n_out, mom.steps, float(q)).rho_lower_bound(
+        mom.statistic, check_alpha(alpha))
+
+
+# ------------------------------------------------------------------------------------------------
+# epsilon of the family
+# ------------------------------------------------------------------------------------------------
+def _prv_points(sigma: float, q: float, steps: int, delta: float) -> int:
+    from opacus.accountants import PRVAccountant
+    from opacus.accountants.analysis.prv import PoissonSubsampledGaussianPRV
+
+    acc = PRVAccountant()
+    dom = acc._get_domain([PoissonSubsampledGaussianPRV(q, sigma)], [steps], PRV_EPS_ERROR,
+                          delta / 1000)
+    return int(dom.size)
+
+
+@functools.lru_cache(maxsize=256)
+def smallest_sigma(q: float, steps: int, delta: float) -> float:
+    """The smallest noise multiplier whose PRV epsilon the bound computes (its mesh at most
+    :data:`PRV_MAX_POINTS` points): below it the bound uses this one (a smaller epsilon, so still a
+    lower bound), and the white-box ceiling is its epsilon."""
+    lo, hi = 1e-3, 1.0
+    while _prv_points(hi, q, steps, delta) > PRV_MAX_POINTS:
+        lo, hi = hi, hi * 2.0
+    if _prv_points(lo, q, steps, delta) <= PRV_MAX_POINTS:
+        return lo
+    for _ in range(30):
+        mid = math.sqrt(lo * hi)
+        if _prv_points(mid, q, steps, delta) > PRV_MAX_POINTS:
+            lo = mid
+        else:
+            hi = mid
+        if hi / lo < 1.01:
+            break
+    return hi
+
+
+@functools.lru_cache(maxsize=512)
+def dpsgd_epsilon(sigma: float, q: float, steps: int, delta: float, which: str = "lower"
+                  ) -> float:
+    """epsilon(delta) of DP-SGD (Poisson-subsampled Gaussian, rate q, ``steps`` steps, noise
+    multiplier ``sigma``) by Opacus's PRV accountant: ``which`` = "lower" / "estimate" / "upper"
+    end of its error interval (eps error 0.01, delta error delta / 1000).  A noise multiplier
+    below :func:`smallest_sigma` is raised to it ("lower" stays a lower bound).  inf for
+    sigma = 0."""
+    check_delta(delta)
+    if not (sigma >= 0) or not math.isfinite(sigma):
+        raise ValueError(f"sigma must be finite and >= 0, got {sigma!r}")
+    if which not in ("lower", "estimate", "upper"):
+        raise ValueError(f"which must be 'lower', 'estimate' or 'upper', got {which!r}")
+    if steps < 1 or q <= 0:
+        return 0.0
+    s_min = smallest_sigma(float(q), int(steps), float(delta))
+    if sigma < s_min:
+        if which != "lower":
+            return math.inf
+        sigma = s_min
+    from opacus.accountants import PRVAccountant
+
+    acc = PRVAccountant()
+    acc.history = [(float(sigma), float(q), int(steps))]
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        dprv = acc._get_dprv(eps_error=PRV_EPS_ERROR, delta_error=delta / 1000)
+        lo, est, up = dprv.compute_epsilon(delta, delta / 1000, PRV_EPS_ERROR)
+    val = {"lower": lo, "estimate": est, "upper": up}[which]
+    return max(0.0, float(val))
+
+
+# ------------------------------------------------------------------------------------------------
+# the bound
+# ------------------------------------------------------------------------------------------------
+@dataclass(frozen=True)
+class WhiteboxResult:
+    """The white-box bound and how it was reached (``to_dict`` is the report's detail)."""
+
+    bound: float | None
+    method: str
+    alpha: float
+    delta: float
+    m: int
+    n_in: int
+    n_out: int
+    steps: int
+    q: float
+    statistic: float
+    rho_lower: float
+    sigma_upper: float | None
+    sigma_hat: float | None
+    ceiling: float
+    family_verified: bool
+    family_check: dict[str, Any]
+    family: str = WHITEBOX_FAMILY_NOTE
+    note: str = ""
+    extra: dict[str, Any] = field(default_factory=dict)
+
+    def to_dict(self) -> dict[str, Any]:
+        d = asdict(self)
+        d.pop("extra")
+        d.update(self.extra)
+        for k, v in list(d.items()):
+            if isinstance(v, float) and not math.isfinite(v):
+                d[k] = None if k != "bound" else v
+        return d
+
+
+def whitebox_bound(mom: ReleaseMoments, q: float, delta: float, alpha: float = WHITEBOX_ALPHA,
+                   check: bool = True) -> WhiteboxResult:
+    """The white-box bound: eps_lower of DP-SGD at noise multiplier 1 / rho_lb (docs/design.md
+    section 13).  With ``check`` the family check runs first and a failed check gives
+    ``bound=None`` with its reason."""
+    alpha = check_alpha(alpha)
+    delta = check_delta(delta)
+    if delta <= 0:
+        raise ValueError(f"the white-box bound needs delta > 0, got {delta!r}")
+    if not (0.0 < q <= 1.0):
+        raise ValueError(f"inclusion rate q must be in (0, 1], got {q!r}")
+    fc = family_check(mom) if check else FamilyCheck(True, "not checked (check=False)")
+    s_min = smallest_sigma(float(q), mom.steps, float(delta))
+    ceiling = dpsgd_epsilon(s_min, q, mom.steps, delta, "lower")
+    rho = rho_lower_bound(mom, q, alpha)
+    sigma_up = (1.0 / rho) if rho > 0 else None
+    if mom.step_var is not None and mom.step_var >= 0:
+        sigma_hat = math.sqrt(mom.step_var)
+    else:
+        sigma_hat = math.sqrt(mom.s2 / mom.steps) if mom.steps else None
+    note = ""
+    if not fc.passed:
+        bound: float | None = None
+        note = f"no white-box bound: {fc.reason}"
+    elif rho <= 0:
+        bound = 0.0
+    else:
+        bound = dpsgd_epsilon(1.0 / rho if math.isfinite(rho) else 0.0, q, mom.steps, delta,
+                              "lower")
+    return WhiteboxResult(
+        bound=bound, method="whitebox", alpha=alpha, delta=delta, m=mom.n_in + mom.n_out,
+        n_in=mom.n_in, n_out=mom.n_out, steps=mom.steps, q=float(q), statistic=mom.statistic,
+        rho_lower=rho, sigma_upper=sigma_up, sigma_hat=sigma_hat, ceiling=ceiling,
+        family_verified=fc.passed, family_check=asdict(fc), note=note)
+
+
+def whitebox_power(sigma: float, q: float, steps: int, m: int, *, delta: float,
+                   alpha: float = WHITEBOX_ALPHA, claimed_epsilon: float | None = None,
+                   target_power: float = 0.8, n_in: int | None = None,
+                   epsilon_of_sigma: Callable[[float], float] | None = None
+                   ) -> dict[str, Any]:
+    """What the white-box bound finds with these settings, in the report's ``power`` format.
+
+    No simulation is needed: rho_lb is an increasing function of L, so the quantiles of the
+    bound are the bound at the quantiles of L under rho = 1 / sigma (exact law), and the
+    smallest refutable epsilon is that of the rho at which L exceeds the critical value of the
+    claim with probability ``target_power``.
+    """
+    out: dict[str, Any] = {
+        "method": "whitebox", "score": "sum", "mode": "exact", "replicates": None,
+        "sigma": sigma, "q": q, "steps": int(steps), "m": int(m), "c": 1.0,
+        "mean_inclusions": q * steps, "alpha": alpha, "delta": delta,
+        "claimed_epsilon": claimed_epsilon, "target_power": target_power, "no_power": False,
+        "note": "", "warnings": []}
+    n1 = int(n_in) if n_in is not None else m // 2
+    n0 = m - n1
+    if steps < 1 or n1 < 1 or n0 < 2 or not (sigma > 0) or not (q > 0):
+        out.update({"expected_bound": None, "expected_bound_quantiles": None,
+                    "min_refutable_epsilon": None, "min_refutable_sigma": None,
+                    "no_power": True,
+                    "note": "no power: no step, too few canaries or no noise"})
+        return out
+    law = _law(n1, n0, int(steps), float(q))
+    rho = 1.0 / sigma
+
+    def bound_at(stat: float) -> float:
+        r = law.rho_lower_bound(stat, alpha)
+        if r <= 0:
+            return 0.0
+        return dpsgd_epsilon(1.0 / r if math.isfinite(r) else 0.0, q, steps, delta, "lower")
+
+    qs = [law.quantile(p, rho) for p in (0.1, 0.5, 0.9)]
+    out["expected_bound"] = bound_at(qs[1])
+    out["expected_bound_quantiles"] = [bound_at(qs[0]), bound_at(qs[2])]
+    s_min = smallest_sigma(float(q), int(steps), float(delta))
+    out["ceiling"] = dpsgd_epsilon(s_min, q, steps, delta, "lower")
+    out["min_refutable_epsilon"] = out["min_refutable_sigma"] = None
+    if claimed_epsilon is not None and math.isfinite(claimed_epsilon) and claimed_epsilon > 0:
+        if out["ceiling"] <= claimed_epsilon:
+            out["note"] = (f"the white-box ceiling {out['ceiling']:.4g} (a noise-free release) is "
+                           f"not above the claim {claimed_epsilon:.4g}")
+            return out
+        # rho_c: the smallest rho whose bound exceeds the claim
+        def excess(log_s: float) -> float:
+            return dpsgd_epsilon(math.exp(log_s), q, steps, delta, "lower") - claimed_epsilon
+
+        a, b = math.log(s_min), math.log(max(2.0 * sigma, 1.0))
+        while excess(b) > 0:
+            b += math.log(4.0)
+        sig_c = math.exp(optimize.brentq(excess, a, b, xtol=1e-4)) if excess(a) > 0 else s_min
+        rho_c = 1.0 / sig_c
+        # critical value of L at rho_c, then the rho that exceeds it with target_power
+        stat_c = law.quantile(1.0 - alpha, rho_c)
+        while law.tail(stat_c, rho_c) > alpha:
+            stat_c *= 1.0 + 1e-4 if stat_c > 0 else 1.0 - 1e-4
+        lo, hi = rho_c, 2.0 * rho_c
+        while law.tail(stat_c, hi, conservative=False) < target_power:
+            hi *= 2.0
+        rho_star = float(optimize.brentq(
+            lambda r: law.tail(stat_c, r, conservative=False) - target_power, lo, hi,
+            xtol=1e-10))
+        sig_star = 1.0 / rho_star
+        out["min_refutable_sigma"] = sig_star
+        eps_fn = epsilon_of_sigma
+        if eps_fn is None:
+            out["note"] = ("no epsilon_of_sigma given: the refutable epsilon is the PRV "
+                           "accountant's estimate")
+            eps_fn = (lambda s: dpsgd_epsilon(s, q, steps, delta, "estimate"))
+        try:
+            out["min_refutable_epsilon"] = float(eps_fn(sig_star))
+        except Exception as e:  # noqa: BLE001 - an accountant's failure leaves it None
+            out["note"] = f"the accountant failed at sigma {sig_star:.4g}: {e!r}"
+    return out
