@@ -72,6 +72,18 @@ def test_quickstart(tmp_path: Path) -> None:
     assert d["training"]["steps"] == 30
 
 
+def test_mnist_opacus_runs_without_the_auditor(tmp_path: Path) -> None:
+    # a plain Opacus script (dpaudit run audits it: tests/test_launch.py); an empty --data-root
+    # falls back to FakeData of MNIST's shape, 4 steps
+    proc = _run("mnist_opacus.py", "--fake-size", "256", "--data-root", str(tmp_path),
+                cwd=tmp_path)
+    _ok(proc)
+    assert f"no MNIST files under {tmp_path}: training on FakeData" in proc.stdout
+    assert "Train Epoch: 1" in proc.stdout and "(ε = " in proc.stdout
+    assert "Test set: Average loss" in proc.stdout
+    assert sorted(p.name for p in tmp_path.iterdir()) == []  # nothing written, nothing fetched
+
+
 def test_audit_mechanism_finds_the_bug(tmp_path: Path) -> None:
     out = tmp_path / "am"
     proc = _run("audit_mechanism.py", "--budget", "400", "--out", str(out), cwd=tmp_path)

@@ -86,6 +86,7 @@ def test_wheel_installs_and_runs_from_any_directory_read_only(tmp_path: Path) ->
     wheel = _wheel(tmp_path)
     bindir, pkg = _venv(tmp_path, wheel)
     assert (bindir / "dpaudit").is_file()
+    assert (pkg / "_bootstrap" / "sitecustomize.py").is_file()  # dpaudit run's start-up hook
     prefix, read_only = _read_only(pkg)
     work, home, xdg = tmp_path / "work", tmp_path / "home", tmp_path / "xdg"
     for d in (work, home, xdg):
