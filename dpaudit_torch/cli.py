@@ -1,9 +1,10 @@
-"""The ``dpaudit`` command line: ``demo``, ``table1``, ``report``, ``run``.
+"""The ``dpaudit`` command line: ``demo``, ``table1``, ``report``, ``run``, ``gate``.
 
 Exit codes follow the report's verdict: 0 nothing found, 3 violation proven or claim refuted,
 4 claim inconsistent (the accountant's inputs contradict the training that ran), 5 a finding that
 is not a proof (e.g. noise on a low-precision grid); 2 usage error (one line on stderr, never a
-traceback), 1 unexpected internal error.
+traceback), 1 unexpected internal error. ``gate`` has its own: 0 pass, 1 fail, 2 bad input or a
+comparison that is impossible (docs/release_gate.md).
 """
 
 from __future__ import annotations
@@ -187,7 +188,33 @@ def _build_parser() -> _Parser:
                                      "report.html next to it, or into --out.")
     rep.add_argument("path", help="audit.json or the directory holding it")
     rep.add_argument("--out", default=None, help="directory for the re-rendered report")
+    _add_gate_parser(sub)
     return parser
+
+
+def _add_gate_parser(sub: Any) -> None:
+    from .gate import JUMP_MARGIN
+
+    g = sub.add_parser(
+        "gate", help="compare a release's audit with the previous release's (a release gate)",
+        description="Compare NEW's audit with the baseline's: the audited lower bounds against "
+                    "the claim, and the audits' strength. Prints both side by side and writes "
+                    "gate.html next to NEW. Exit 0 pass, 1 fail, 2 bad input or impossible "
+                    "comparison (docs/release_gate.md).")
+    g.add_argument("new", metavar="NEW",
+                   help="the new release's audit.json, or the directory holding it")
+    base = g.add_mutually_exclusive_group()
+    base.add_argument("--baseline", default=None, metavar="OLD",
+                      help="the previous release's audit.json (or its directory)")
+    base.add_argument("--first-release", action="store_true",
+                      help="there is no previous audit: this one becomes the baseline")
+    g.add_argument("--allow-change", action="store_true",
+                   help="compare although the model, dataset or architecture changed")
+    g.add_argument("--html", default=None, metavar="PATH",
+                   help="where to write the comparison page (default: gate.html next to NEW)")
+    g.add_argument("--jump-margin", type=float, default=JUMP_MARGIN, metavar="FRACTION",
+                   help=f"a rise of a whole-run bound by more than this fraction of the claim "
+                        f"is a jump (default {JUMP_MARGIN})")
 
 
 def _cmd_demo(args: argparse.Namespace) -> int:
@@ -322,6 +349,33 @@ def _cmd_run(args: argparse.Namespace) -> int:
     return result.exit_code
 
 
+def _cmd_gate(args: argparse.Namespace) -> int:
+    import math
+
+    from .gate import GateInputError, gate, html_path_for, read_audit, render_html
+
+    if not (math.isfinite(args.jump_margin) and args.jump_margin >= 0):
+        raise UsageError(f"--jump-margin must be a finite number >= 0, got {args.jump_margin}")
+    try:
+        new = read_audit(args.new, "new report")
+        baseline = read_audit(args.baseline, "baseline") if args.baseline else None
+    except GateInputError as exc:
+        raise UsageError(str(exc)) from None
+    result = gate(new, baseline, first_release=args.first_release,
+                  allow_change=args.allow_change, jump_margin=args.jump_margin)
+    page = Path(args.html) if args.html else html_path_for(args.new)
+    try:
+        page.write_text(render_html(result), encoding="utf-8")
+    except OSError as exc:
+        raise UsageError(f"cannot write the comparison page {str(page)!r}: "
+                         f"{exc.strerror or exc}") from None
+    text = result.text().splitlines()
+    print("\n".join(text[:-1]))
+    print(f"comparison: {page}")
+    print(text[-1])  # the outcome, one sentence
+    return result.exit_code
+
+
 def main(argv: list[str] | None = None) -> int:
     """Entry point of the ``dpaudit`` command; returns the exit code."""
     shown = warnings.showwarning
@@ -345,7 +399,7 @@ def _main(argv: list[str] | None) -> int:
             parser.print_help()
             return EXIT_USAGE
         handler = {"demo": _cmd_demo, "table1": _cmd_table1, "report": _cmd_report,
-                   "run": _cmd_run}
+                   "run": _cmd_run, "gate": _cmd_gate}
         return handler[args.command](args)
     except UsageError as exc:
         print(f"dpaudit: error: {exc}", file=sys.stderr)
