@@ -223,6 +223,10 @@ def test_fail_when_neither_audit_is_at_least_as_strong(baseline: AuditInput) -> 
     other_level = _doc({"alpha": 0.01, "config.alpha": 0.01})
     res = gate(_audit(other_level), baseline)
     assert res.outcome == FAIL and "alpha: 0.05 -> 0.01" in res.reason
+    own_level = _doc({"lower_bound_details.steinke.alpha": 0.01})  # a method's own level
+    res = gate(_audit(own_level), baseline)
+    assert res.outcome == FAIL and "levels of the bound methods: steinke: 0.05 -> 0.01" in \
+        res.reason
 
 
 def test_fail_when_a_stronger_audit_makes_L_jump(baseline: AuditInput) -> None:

@@ -15,8 +15,8 @@ place, and in docs/auditor.md ("How strong an audit is"):
   bound method both record a score for, a per-canary score at least as strong (:data:`SCORES`,
   weakest first: the sum, then the likelihood ratio, which ranks canaries by the Neyman-Pearson
   most powerful statistic of the idealized game, docs/one_run.md "Why the llr"); and the same
-  alpha and delta (bounds at another level or another delta are other statements, not weaker or
-  stronger ones).
+  alpha and delta, and the same level for every bound method both record one for (bounds at
+  another level or another delta are other statements, not weaker or stronger ones).
 
 Every aspect must hold; where one audit is stronger in one aspect and weaker in another, neither
 is at least as strong as the other. The power simulation's numbers (expected bound, minimum
@@ -55,7 +55,8 @@ THREAT_MODELS = (BLACK_BOX, WHITE_BOX)
 SCORES = ("sum", "llr")
 #: the aspects of the strength order, in the order they are compared and reported
 STRENGTH_ASPECTS = ("threat_model", "every_step_observed", "canary_design", "one_run_canaries",
-                    "canary_pairs", "methods", "scores", "sequential_tests", "alpha", "delta")
+                    "canary_pairs", "methods", "scores", "levels", "sequential_tests", "alpha",
+                    "delta")
 #: what the audit is about: two audits of different subjects are not compared
 SUBJECT_KEYS = ("model_name", "dataset_name", "architecture_hash")
 
@@ -64,7 +65,8 @@ LABELS = {
     "threat_model": "threat model", "every_step_observed": "every step observed",
     "canary_design": "canary design", "one_run_canaries": "one-run canaries (m)",
     "canary_pairs": "canary pairs per step (k)", "methods": "bound methods",
-    "scores": "scores of the bound methods", "sequential_tests": "sequential tests",
+    "scores": "scores of the bound methods", "levels": "levels of the bound methods",
+    "sequential_tests": "sequential tests",
     "alpha": "alpha", "delta": "delta", "expected_bound": "expected bound (power)",
     "min_refutable_epsilon": "minimum refutable epsilon (power)",
     "steps_observed": "steps observed", "accountant": "accountant", "model_name": "model",
@@ -90,6 +92,7 @@ class Fingerprint:
     canary_pairs: int | None = None
     methods: tuple[str, ...] = ()
     scores: tuple[tuple[str, str], ...] = ()
+    levels: tuple[tuple[str, float], ...] = ()
     sequential_tests: tuple[str, ...] = ()
     alpha: float | None = None
     delta: float | None = None
@@ -108,7 +111,8 @@ class Fingerprint:
         out: dict[str, Any] = {"version": FINGERPRINT_VERSION}
         for key in LABELS:
             v = getattr(self, key)
-            out[key] = dict(v) if key == "scores" else list(v) if isinstance(v, tuple) else v
+            out[key] = (dict(v) if key in ("scores", "levels")
+                        else list(v) if isinstance(v, tuple) else v)
         return out
 
     def value(self, key: str) -> Any:
@@ -165,6 +169,23 @@ def _scores(d: Mapping[str, Any], methods: tuple[str, ...]) -> tuple[tuple[str, 
     return tuple(out)
 
 
+def _levels(d: Mapping[str, Any], methods: tuple[str, ...]) -> tuple[tuple[str, float], ...]:
+    """(method, alpha) for every bound method whose details record the level its bound holds
+    at (``alpha``, or ``level`` for the sequential grid), e.g. a method with a level of its
+    own, in the methods' order."""
+    details = d.get("lower_bound_details")
+    if not isinstance(details, Mapping):
+        return ()
+    out = []
+    for m in methods:
+        det = details.get(m)
+        if isinstance(det, Mapping):
+            level = det.get("alpha", det.get("level"))
+            if is_num(level):
+                out.append((m, float(level)))
+    return tuple(out)
+
+
 def fingerprint_of(report: ReportData | Mapping[str, Any]) -> Fingerprint:
     """The fingerprint of a report (a :class:`ReportData` or its :meth:`~ReportData.to_dict`),
     read from its own fields (docs/report.md, field ``fingerprint``, says where each comes
@@ -201,6 +222,7 @@ def fingerprint_of(report: ReportData | Mapping[str, Any]) -> Fingerprint:
         canary_pairs=_int(k),
         methods=methods,
         scores=_scores(d, methods),
+        levels=_levels(d, methods),
         sequential_tests=tuple(sorted(t for t in (tests or ()) if isinstance(t, str))),
         alpha=_num(take("alpha", _get(d, "alpha"))),
         delta=_num(take("delta", _get(d, "delta"))),
@@ -287,6 +309,10 @@ def _relation(aspect: str, new: Any, old: Any) -> str:
         return _ranked((False, True), new, old)
     if aspect == "scores":
         return _scores_relation(dict(new), dict(old))
+    if aspect == "levels":
+        a, b = dict(new), dict(old)
+        same = all(math.isclose(a[m], b[m], rel_tol=1e-9) for m in set(a) & set(b))
+        return SAME if same else INCOMPARABLE
     if aspect in ("one_run_canaries", "canary_pairs"):
         return SAME if new == old else STRONGER if new > old else WEAKER
     if aspect in ("methods", "sequential_tests"):
@@ -302,10 +328,12 @@ def _sentence(aspect: str, relation: str, new: Any, old: Any) -> str:
     if relation == UNKNOWN:
         which = "the baseline" if old is None else "the new report"
         return f"{label}: not recorded in {which}"
-    if aspect == "scores":
+    if aspect in ("scores", "levels"):
         a, b = dict(new), dict(old)
-        diff = [f"{m}: {b[m]} -> {a[m]}" for m in a if m in b and a[m] != b[m]]
-        return f"{label}: {'; '.join(diff)}"
+        diff = [f"{m}: {_fmt(b[m])} -> {_fmt(a[m])}" for m in a if m in b and a[m] != b[m]]
+        tail = " (bounds at another level are other statements, not comparable)" \
+            if aspect == "levels" else ""
+        return f"{label}: {'; '.join(diff)}{tail}"
     if aspect in ("methods", "sequential_tests") and relation != SAME:
         gained, lost = sorted(set(new) - set(old)), sorted(set(old) - set(new))
         parts = ([f"adds {', '.join(gained)}"] if gained else []) + \

@@ -252,7 +252,7 @@ def test_cli_report_refuses_contradictions_and_empty_reports(runs: dict,
 #: checked under "<path>.<name>", the objects themselves are described in words
 _NAMED = {"epsilon_lower_bounds", "lower_bound_details", "sequential.tests",
           "config.test_options", "config.monitor_options", "monitor_labels", "audits",
-          "fingerprint.scores"}
+          "fingerprint.scores", "fingerprint.levels"}
 #: each monitor documents its own ``audits.<name>`` section on its page
 MONITOR_DOCS = REPO / "docs" / "monitors"
 _ROOT = "audit.json"

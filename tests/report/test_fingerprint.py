@@ -63,6 +63,7 @@ def test_a_real_report_carries_its_fingerprint(real: AuditReport, tmp_path: Path
     assert (fp.one_run_canaries, fp.canary_pairs) == (40, 8)
     assert {"steinke", "fdp", "sequential"} <= set(fp.methods)  # and any method added since
     assert dict(fp.scores)["steinke"] == dict(fp.scores)["fdp"] == "llr"
+    assert dict(fp.levels)["steinke"] == dict(fp.levels)["sequential"] == 0.05
     assert fp.sequential_tests == ("hockey_stick", "mmd")
     assert (fp.alpha, fp.delta, fp.steps_observed) == (0.05, 1e-5, 8)
     assert fp.expected_bound == real.power["expected_bound"]
@@ -88,6 +89,7 @@ def test_a_1_3_report_is_read_with_what_it_lacks_named() -> None:
     assert (fp.threat_model, fp.one_run_canaries, fp.canary_pairs) == (WHITE_BOX, 40, 8)
     assert fp.methods == ("steinke", "fdp", "sequential")
     assert fp.scores == (("steinke", "llr"), ("fdp", "llr"))
+    assert fp.levels == (("steinke", 0.05), ("fdp", 0.05), ("sequential", 0.05))
     assert fp.steps_observed == 30 and fp.min_refutable_epsilon is None
     # the 1.2 fixture, too (written before monitor labels)
     old = fingerprint_of(AuditReport.from_dict(_fixture("report_v2.json")))
@@ -130,6 +132,7 @@ BASE = Fingerprint(threat_model=WHITE_BOX, every_step_observed=True, canary_desi
                    one_run_canaries=1000, canary_pairs=16,
                    methods=("steinke", "fdp", "sequential"),
                    scores=(("steinke", "llr"), ("fdp", "llr")),
+                   levels=(("steinke", 0.05), ("fdp", 0.05)),
                    sequential_tests=("hockey_stick", "mmd"), alpha=0.05, delta=1e-5)
 
 #: (aspect, a stronger value, a weaker value) than BASE's
@@ -149,7 +152,7 @@ def test_every_aspect_is_compared() -> None:
 
 
 STRENGTH_ASPECTS_CASES = [*STRONGER_WEAKER, ("canary_design", None, None), ("alpha", None, None),
-                          ("delta", None, None)]
+                          ("delta", None, None), ("levels", None, None)]
 
 
 def test_the_order_is_reflexive_and_names_nothing_changed() -> None:
@@ -185,7 +188,8 @@ def test_each_aspect_orders_the_audits(aspect: str, strong: Any, weak: Any) -> N
 @pytest.mark.parametrize("aspect,other", [
     ("alpha", 0.01), ("delta", 1e-6), ("canary_design", "spread"),
     ("methods", ("steinke", "fdp", "other")), ("scores", (("steinke", "a newer score"),)),
-    ("scores", (("steinke", "sum"), ("fdp", "a newer score")))])
+    ("scores", (("steinke", "sum"), ("fdp", "a newer score"))),
+    ("levels", (("steinke", 0.05), ("fdp", 0.01)))])
 def test_different_levels_designs_or_method_sets_are_incomparable(aspect: str,
                                                                   other: Any) -> None:
     o = dataclasses.replace(BASE, **{aspect: other})
@@ -193,8 +197,11 @@ def test_different_levels_designs_or_method_sets_are_incomparable(aspect: str,
         c = compare(a, b)
         assert not c.at_least_as_strong and not c.baseline_at_least_as_strong
         assert c.relations[aspect] == "incomparable"
-    if aspect in ("alpha", "delta"):
+    if aspect in ("alpha", "delta", "levels"):
         assert "not comparable" in compare(o, BASE).weaker[0]
+    # a method with a level of its own, recorded by one audit only: no difference of levels
+    extra = dataclasses.replace(BASE, levels=(*BASE.levels, ("newer", 0.001)))
+    assert compare(extra, BASE).relations["levels"] == "same"
 
 
 def test_stronger_in_one_aspect_and_weaker_in_another_is_neither() -> None:
