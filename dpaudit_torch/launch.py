@@ -161,6 +161,9 @@ class RunResult:
             return f"the script failed ({self._failure()}); {what}"
         if not self.reports:
             return "nothing was audited" + self._why_no_report()
+        errors = [c["error"] for c in self.calls if c.get("error")]
+        if errors:  # another call's audit is missing: the verdict would not cover it
+            return f"not every make_private call was audited: {errors[0]}"
         if self.unreadable:
             return f"a report could not be read: {self.unreadable[0]}"
         return None

@@ -186,6 +186,41 @@ def test_a_script_that_never_calls_make_private_is_one_line_exit_2(
     assert not (tmp_path / "out" / "audit.json").exists()
 
 
+TINY = """
+import torch
+from opacus import PrivacyEngine
+from torch import nn
+from torch.utils.data import DataLoader, TensorDataset
+
+x, y = torch.randn(64, 2), torch.randint(0, 2, (64,))
+model = nn.Linear(2, 2)  # 6 coordinates: too few for the canaries
+opt = torch.optim.SGD(model.parameters(), lr=0.1)
+model, opt, dl = PrivacyEngine().make_private(
+    module=model, optimizer=opt, data_loader=DataLoader(TensorDataset(x, y), batch_size=8),
+    noise_multiplier=1.0, max_grad_norm=1.0)
+for xb, yb in dl:
+    opt.zero_grad()
+    nn.functional.cross_entropy(model(xb), yb).backward()
+    opt.step()
+print("trained", opt.state_dict()["state"] is not None)
+"""
+
+
+def test_a_setup_the_auditor_refuses_trains_on_unaudited_and_says_why(
+        tmp_path: Path, capfd: pytest.CaptureFixture[str]) -> None:
+    script = tmp_path / "tiny.py"
+    script.write_text(TINY, encoding="utf-8")
+    code, out, err = _run(capfd, "--out", str(tmp_path / "out"), "--", sys.executable,
+                          str(script))
+    assert code == EXIT_USAGE
+    assert "trained True" in out  # the script ran to its end
+    (line,) = _errors(err)
+    assert line.startswith("dpaudit: error: nothing was audited (the auditor could not be "
+                           "attached to the optimizer of make_private call 0: ValueError: the "
+                           "model has 6 trainable coordinates"), line
+    assert not (tmp_path / "out" / "audit.json").exists()
+
+
 def test_a_script_that_fails_before_make_private(
         tmp_path: Path, capfd: pytest.CaptureFixture[str]) -> None:
     script = tmp_path / "early.py"
@@ -274,6 +309,14 @@ def test_run_result_problems_and_exit_codes() -> None:
     assert hook.problem is not None and "/usr/bin/python3" in hook.problem
     killed = launch.RunResult(-9, [])
     assert "killed by signal 9" in (killed.problem or "")
+    partly = launch.RunResult(0, [_status(calls=[
+        {**call, "steps": 5, "report_dir": "a"},
+        {**call, "index": 1, "error": "the auditor could not be attached to the optimizer of "
+                                      "make_private call 1: ValueError: x"}])],
+        reports=[(Path("a"), _Report("nothing found"))])
+    assert partly.problem == ("not every make_private call was audited: the auditor could not "
+                              "be attached to the optimizer of make_private call 1: ValueError: x")
+    assert partly.exit_code == EXIT_USAGE
 
 
 class _Report:
@@ -299,3 +342,23 @@ def test_mnist_example_does_not_import_dpaudit() -> None:
     imported |= {n.module or "" for n in ast.walk(tree) if isinstance(n, ast.ImportFrom)}
     assert "opacus" in imported
     assert not any(m.split(".")[0] == "dpaudit_torch" for m in imported)
+
+
+# ------------------------------------------------------------------ the release gate on dpaudit run
+def test_gate_passes_two_correct_runs_and_fails_a_buggy_one(
+        tmp_path: Path, capfd: pytest.CaptureFixture[str]) -> None:
+    """Two correct ``dpaudit run``s of the unchanged MNIST example (other auditor seeds): the
+    gate passes the second against the first; a run with a ``testing.bugs`` bug fails it."""
+    runs = {"base": ([], 1), "new": ([], 2), "buggy": (["--inject-bug", "no-noise"], 3)}
+    for name, (extra, seed) in runs.items():
+        config = tmp_path / f"{name}.toml"
+        config.write_text(f'k_pairs = 8\nseed = {seed}\nmodel_name = "SampleConvNet"\n'
+                          f'dataset_name = "mnist-fake"\n', encoding="utf-8")
+        code, _, err = _run(capfd, "--out", str(tmp_path / name), "--config", str(config),
+                            *extra, "--", sys.executable, MNIST, *SMALL)
+        assert code == (3 if extra else 0), err
+    base = str(tmp_path / "base" / "audit.json")
+    assert main(["gate", str(tmp_path / "new"), "--baseline", base]) == 0, capfd.readouterr()
+    assert capfd.readouterr().out.strip().splitlines()[-1].startswith("PASS")
+    assert main(["gate", str(tmp_path / "buggy"), "--baseline", base]) == 1
+    assert capfd.readouterr().out.strip().splitlines()[-1].startswith("FAIL")
