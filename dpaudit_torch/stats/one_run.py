@@ -58,7 +58,7 @@ from .fdp import (
     fdp_rejects,
     fdp_test_statistic,
 )
-from .one_run_bounds import CanaryGame, all_right_bound, best_bound, ceiling
+from .one_run_bounds import CanaryGame, best_bound, ceiling, reachable_ceiling
 from .steinke import steinke_epsilon_lower_bound, steinke_p_value
 
 logger = logging.getLogger(__name__)
@@ -420,7 +420,8 @@ class OneRunAudit:
             r, v = g.counts(kpa, kna)
             bound, _, mu = best_bound(method, m, r, v, alpha, delta)
             cert_m, a_test, n_cand, desc = m, alpha, 1, strategy.describe(guesses)
-            sel, ceil_r = 0, [int(r[0])]
+            sel = 0
+            n_in_cert, n_out_cert = self.n_in, self.n_out
         elif isinstance(strategy, Bonferroni):
             kpa, kna, r, v, desc = self._bonferroni_candidates(strategy, guesses)
             n_cand = int(r.size)
@@ -428,16 +429,18 @@ class OneRunAudit:
             bound, sel, mu = best_bound(method, m, r, v, a_test, delta)
             sel = max(sel, 0)
             cert_m = m
-            ceil_r = sorted({int(x) for x in r if x > 0})
+            n_in_cert, n_out_cert = self.n_in, self.n_out
         else:
-            bound, mu, cert_m, kpa, kna, r, v, desc = self._random_split(
+            bound, mu, cert_m, kpa, kna, r, v, desc, n_in_cert = self._random_split(
                 strategy, method, guesses, alpha, delta)
-            sel, a_test, n_cand, ceil_r = 0, alpha, 1, [int(r[0])]
+            n_out_cert = cert_m - n_in_cert
+            sel, a_test, n_cand = 0, alpha, 1
 
-        if len(ceil_r) <= 64:
-            ceil_val = max(all_right_bound(method, cert_m, k, delta, a_test) for k in ceil_r)
-        else:  # large candidate sets: the maximum over every r (an upper bound over the set)
-            ceil_val = ceiling(cert_m, a_test, delta, method)
+        # the ceiling of the audit as configured: its candidates, at their level, each with as
+        # many right guesses as the IN / OUT counts allow (one-sided guesses can only be right
+        # for the IN canaries); a perfect separation of the scores reaches it
+        ceil_val = reachable_ceiling(method, cert_m, kpa, kna, n_in_cert, n_out_cert, a_test,
+                                     delta)
         diag, diag_r = self._uncorrected(method, guesses, alpha, delta)
         res = OneRunResult(
             bound=float(bound),
@@ -502,7 +505,7 @@ class OneRunAudit:
 
     def _random_split(self, s: RandomSplit, method: str, guesses: str, alpha: float, delta: float
                       ) -> tuple[float, float | None, int, np.ndarray, np.ndarray, np.ndarray,
-                                 np.ndarray, str]:
+                                 np.ndarray, str, int]:
         g, m = self._game, self._game.m
         m1 = int(math.floor(s.fraction * m))
         m2 = m - m1
@@ -529,7 +532,7 @@ class OneRunAudit:
         bound, _, mu = best_bound(method, m2, r2, v2, alpha, delta)
         desc = (f"RandomSplit(fraction={s.fraction}, seed={s.seed}): k chosen on {m1} canaries "
                 f"(k_pos={int(kp1[j])}, k_neg={int(kn1[j])}), certified on the other {m2}")
-        return bound, mu, m2, kpa, kna, r2, v2, desc
+        return bound, mu, m2, kpa, kna, r2, v2, desc, int(g2.labels.sum())
 
     def _uncorrected(self, method: str, guesses: str, alpha: float, delta: float
                      ) -> tuple[float, int]:

@@ -19,7 +19,8 @@ from ._one_run_checks import check_bound_request, check_int
 from .fdp import fdp_search, mu_to_eps
 from .steinke import steinke_search
 
-__all__ = ["CanaryGame", "best_bound", "bound_for", "all_right_bound", "ceiling"]
+__all__ = ["CanaryGame", "best_bound", "bound_for", "all_right_bound", "ceiling",
+           "reachable_ceiling"]
 
 
 def bound_for(method: str, m: int, r: int, v: int, delta: float, alpha: float) -> float:
@@ -36,12 +37,13 @@ def all_right_bound(method: str, m: int, r: int, delta: float, alpha: float) -> 
 
 
 def ceiling(m: int, alpha: float, delta: float, method: str = "steinke",
-            r: int | None = None) -> float:
+            r: int | None = None, r_max: int | None = None) -> float:
     """The largest bound the audit can report: every one of r guesses right (v = r).
 
-    With ``r=None`` the maximum over r = 1..m (coarse-to-fine search over r; the all-right bound is
-    unimodal in r).  Closed form for Steinke at delta = 0: -ln(alpha^(-1/r) - 1) (r = 1000 -> 5.81
-    at alpha 0.05).  At delta = 1e-5 and m = 5000: Steinke 7.28, f-DP about 15.0.
+    With ``r=None`` the maximum over r = 1..``r_max`` (default m; coarse-to-fine search over r;
+    the all-right bound is unimodal in r).  Closed form for Steinke at delta = 0:
+    -ln(alpha^(-1/r) - 1) (r = 1000 -> 5.81 at alpha 0.05).  At delta = 1e-5 and m = 5000:
+    Steinke 7.28, f-DP about 15.0.
     """
     m_ = check_int("m", m, 1)
     method, delta, alpha = check_bound_request(method, delta, alpha)
@@ -50,11 +52,14 @@ def ceiling(m: int, alpha: float, delta: float, method: str = "steinke",
         if r_ > m_:
             raise ValueError(f"r ({r!r}) must be <= m ({m!r})")
         return all_right_bound(method, m_, r_, delta, alpha)
+    top = m_ if r_max is None else min(check_int("r_max", r_max, 0), m_)
+    if top < 1:
+        return 0.0
 
     def f(k: int) -> float:
         return all_right_bound(method, m_, k, delta, alpha)
 
-    lo, hi = 1, m_
+    lo, hi = 1, top
     while hi - lo > 64:
         grid = np.unique(np.round(np.geomspace(lo, hi, 33)).astype(np.int64))
         vals = [f(int(k)) for k in grid]
@@ -119,6 +124,26 @@ class CanaryGame:
     def subset(self, idx: np.ndarray, tie_rng: np.random.Generator) -> CanaryGame:
         """The game on the canaries ``idx`` (in that order), ties broken by ``tie_rng``."""
         return CanaryGame(self.scores[idx], self.labels[idx], tie_rng)
+
+
+def reachable_ceiling(method: str, m: int, k_pos: np.ndarray, k_neg: np.ndarray,
+                      n_in: int, n_out: int, alpha: float, delta: float) -> float:
+    """The largest bound the candidates (k_pos, k_neg) can give on m canaries of which n_in are
+    IN: each candidate at its most correct guesses, min(k+, n_in) + min(k-, n_out) (what a
+    perfect separation of IN from OUT scores gives).  For more than 64 candidates, the maximum
+    all-right bound over r up to the largest candidate that can be all right (every other
+    candidate's bound is below the all-right bound of its correct count)."""
+    kp = np.asarray(k_pos, dtype=np.int64)
+    kn = np.asarray(k_neg, dtype=np.int64)
+    r = kp + kn
+    v = np.minimum(kp, n_in) + np.minimum(kn, n_out)
+    if r.size <= 64:
+        vals = [all_right_bound(method, m, int(ri), delta, alpha) if ri == vi
+                else bound_for(method, m, int(ri), int(vi), delta, alpha)
+                for ri, vi in zip(r, v) if vi > 0]
+        return float(max(vals, default=0.0))
+    full = r[(v == r) & (r > 0)]
+    return ceiling(m, alpha, delta, method, r_max=int(full.max()) if full.size else 0)
 
 
 def best_bound(method: str, m: int, r: np.ndarray, v: np.ndarray, alpha: float, delta: float

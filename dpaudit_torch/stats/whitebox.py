@@ -69,6 +69,8 @@ __all__ = [
     "whitebox_power",
     "dpsgd_epsilon",
     "smallest_sigma",
+    "simulate_release",
+    "simulate_sums",
 ]
 
 #: stated with every white-box result
@@ -83,11 +85,14 @@ WHITEBOX_FAMILY_NOTE = (
 #: section 13)
 WHITEBOX_ALPHA = 1e-3
 
+#: a per-step variance of the OUT values at most this (units of C^2) is a noise-free release:
+#: float rounding of a run without noise, where a canary's presence is seen outright
+NOISE_FREE_VAR = 1e-12
 #: level of each part of the family check (a failed check withholds the bound: conservative)
 FAMILY_ALPHA = 1e-4
 #: PRV discretisation: eps error, and the largest mesh (points) computed at finalize
 PRV_EPS_ERROR = 0.01
-PRV_MAX_POINTS = 2_000_000
+PRV_MAX_POINTS = 1_000_000
 
 # CDF levels of the quadrature cells: fine in both tails, where a cell's worst corner is far
 # from its mass, and even in the bulk
@@ -181,8 +186,14 @@ def family_check(mom: ReleaseMoments, alpha: float = FAMILY_ALPHA) -> FamilyChec
                                   "older version): the family check cannot run")
     if mom.steps < 2:
         return FamilyCheck(False, "fewer than 2 steps: the family check cannot run")
-    if mom.step_var <= 0:
-        return FamilyCheck(False, "the OUT canaries' values are all zero: no noise to check")
+    if mom.step_var <= NOISE_FREE_VAR:
+        if mom.d > 0:
+            return FamilyCheck(True, f"a noise-free release: the OUT canaries' values have RMS "
+                                     f"{math.sqrt(max(mom.step_var, 0.0)):.3g} C, at most "
+                                     f"{math.sqrt(NOISE_FREE_VAR):.0e} C (the family's limit "
+                                     f"sigma -> 0), while the IN canaries show their signal")
+        return FamilyCheck(False, "the OUT canaries' values carry no noise and the IN canaries "
+                                  "no signal")
     nu = mom.n_out - 1
     ratio = mom.s2 / (mom.steps * mom.step_var)
     r_min = float(stats.chi2.ppf(alpha, nu) / nu)
@@ -308,14 +319,36 @@ def rho_lower_bound(mom: ReleaseMoments, q: float, alpha: float = WHITEBOX_ALPHA
 # ------------------------------------------------------------------------------------------------
 # epsilon of the family
 # ------------------------------------------------------------------------------------------------
-def _prv_points(sigma: float, q: float, steps: int, delta: float) -> int:
-    from opacus.accountants import PRVAccountant
-    from opacus.accountants.analysis.prv import PoissonSubsampledGaussianPRV
+#: RDP orders of the PRV domain's tail bound: integer orders only (exact and fast); a tail bound
+#: from fewer orders is larger, so the domain is wider, never narrower, than Opacus's own
+_INT_ORDERS = [float(a) for a in (*range(2, 33), 40, 48, 64, 96, 128, 256)]
 
-    acc = PRVAccountant()
-    dom = acc._get_domain([PoissonSubsampledGaussianPRV(q, sigma)], [steps], PRV_EPS_ERROR,
-                          delta / 1000)
-    return int(dom.size)
+
+def _rdp_epsilon(sigma: float, q: float, steps: int, delta: float) -> float:
+    from opacus.accountants.analysis import rdp as rdp_analysis
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        rdp = rdp_analysis.compute_rdp(q=q, noise_multiplier=sigma, steps=steps,
+                                       orders=_INT_ORDERS)
+        eps, _ = rdp_analysis.get_privacy_spent(orders=_INT_ORDERS, rdp=rdp, delta=delta)
+    return float(eps)
+
+
+def _prv_domain(sigma: float, q: float, steps: int, delta: float) -> tuple[float, float]:
+    """(L, mesh) of the PRV discretisation of Gopi, Lee & Wutschitz (NeurIPS 2021, remark 5.6),
+    as Opacus's PRV accountant computes it, with the tail bound over integer RDP orders."""
+    d_err = delta / 1000
+    big = max(_rdp_epsilon(sigma, q, steps, d_err / 4),
+              _rdp_epsilon(sigma, q, 1, d_err / (8 * steps)))
+    length = max(big, PRV_EPS_ERROR) + 3
+    mesh = PRV_EPS_ERROR / math.sqrt(steps * math.log(12 / d_err) / 2)
+    return length, mesh
+
+
+def _prv_points(sigma: float, q: float, steps: int, delta: float) -> int:
+    length, mesh = _prv_domain(sigma, q, steps, delta)
+    return int(2 * length / mesh) + 1
 
 
 @functools.lru_cache(maxsize=256)
@@ -323,19 +356,22 @@ def smallest_sigma(q: float, steps: int, delta: float) -> float:
     """The smallest noise multiplier whose PRV epsilon the bound computes (its mesh at most
     :data:`PRV_MAX_POINTS` points): below it the bound uses this one (a smaller epsilon, so still a
     lower bound), and the white-box ceiling is its epsilon."""
-    lo, hi = 1e-3, 1.0
-    while _prv_points(hi, q, steps, delta) > PRV_MAX_POINTS:
-        lo, hi = hi, hi * 2.0
-    if _prv_points(lo, q, steps, delta) <= PRV_MAX_POINTS:
-        return lo
-    for _ in range(30):
+    # doubling from 1, then bisection in log sigma to a factor 2^(1/8): a few mesh sizes
+    lo, hi = 0.5, 1.0
+    if _prv_points(hi, q, steps, delta) > PRV_MAX_POINTS:
+        while _prv_points(hi, q, steps, delta) > PRV_MAX_POINTS:
+            lo, hi = hi, hi * 2.0
+    else:
+        while _prv_points(lo, q, steps, delta) <= PRV_MAX_POINTS:
+            if lo < 1e-3:
+                return lo
+            lo, hi = lo / 2.0, lo
+    for _ in range(3):
         mid = math.sqrt(lo * hi)
         if _prv_points(mid, q, steps, delta) > PRV_MAX_POINTS:
             lo = mid
         else:
             hi = mid
-        if hi / lo < 1.01:
-            break
     return hi
 
 
@@ -359,13 +395,22 @@ def dpsgd_epsilon(sigma: float, q: float, steps: int, delta: float, which: str =
         if which != "lower":
             return math.inf
         sigma = s_min
-    from opacus.accountants import PRVAccountant
+    from opacus.accountants.analysis.prv import (
+        Domain,
+        PoissonSubsampledGaussianPRV,
+        TruncatedPrivacyRandomVariable,
+        compose_heterogeneous,
+        discretize,
+    )
 
-    acc = PRVAccountant()
-    acc.history = [(float(sigma), float(q), int(steps))]
+    length, mesh = _prv_domain(float(sigma), float(q), int(steps), float(delta))
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
-        dprv = acc._get_dprv(eps_error=PRV_EPS_ERROR, delta_error=delta / 1000)
+        domain = Domain.create_aligned(-length, length, mesh)
+        prv = PoissonSubsampledGaussianPRV(float(q), float(sigma))
+        tprv = TruncatedPrivacyRandomVariable(prv, domain.t_min, domain.t_max)
+        dprv = compose_heterogeneous(dprvs=[discretize(tprv, domain)],
+                                     num_self_compositions=[int(steps)])
         lo, est, up = dprv.compute_epsilon(delta, delta / 1000, PRV_EPS_ERROR)
     val = {"lower": lo, "estimate": est, "upper": up}[which]
     return max(0.0, float(val))
@@ -497,7 +542,8 @@ def whitebox_power(sigma: float, q: float, steps: int, m: int, *, delta: float,
         a, b = math.log(s_min), math.log(max(2.0 * sigma, 1.0))
         while excess(b) > 0:
             b += math.log(4.0)
-        sig_c = math.exp(optimize.brentq(excess, a, b, xtol=1e-4)) if excess(a) > 0 else s_min
+        sig_c = (math.exp(optimize.brentq(excess, a, b, xtol=2e-3)) if excess(a) > 0
+                 else s_min)
         rho_c = 1.0 / sig_c
         # critical value of L at rho_c, then the rho that exceeds it with target_power
         stat_c = law.quantile(1.0 - alpha, rho_c)
@@ -511,13 +557,63 @@ def whitebox_power(sigma: float, q: float, steps: int, m: int, *, delta: float,
             xtol=1e-10))
         sig_star = 1.0 / rho_star
         out["min_refutable_sigma"] = sig_star
-        eps_fn = epsilon_of_sigma
-        if eps_fn is None:
-            out["note"] = ("no epsilon_of_sigma given: the refutable epsilon is the PRV "
-                           "accountant's estimate")
-            eps_fn = (lambda s: dpsgd_epsilon(s, q, steps, delta, "estimate"))
         try:
-            out["min_refutable_epsilon"] = float(eps_fn(sig_star))
+            if epsilon_of_sigma is None:
+                out["note"] = ("no epsilon_of_sigma given: the refutable epsilon is the PRV "
+                               "accountant's estimate")
+                mre = dpsgd_epsilon(sig_star, q, steps, delta, "estimate")
+            else:
+                mre = epsilon_of_sigma(sig_star)
+            out["min_refutable_epsilon"] = float(mre)
         except Exception as e:  # noqa: BLE001 - an accountant's failure leaves it None
             out["note"] = f"the accountant failed at sigma {sig_star:.4g}: {e!r}"
     return out
+
+
+# ------------------------------------------------------------------------------------------------
+# simulation of the white-box release (tests, benchmarks, power checks)
+# ------------------------------------------------------------------------------------------------
+def simulate_release(sigma: float, q: float, steps: int, m: int, rng: np.random.Generator, *,
+                     noise: str = "gaussian", c: float | np.ndarray = 1.0,
+                     chunk: int = 64) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+    """One white-box release of m canaries over ``steps`` steps, step by step: (is_in, sums,
+    sums of Z^2, sums of Z^4).  ``noise``: "gaussian", "laplace" or "uniform" with standard
+    deviation ``sigma``, or "antithetic" (Gaussian noise whose consecutive steps cancel: step
+    2k+1 repeats step 2k's noise negated); ``c``: the canary's contribution, a number or one per
+    step."""
+    is_in = rng.random(m) < 0.5
+    sums, sq, q4 = np.zeros(m), np.zeros(m), np.zeros(m)
+    cs = np.broadcast_to(np.asarray(c, dtype=np.float64), (steps,))
+    prev = None
+    for t0 in range(0, steps, chunk):
+        n = min(chunk, steps - t0)
+        if noise == "gaussian" or noise == "antithetic":
+            e = rng.standard_normal((n, m)) * sigma
+        elif noise == "laplace":
+            e = rng.laplace(0.0, sigma / math.sqrt(2.0), (n, m))
+        elif noise == "uniform":
+            e = rng.uniform(-math.sqrt(3.0) * sigma, math.sqrt(3.0) * sigma, (n, m))
+        else:
+            raise ValueError(f"unknown noise {noise!r}")
+        if noise == "antithetic":
+            for i in range(n):
+                t = t0 + i
+                if t % 2 == 1 and prev is not None:
+                    e[i] = -prev
+                prev = e[i].copy()
+        present = (rng.random((n, m)) < q) & is_in[None, :]
+        z = present * cs[t0:t0 + n, None] + e
+        sums += z.sum(0)
+        z2 = z * z
+        sq += z2.sum(0)
+        q4 += (z2 * z2).sum(0)
+    return is_in, sums, sq, q4
+
+
+def simulate_sums(sigma: float, q: float, steps: int, m: int, rng: np.random.Generator,
+                  c: float = 1.0) -> tuple[np.ndarray, np.ndarray]:
+    """The canaries' sums of a Gaussian release, exactly and without per-step values:
+    c Binomial(T, q) S + N(0, T sigma^2): (is_in, sums)."""
+    is_in = rng.random(m) < 0.5
+    k = rng.binomial(steps, q, size=m) * is_in
+    return is_in, c * k + rng.standard_normal(m) * sigma * math.sqrt(steps)
