@@ -20,17 +20,26 @@ bugs.
     that see the mean, so the clipped real sum at a canary coordinate is of the order of C
     (``report.interference["std"]``, printed).
 
-  For each run: the real Steinke bound (``report.epsilon_lower_bounds["steinke"]``), and for
-  the model's settings the idealized game's bounds
-  (:func:`dpaudit_torch.stats.one_run_power.simulate_one_run_bounds`, same sigma, q,
-  T = audited steps, m, score and strategy, ``--replicates`` games, seed 1; the report's own
-  ``power.expected_bound`` uses seed 0). Target: median real / median simulated >= 0.9. The
-  f-DP bound (Gaussian family) is compared the same way (no target: it has no ceiling near
-  these values, so it shows the agreement where Steinke's ceiling does not flatten it).
+  For each run, the default whole-run bound, the white-box release bound
+  (``report.epsilon_lower_bounds["whitebox"]``, :mod:`dpaudit_torch.stats.whitebox`), against
+  its idealized value: the report's ``power.expected_bound``, which for this bound is exact (the
+  median of the bound's law for a correct implementation with the run's sigma, q, T, m and IN
+  count; ``power.expected_bound_quantiles`` its 10% and 90% quantiles). Target: median real /
+  median idealized >= 0.9. Also: where each run's statistic L falls in that exact law
+  (percentile; uniform on a correct run), and whether the family check passed
+  (``lower_bound_details["whitebox"]["family_verified"]``). The guess-based bounds as before: the
+  real Steinke bound (``report.epsilon_lower_bounds["steinke"]``) against the idealized game's
+  bounds (:func:`dpaudit_torch.stats.one_run_power.simulate_one_run_bounds`, same sigma, q,
+  T = audited steps, m, score and strategy, ``--replicates`` games, seed 1). Target: median
+  real / median simulated >= 0.9. The f-DP bound (Gaussian family) is compared the same way (no
+  target: it has no ceiling near these values, so it shows the agreement where Steinke's
+  ceiling does not flatten it). ``finalize()`` seconds are recorded for every run.
 * **Refutation.** The same MLP with the accountant told a 100x smaller sample rate (after
   ``make_private``, ``optimizer.attach_step_hook(accountant.get_optimizer_hook_fn(sample_rate=
   q / 100))``: the user's accounting bug, simulated here; the library never does this).
-  10 seeds; target: ``report.claim_refuted`` in at least 9.
+  10 seeds; target: ``report.claim_refuted`` in at least 9. Which methods refuted
+  (:func:`dpaudit_torch.registry.refuting_methods`: the white-box bound where its family was
+  verified, Steinke's always) is shown per run.
 * **Bias-only bug.** The same MLP with :mod:`dpaudit_torch.testing.bugs` ``"bias-no-noise"``,
   10 seeds, at most 60 steps, default ``check_every``; target: ``report.violation_step`` <= 30
   in 10 of 10 seeds.
@@ -176,9 +185,42 @@ def audited_run(kind: str, seed: int, sigma: float, steps: int, mlp_n: int,
                               if f.get("level") == "violation"}),
         "inconsistent": getattr(rep, "claim_inconsistent", None),
         "w_std": rep.interference.get("std"), "w_max": rep.interference.get("max_abs"),
-        "expected": rep.power.get("expected_bound"),
+        **whitebox_fields(rep),
         "n_params": sum(p.numel() for p in model.parameters()),
         "train_s": t1 - t0, "finalize_s": t2 - t1,
+    }
+
+
+def whitebox_fields(rep: Any) -> dict[str, Any]:
+    """The white-box bound of a report, its family check, where its statistic L falls in the exact
+    law of a correct run (same sigma, q, T and IN / OUT counts), the report's power statement
+    (exact for this bound: ``stats.whitebox.whitebox_power``) and which methods refuted."""
+    from dpaudit_torch.registry import refuting_methods
+    from dpaudit_torch.stats.whitebox import ReleaseLaw
+
+    d = rep.lower_bound_details.get("whitebox") or {}
+    fc = d.get("family_check") or {}
+    pw = rep.power or {}
+    quant = pw.get("expected_bound_quantiles") or [None, None]
+    pct = None
+    stat, sigma = d.get("statistic"), pw.get("sigma")
+    if stat is not None and sigma and d.get("n_in") and d.get("n_out"):
+        law = ReleaseLaw(int(d["n_in"]), int(d["n_out"]), int(d["steps"]), float(d["q"]))
+        pct = 100.0 * (1.0 - law.tail(float(stat), 1.0 / float(sigma), conservative=False))
+    return {
+        "whitebox": float(rep.epsilon_lower_bounds.get("whitebox", 0.0)),
+        "family_verified": d.get("family_verified") is True,
+        "family_reason": fc.get("reason") or d.get("note", ""),
+        "dispersion": fc.get("dispersion"), "dispersion_min": fc.get("dispersion_min"),
+        "kurtosis": fc.get("kurtosis"),
+        "kurtosis_tol": fc.get("kurtosis_tolerance"),
+        "sigma_hat": d.get("sigma_hat"), "rho_lower": d.get("rho_lower"),
+        "wb_stat": stat, "wb_pct": pct, "wb_ceiling": d.get("ceiling"),
+        "power_method": pw.get("method"),
+        "expected": pw.get("expected_bound"), "expected_lo": quant[0], "expected_hi": quant[1],
+        "min_refutable": pw.get("min_refutable_epsilon"),
+        "refuted_by": refuting_methods(rep.epsilon_lower_bounds, rep.claimed_epsilon,
+                                       rep.lower_bound_details),
     }
 
 
@@ -198,6 +240,17 @@ def fmt_list(vals: list[float]) -> str:
 # ------------------------------------------------------------------------------------------------
 # the three parts
 # ------------------------------------------------------------------------------------------------
+def span(runs: list[dict[str, Any]], key: str) -> str:
+    """min-max of ``key`` over the runs ("-" if none has it)."""
+    vals = [float(r[key]) for r in runs if r[key] is not None]
+    return f"{min(vals):.4g}-{max(vals):.4g}" if vals else "-"
+
+
+def _med(vals: list[Any]) -> float:
+    got = [float(v) for v in vals if v is not None]
+    return statistics.median(got) if got else float("nan")
+
+
 def real_vs_simulated(args: argparse.Namespace, t0: float) -> tuple[str, list[str]]:
     settings = [("mlp", 0.8), ("cnn", 1.0)]
     rows, notes = [], []
@@ -206,12 +259,15 @@ def real_vs_simulated(args: argparse.Namespace, t0: float) -> tuple[str, list[st
         for s in range(args.seeds):
             r = audited_run(kind, s, sigma, args.steps, args.mlp_n)
             runs.append(r)
-            print(f"  {kind} seed {s}: steinke {r['steinke']:.3f} fdp {r['fdp']:.3f} "
-                  f"expected {r['expected']} W std {r['w_std']:.3f} (train {r['train_s']:.1f}s, "
-                  f"finalize {r['finalize_s']:.1f}s; {time.time() - t0:.0f}s)", flush=True)
+            print(f"  {kind} seed {s}: whitebox {r['whitebox']:.3f} (family "
+                  f"{r['family_verified']}, L pct {r['wb_pct']:.0f}, idealized {r['expected']:.3f}"
+                  f") steinke {r['steinke']:.3f} fdp {r['fdp']:.3f} W std {r['w_std']:.3f} "
+                  f"(train {r['train_s']:.1f}s, finalize {r['finalize_s']:.1f}s; "
+                  f"{time.time() - t0:.0f}s)", flush=True)
         q, steps_a, m, score = (runs[0]["q"], runs[0]["audited_steps"], runs[0]["m"],
                                 runs[0]["score"])
         assert all(r["audited_steps"] == steps_a and r["m"] == m for r in runs)
+        assert all(r["power_method"] == "whitebox" for r in runs), "power is not the white-box's"
         ts = time.perf_counter()
         sim = {meth: simulate_one_run_bounds(sigma, q, steps_a, m, score=score, delta=DELTA,
                                              alpha=ALPHA, method=meth,
@@ -229,36 +285,72 @@ def real_vs_simulated(args: argparse.Namespace, t0: float) -> tuple[str, list[st
         lo, hi = np.quantile(sim["steinke"], [0.1, 0.9])
         claimed = statistics.median([r["claimed"] for r in runs])
         met = ratio["steinke"] >= RATIO_TARGET
+        # the white-box bound against its exact law (power.expected_bound: the median of the
+        # bound of a correct run with this run's sigma, q, T, m and IN count)
+        wb = [r["whitebox"] for r in runs]
+        wb_med = statistics.median(wb)
+        ideal, ideal_lo, ideal_hi = (_med([r[k] for r in runs])
+                                     for k in ("expected", "expected_lo", "expected_hi"))
+        wb_ratio = wb_med / ideal if ideal > 0 else float("nan")
+        wb_met = wb_ratio >= RATIO_TARGET
+        n_fam = sum(r["family_verified"] for r in runs)
         label = (f"MLP 20-64-64-1, n={args.mlp_n}" if kind == "mlp" else "digits CNN")
         rows.append([
             label, runs[0]["n_params"], sigma, f"{q:.4g}", steps_a, m, score, len(runs),
             f"{statistics.median(r['w_std'] for r in runs):.3g} "
             f"({fmt_list([r['w_std'] for r in runs])})",
-            claimed, f"{med_real['steinke']:.3f} ({fmt_list(real['steinke'])})",
+            claimed,
+            f"{wb_med:.3f} ({fmt_list(wb)})",
+            f"{ideal:.3f} [{ideal_lo:.3g}, {ideal_hi:.3g}]",
+            f"{wb_ratio:.3f}", f">= {RATIO_TARGET}", "yes" if wb_met else "NO",
+            fmt_list([r["wb_pct"] for r in runs]),
+            f"{n_fam}/{len(runs)} "
+            f"({', '.join('yes' if r['family_verified'] else 'no' for r in runs)})",
+            f"{med_real['steinke']:.3f} ({fmt_list(real['steinke'])})",
             f"{med_sim['steinke']:.3f} [{lo:.3g}, {hi:.3g}]",
-            f"{statistics.median(r['expected'] for r in runs):.3f}",
             f"{ratio['steinke']:.3f}", f"{pct['steinke']:.0f}",
             f">= {RATIO_TARGET}", "yes" if met else "NO",
             f"{med_real['fdp']:.3f} / {med_sim['fdp']:.3f} = {ratio['fdp']:.3f} "
             f"(pct {pct['fdp']:.0f})",
+            f"{statistics.median(r['finalize_s'] for r in runs):.2f} "
+            f"({fmt_list([r['finalize_s'] for r in runs])})",
         ])
+
         notes.append(
             f"{label}: training {statistics.median(r['train_s'] for r in runs):.1f} s per run "
-            f"(median), finalize (bounds + power simulation) "
-            f"{statistics.median(r['finalize_s'] for r in runs):.1f} s, simulation of "
-            f"{args.replicates} x 2 games {sim_s:.1f} s; largest |W| "
-            f"{max(r['w_max'] for r in runs):.3g} C.")
-        print(f"{kind}: real steinke median {med_real['steinke']:.3f}, simulated "
+            f"(median), finalize() {statistics.median(r['finalize_s'] for r in runs):.2f} s "
+            f"(median; all bounds and the exact white-box power statement), simulation of "
+            f"{args.replicates} x 2 guess-based games {sim_s:.1f} s; largest |W| "
+            f"{max(r['w_max'] for r in runs):.3g} C. White-box details per run: sigma_hat "
+            f"{span(runs, 'sigma_hat')} (sigma {sigma}), rho_lower {span(runs, 'rho_lower')} "
+            f"(1 / sigma = {1 / sigma:.4g}), family check: variance ratio "
+            f"{span(runs, 'dispersion')} (at least {span(runs, 'dispersion_min')} needed), "
+            f"kurtosis "
+            f"{span(runs, 'kurtosis')} (3 +- {runs[0]['kurtosis_tol'] or float('nan'):.3g})"
+            + ("" if n_fam == len(runs) else "; failed: " + "; ".join(
+                f"seed {r['seed']}: {r['family_reason']}" for r in runs
+                if not r["family_verified"]))
+            + f"; power.min_refutable_epsilon {span(runs, 'min_refutable')} against the claim "
+            f"{claimed:.4g}.")
+        print(f"{kind}: real whitebox median {wb_med:.3f}, idealized {ideal:.3f} "
+              f"[{ideal_lo:.3f}, {ideal_hi:.3f}], ratio {wb_ratio:.3f}, family {n_fam}/"
+              f"{len(runs)}; steinke median {med_real['steinke']:.3f}, simulated "
               f"{med_sim['steinke']:.3f}, ratio {ratio['steinke']:.3f}; fdp "
               f"{med_real['fdp']:.3f} / {med_sim['fdp']:.3f} ({time.time() - t0:.0f}s)",
               flush=True)
     table = markdown_table(
         ["model", "params", "sigma", "q", "T (audited steps)", "m", "score", "seeds",
          "interference std, C: median (per seed)", "claimed eps (PRV)",
+         "real white-box: median (per seed)",
+         "idealized white-box (power.expected_bound): median [10%, 90%]",
+         "ratio real / idealized (white-box)", "white-box target", "white-box met",
+         "percentile of real L in its exact law (per seed)",
+         "white-box family verified (per seed)",
          "real Steinke: median (per seed)", "simulated Steinke: median [10%, 90%]",
-         "report power.expected_bound (median)", "ratio real / simulated",
+         "ratio real / simulated",
          "percentile of real median in simulated", "target", "met",
-         "f-DP real / simulated median (no target)"], rows)
+         "f-DP real / simulated median (no target)",
+         "finalize() s: median (per seed)"], rows)
     return table, notes
 
 
@@ -269,22 +361,36 @@ def refutation(args: argparse.Namespace, t0: float) -> tuple[str, dict[str, Any]
         r = audited_run("mlp", 1000 + s, sigma, args.steps, args.mlp_n,
                         accountant_q_factor=0.01)
         runs.append(r)
-        print(f"  refutation seed {s}: claimed {r['claimed']:.3f} steinke {r['steinke']:.3f} "
-              f"refuted {r['refuted']} ({time.time() - t0:.0f}s)", flush=True)
+        print(f"  refutation seed {s}: claimed {r['claimed']:.3f} whitebox {r['whitebox']:.3f} "
+              f"(family {r['family_verified']}) steinke {r['steinke']:.3f} refuted "
+              f"{r['refuted']} by {r['refuted_by']} (finalize {r['finalize_s']:.1f}s; "
+              f"{time.time() - t0:.0f}s)", flush=True)
     q, steps_a = runs[0]["q"], runs[0]["audited_steps"]
     true_eps = true_epsilon(sigma, q, steps_a)
     n_ref = sum(r["refuted"] for r in runs)
     need = int(np.ceil(REFUTE_TARGET * len(runs)))
     met = n_ref >= need
+    n_wb = sum("whitebox" in r["refuted_by"] for r in runs)
+    n_st = sum("steinke" in r["refuted_by"] for r in runs)
+    n_fam = sum(r["family_verified"] for r in runs)
+    by = Counter(" + ".join(r["refuted_by"]) or "none" for r in runs)
     row = [f"MLP 20-64-64-1, n={args.mlp_n}", sigma, f"{q:.4g}", f"{q / 100:.4g}", steps_a,
            len(runs), f"{statistics.median(r['claimed'] for r in runs):.4g}", f"{true_eps:.4g}",
+           fmt_list([r["whitebox"] for r in runs]), f"{n_fam}/{len(runs)}",
            fmt_list([r["steinke"] for r in runs]), fmt_list([r["fdp"] for r in runs]),
+           f"{n_wb}/{len(runs)}", f"{n_st}/{len(runs)}",
+           "; ".join(f"{k} x{v}" for k, v in sorted(by.items())),
            f"{n_ref}/{len(runs)}", f">= {need}/{len(runs)}", "yes" if met else "NO",
-           f"{sum(1 for r in runs if r['inconsistent'])}/{len(runs)}"]
+           f"{sum(1 for r in runs if r['inconsistent'])}/{len(runs)}",
+           f"{statistics.median(r['finalize_s'] for r in runs):.2f} "
+           f"({span(runs, 'finalize_s')})"]
     table = markdown_table(
         ["model", "sigma", "real q", "q told to the accountant", "steps", "seeds",
-         "claimed eps (PRV)", "true eps (PRV, real q)", "Steinke bounds", "f-DP bounds",
-         "claim refuted", "target", "met", "report.claim_inconsistent (no target)"], [row])
+         "claimed eps (PRV)", "true eps (PRV, real q)", "white-box bounds",
+         "white-box family verified", "Steinke bounds", "f-DP bounds",
+         "refuted by white-box", "refuted by Steinke", "refuting methods (per run)",
+         "claim refuted", "target", "met", "report.claim_inconsistent (no target)",
+         "finalize() s: median (range)"], [row])
     return table, {"n_ref": n_ref, "true_eps": true_eps}
 
 
@@ -345,13 +451,15 @@ def bias_bug(args: argparse.Namespace, t0: float) -> str:
            f"{runs[0]['n_params']} coordinates)",
            "; ".join(f"{m} x{n}" for m, n in sorted(Counter(
                m for r in runs for m in r["decided_by"]).items())) or "-",
-           "yes" if met else "NO"]
+           "yes" if met else "NO",
+           f"{statistics.median(r['finalize_s'] for r in runs):.2f} "
+           f"({span(runs, 'finalize_s')})"]
     table = markdown_table(
         ["model", "sigma", "bug", "seeds", "max steps", "check_every",
          "violation_step per seed", "median (decided runs)", "max", "crossed_at_step per seed",
          f"decided within {BIAS_STEP_TARGET} steps", "target",
          "pairs in 1-d tensors (their coordinates)", "monitors with a violation finding",
-         "met"], [row])
+         "met", "finalize() s: median (range)"], [row])
     # what governs the latency: the share of the 16 pairs that sit in the broken tensors
     srows = []
     for n_free in args.synthetic_noiseless:
@@ -433,13 +541,21 @@ def main() -> None:
         f"MLP (20-64-64-1, ReLU) regressing a target of mean 10 from inputs of mean 3 "
         f"(n = {args.mlp_n}, batch n/10 so q = 0.1 and len(loader) = 10; sigma 0.8, lr 0.05), "
         "whose real clipped sum at the pair coordinates has the spread shown (units of C; the "
-        "auditor subtracts it, docs/design.md section 8). *Simulated* = the idealized game of "
+        "auditor subtracts it, docs/design.md section 8). *White-box* = the default whole-run "
+        "bound, the white-box release bound (`stats.whitebox`, docs/design.md section 13, its "
+        "own level `whitebox_alpha` = 1e-3); *idealized* = the report's `power.expected_bound`, "
+        "exact for this bound: the median of its law for a correct implementation with the "
+        "run's sigma, q, T, m and IN count (median over the seeds; the 10% and 90% quantiles "
+        "are `power.expected_bound_quantiles`); the percentile column places each run's "
+        "statistic L = D / S in that exact law (uniform on [0, 100] for a correct run). "
+        "*Simulated* = the idealized guessing game of "
         "a correct implementation with the same sigma, q, T, m, score and strategy "
         "(`stats.one_run_power.simulate_one_run_bounds`, "
-        f"{args.replicates} games, seed 1); the report's `power.expected_bound` is the same "
-        "simulation with seed 0. Near its ceiling the Steinke bound moves in discrete steps "
+        f"{args.replicates} games, seed 1) for the guess-based bounds (Steinke, f-DP). Near "
+        "its ceiling the Steinke bound moves in discrete steps "
         "(every guess right at one of the candidate guess counts), which the percentile "
-        "column shows.\n\n" + "\n".join(out) + f"\nTotal time {total:.0f} s.\n")
+        "column shows. `finalize()` s: wall time of the auditor's finalize (every bound, the "
+        "power statement, the report).\n\n" + "\n".join(out) + f"\nTotal time {total:.0f} s.\n")
     write_section("one_run_real", body)
 
 
