@@ -35,6 +35,11 @@ def _exceeds(method: str, bound: float | None, claim: float | None, may_refute: 
             "this method, so it does not count it as refuting the claim"
         )
     family = f"the {esc(spec.family)} family" if spec.family else "a trade-off family"
+    if spec.refutes_if_verified:
+        return (
+            f'<span class="bad">yes</span>, but this test assumes {family}, which its check '
+            "on this run's data did not verify, so it does not refute the claim"
+        )
     return (
         f'<span class="bad">yes</span>, but this test assumes {family}, so it does not '
         "refute the claim on its own"
@@ -79,6 +84,8 @@ def _whole_run_row(v: ReportView, m: str) -> str:
     exceeds = _exceeds(m, d["epsilon_lower_bounds"].get(m), d["claimed_epsilon"],
                        v.may_refute(m))
     strategy = esc(det["strategy"]) if "strategy" in det else num(None)
+    if "rho_lower" in det:  # the white-box bound makes no guesses: it uses every value
+        strategy = "none: every observation's value (exact law of the canaries' sums)"
     if "guesses" in det and not isinstance(det["guesses"], (dict, list)):
         strategy += f" ({scalar(det['guesses'])})"
     unc = det.get("uncorrected_best")
@@ -124,10 +131,12 @@ def _whole_run_table(v: ReportView, methods: list[str]) -> tuple[str, list[str]]
         notes += _notes(v, m)
         ceiling, claim = v.ceiling(m), d["claimed_epsilon"]
         if v.may_refute(m) and ceiling is not None and claim is not None and ceiling <= claim:
+            best_case = ("even for a noise-free release" if "rho_lower" in v.detail(m)
+                         else "even with every guess right; more canaries raise the ceiling")
             notes.append(
                 f"<li><strong>{esc(m)}</strong>: its ceiling ε = {num(ceiling)} is not above "
                 f"the claimed ε = {num(claim)}, so this method could not have refuted the "
-                "claim even with every guess right; more canaries raise the ceiling.</li>")
+                f"claim {best_case}.</li>")
     if not rows:
         return "<p><em>No lower bound on the whole run's ε was computed.</em></p>", notes
     head = (
@@ -176,8 +185,9 @@ def bounds_section(v: ReportView) -> str:
         f"{num(d['claimed_epsilon'], 'claimed_epsilon')} at δ = {num(d['delta'], 'delta')}, "
         f"from the accountant <strong>{acc}</strong>. Each bound in this table is a lower "
         "bound on the whole run's ε at the same δ: it holds with the confidence shown. The "
-        "ceiling is the largest ε the method could have certified with this many canaries, "
-        "even if every guess were right. The uncorrected best is a diagnostic (the best "
+        "ceiling is the largest ε the method could have certified with these canaries: with "
+        "every guess right for the guessing tests, for a noise-free release for the white-box "
+        "bound. The uncorrected best is a diagnostic (the best "
         "threshold chosen after seeing the answers) and is <em>not</em> a valid bound.</p>"
     )
     if not methods:

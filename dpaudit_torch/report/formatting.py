@@ -65,7 +65,7 @@ def scope_text(method: str, article: bool = False, with_family: bool = False) ->
 
 
 #: how the power sentence names a one-run method (the registry's label for any other)
-_SHORT_METHOD = {"steinke": "Steinke", "fdp": "f-DP"}
+_SHORT_METHOD = {"whitebox": "white-box", "steinke": "Steinke", "fdp": "f-DP"}
 
 
 def power_sentence(power: dict[str, Any], number: Callable[[Any, str], str] | None = None,
@@ -92,10 +92,14 @@ def power_sentence(power: dict[str, Any], number: Callable[[Any, str], str] | No
     spec = bound_method(method) if isinstance(method, str) else None
     label = _SHORT_METHOD.get(str(method), spec.label if spec is not None else "one-run")
     n = power.get("replicates")
-    runs = f"median of {fmt(n, 'power.replicates')}" if is_num(n) else "median of"
+    if power.get("mode") == "law":  # the white-box bound: from the exact law, no simulation
+        how = "the median of its exact law"
+    else:
+        runs = f"median of {fmt(n, 'power.replicates')}" if is_num(n) else "median of"
+        how = f"{runs} simulated runs"
     first = (
         f"A correct implementation with this run's settings would give a {label} bound of "
-        f"about {fmt(expected, 'power.expected_bound')} ({runs} simulated runs)"
+        f"about {fmt(expected, 'power.expected_bound')} ({how})"
     )
     mre, tp = power.get("min_refutable_epsilon"), power.get("target_power")
     if is_num(mre):

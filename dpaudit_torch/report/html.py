@@ -23,10 +23,10 @@ from __future__ import annotations
 from .bounds import bounds_section
 from .formatting import NO_STEPS_SENTENCE, pairs_sentence, power_sentence
 from .markup import esc, json_for_script, kv_section, method_label, num
-from .schema import JSON_NAME, ReportData, no_steps_audited
+from .schema import JSON_NAME, ReportData, is_num, no_steps_audited
 from .sections import plots_section, provenance_section, sequential_section, strength_section
 from .view import ReportView
-from .wording import decided_per_step, deciders_text, deciding_findings, monitor_label
+from .wording import decided_per_step, deciding_findings, monitor_label
 
 __all__ = ["render_html", "render_page", "verdict_section", "findings_text", "power_text",
            "meaning_text", "violation_text", "config_shown"]
@@ -131,31 +131,30 @@ def verdict_section(v: ReportView) -> str:
     if d["claim_refuted"]:
         css = "verdict-refuted"
         refuting = v.refuting()
+        def level(m: str) -> str:  # each bound's own level (the white-box bound has its own)
+            a = v.detail(m).get("alpha", d["alpha"])
+            if not is_num(a) or a == d["alpha"]:
+                return f"{v.level_pct}% confidence, α = {alpha}"
+            return (f"{num(100.0 * (1.0 - a))}% confidence, α = "
+                    f"{num(a, f'lower_bound_details.{m}.alpha')}")
+
         which = (
             "; ".join(
                 f"{esc(method_label(m))}: ε ≥ "
-                f"{num(d['epsilon_lower_bounds'][m], f'epsilon_lower_bounds.{m}')}"
+                f"{num(d['epsilon_lower_bounds'][m], f'epsilon_lower_bounds.{m}')} "
+                f"({level(m)})"
                 for m in refuting
             )
             or "see the table below"
         )
         text = (
             f"<p>The privacy claim is <strong>false</strong>. The training run claims ε = "
-            f"{claim} at δ = {delta}, but the audit certified, with confidence at least "
-            f"{v.level_pct}% (α = {alpha}), a larger ε for the whole run ({which}). "
-            "The implementation or its accounting does not deliver the privacy it "
-            "states.</p>"
+            f"{claim} at δ = {delta}, but the audit certified a larger ε for the whole run "
+            f"({which}). The implementation or its accounting does not deliver the privacy "
+            "it states.</p>"
         )
-        if d["violation"]:
-            step = d["violation_step"]
-            at = (
-                f" at training step {num(step, 'violation_step')}" if step is not None
-                else ""
-            )
-            text += (
-                f"<p>The audit also proved{at} a violation; deciding monitor(s): "
-                f"{deciders_text(d['findings'], esc, d['monitor_labels'])}.</p>"
-            )
+        if d["violation"]:  # the proof during training as well, with its deciding monitors
+            text += violation_text(v)
     elif d["violation"]:
         css = "verdict-violation"
         text = violation_text(v)

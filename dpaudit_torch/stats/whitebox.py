@@ -502,7 +502,7 @@ def whitebox_power(sigma: float, q: float, steps: int, m: int, *, delta: float,
     claim with probability ``target_power``.
     """
     out: dict[str, Any] = {
-        "method": "whitebox", "score": "sum", "mode": "exact", "replicates": None,
+        "method": "whitebox", "score": "sum", "mode": "law", "replicates": None,
         "sigma": sigma, "q": q, "steps": int(steps), "m": int(m), "c": 1.0,
         "mean_inclusions": q * steps, "alpha": alpha, "delta": delta,
         "claimed_epsilon": claimed_epsilon, "target_power": target_power, "no_power": False,
@@ -515,6 +515,10 @@ def whitebox_power(sigma: float, q: float, steps: int, m: int, *, delta: float,
                     "no_power": True,
                     "note": "no power: no step, too few canaries or no noise"})
         return out
+    if q * steps < 5:
+        out["warnings"].append(
+            f"IN canaries were included only {q * steps:.3g} times on average (q T); the one-run "
+            "bound has almost no power: raise the number of steps or the sample rate")
     law = _law(n1, n0, int(steps), float(q))
     rho = 1.0 / sigma
 

@@ -303,7 +303,9 @@ def test_verdict_of_a_refuted_claim_with_a_violation_names_the_deciders() -> Non
     box = verdict_section(ReportView(report))
     assert 'class="verdict verdict-refuted"' in box
     assert "The privacy claim is <strong>false</strong>" in box
-    assert "deciding monitor(s): sampling (batch sizes not Poisson): sampling found a leak" in box
+    # the proof during training is told as in a violation's box, with its deciding monitors
+    assert 'id="deciding-monitors"' in box and 'data-monitor="sampling"' in box
+    assert "sampling found a leak" in box and "at training step" in box
 
 
 def test_verdict_of_an_inconsistent_claim_and_of_a_finding() -> None:
@@ -417,3 +419,31 @@ def test_configuration_shows_the_per_step_null_used() -> None:
     row = re.search(r"<tr><th>per_step_null</th><td>(.*?)</td></tr>", report.to_html(), re.S)
     assert row is not None and _visible(row.group(1)) == "each step is (epsilon = 1, delta = " \
                                                          "1e-05)-DP"
+
+
+def test_the_white_box_bound_refutes_only_with_its_family_verified() -> None:
+    """A white-box bound above the claim refutes it when its detail says the family check
+    passed (the verdict gives its own level), and is a plain 'yes, but' row otherwise."""
+    from dpaudit_torch.report.bounds import bounds_section
+
+    def with_whitebox(verified: bool) -> Any:
+        report = make_report("nothing")
+        report.epsilon_lower_bounds = {"whitebox": 9.5, **report.epsilon_lower_bounds}
+        report.lower_bound_details = {
+            "whitebox": {"bound": 9.5, "method": "whitebox", "alpha": 0.001, "delta": 1e-5,
+                         "rho_lower": 2.0, "ceiling": 40.0, "family_verified": verified,
+                         "family": "DP-SGD family", "score": "sum"},
+            **report.lower_bound_details}
+        report.claim_refuted = verified
+        return ReportView(report)
+
+    v = with_whitebox(True)
+    assert v.refuting() == ["whitebox"] and v.may_refute("whitebox")
+    box = verdict_section(v)
+    assert "The privacy claim is <strong>false</strong>" in box
+    assert "99.9% confidence" in box and "0.001" in box
+    row = bounds_section(v)
+    assert "yes: claim refuted" in row and "every observation" in row
+    v = with_whitebox(False)
+    assert v.refuting() == [] and not v.may_refute("whitebox")
+    assert "which its check on this run's data did not verify" in bounds_section(v)

@@ -247,3 +247,27 @@ def test_jax_privacy_values_from_the_roc_hull(mu: int, steinke: float, fdp: floa
     for method, want in (("steinke", steinke), ("fdp", fdp)):
         got, _, _ = best_bound(method, 2 * n, r, v, ALPHA / r.size, 1e-6)
         assert got == pytest.approx(want, rel=4e-7)
+
+
+@pytest.mark.parametrize("method", ["steinke", "fdp"])
+@pytest.mark.parametrize("guesses", ["one_sided", "two_sided"])
+def test_every_guess_right_gives_the_ceiling(method: str, guesses: str) -> None:
+    """The reported ceiling is what the audit as configured reaches: scores that separate IN
+    from OUT perfectly give a bound equal to the ceiling, for every strategy (one-sided guesses
+    can be right only for the IN canaries, so candidates beyond n_in do not count)."""
+    from dpaudit_torch.stats.one_run import Bonferroni, FixedK, OneRunAudit, RandomSplit
+
+    rng = np.random.default_rng(12)
+    m = 1000
+    lab = rng.random(m) < 0.5
+    scores = np.where(lab, 10.0 + rng.random(m), rng.random(m))
+    audit = OneRunAudit.from_labels(scores, lab)
+    n_in = int(lab.sum())
+    for strategy in (None, FixedK(100), FixedK(n_in + 50, 0), RandomSplit(),
+                     Bonferroni([10, 100, 900]), Bonferroni("all")):
+        res = audit.epsilon_lower_bound(1e-5, method=method, guesses=guesses, strategy=strategy)
+        assert res.bound == pytest.approx(res.ceiling, rel=1e-9, abs=1e-12), strategy
+    # the ceiling never counts guesses that cannot be right: one-sided, k+ above n_in
+    res = audit.epsilon_lower_bound(1e-5, method=method, guesses="one_sided",
+                                    strategy=FixedK(n_in + 50))
+    assert res.v == n_in and res.r == n_in + 50

@@ -156,7 +156,7 @@ def test_power_statement() -> None:
     p = mon.power
     assert (p["sigma"], p["q"], p["steps"], p["m"]) == (SIGMA, Q, T, M)
     # the power statement is the default (white-box) bound's: exact, no simulated runs
-    assert p["method"] == "whitebox" and p["mode"] == "exact" and p["replicates"] is None
+    assert p["method"] == "whitebox" and p["mode"] == "law" and p["replicates"] is None
     assert p["claimed_epsilon"] == 1.5 and p["score"] == "sum"
     assert p["mean_inclusions"] == pytest.approx(Q * T) and "seconds" not in p
     assert p["expected_bound"] > 0 and p["no_power"] is False
