@@ -19,6 +19,16 @@ Smoke test on CPU (torchvision's FakeData, a narrower network)::
     python examples/cifar10_wrn.py --fake-data --steps 2 --batch-size 16 \\
         --max-physical-batch-size 8 --m-canaries 200 --width 1 --out /tmp/wrn_audit
 
+What a correct run of this exact setting should give, before paying for the GPU run (seconds on
+a CPU, no data needed)::
+
+    python examples/cifar10_wrn.py --power-only
+
+Every run prints the same statement before training: the white-box bound's expected value for a
+correct implementation with these sigma, q, T and canaries (exact, from the law of its statistic:
+docs/one_run.md), beside what Steinke et al. (2023) audited in this setting (epsilon >= 1.8 at a
+claimed epsilon of 8).
+
 The report (``audit.json`` + ``report.html``) is written to ``--out``. Exit code 0 when the run
 completes (whatever the verdict), 2 on bad arguments or missing data.
 """
@@ -210,7 +220,7 @@ def build_parser() -> argparse.ArgumentParser:
         description="DP-SGD on CIFAR-10 (WideResNet-16-4, GroupNorm, no augmentation) with the "
         "white-box privacy auditor attached; writes audit.json and report.html.",
     )
-    src = p.add_mutually_exclusive_group(required=True)
+    src = p.add_mutually_exclusive_group()
     src.add_argument("--data", metavar="DIR", help="root of a local CIFAR-10 "
                      "(torchvision layout: DIR/cifar-10-batches-py); never downloaded")
     src.add_argument("--fake-data", action="store_true",
@@ -235,8 +245,11 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--alpha", type=_positive_float, default=0.05,
                    help="level of the audit's tests (default 0.05)")
     p.add_argument("--lr", type=_positive_float, default=2.0, help="SGD learning rate (default 2)")
-    p.add_argument("--m-canaries", type=_positive_int, default=5000,
-                   help="one-run canaries (each IN with probability 1/2; default 5000)")
+    p.add_argument("--m-canaries", type=_positive_int, default=20000,
+                   help="one-run canaries (each IN with probability 1/2; default 20000)")
+    p.add_argument("--power-only", action="store_true",
+                   help="print what a correct run of this setting gives (the white-box bound's "
+                   "expected value) and exit, without data or training")
     p.add_argument("--k-pairs", type=_positive_int, default=16,
                    help="canary coordinate pairs for the sequential tests (default 16)")
     p.add_argument("--depth", type=int, default=16, help="WideResNet depth, 6n+4 (default 16)")
@@ -274,7 +287,52 @@ def _logical_steps(engine: object) -> int:
     return int(sum(n for (_, _, n) in engine.accountant.history))  # type: ignore[attr-defined]
 
 
+def expected_audit(sigma: float, q: float, steps: int, m: int, delta: float,
+                   claimed: float | None) -> str:
+    """What a correct implementation of this setting gives: the white-box bound's median and
+    [10 %, 90 %] quantiles from its exact law (no simulation), and the smallest true epsilon the
+    audit refutes with probability 0.8."""
+    from dpaudit_torch.stats.whitebox import whitebox_power
+
+    pw = whitebox_power(sigma, q, steps, m, delta=delta, claimed_epsilon=claimed)
+    lo, hi = pw["expected_bound_quantiles"]
+    text = (f"expected audit of a correct run (sigma {sigma:.4g}, q {q:.4g}, T {steps}, "
+            f"{m} canaries): white-box bound {pw['expected_bound']:.3g} "
+            f"[10%: {lo:.3g}, 90%: {hi:.3g}]")
+    if claimed is not None:
+        text += f" against the claimed epsilon {claimed:.3g}"
+        mre = pw.get("min_refutable_epsilon")
+        if mre is not None:
+            text += f"; it refutes a true epsilon of {mre:.3g} or more with probability 80%"
+    return text + ("; Steinke et al. (2023) audited epsilon >= 1.8 in this setting at a claimed "
+                   "epsilon of 8")
+
+
+def _power_only(args: argparse.Namespace) -> int:
+    """--power-only: the expected audit of the configured setting, without data."""
+    from opacus.accountants.utils import get_noise_multiplier
+
+    from dpaudit_torch.stats.whitebox import dpsgd_epsilon
+
+    n = args.fake_size if args.fake_data else 50_000
+    q = 1.0 / math.ceil(n / args.batch_size)  # Opacus: 1 / len(loader)
+    if args.noise_multiplier is not None:
+        sigma = float(args.noise_multiplier)
+        claimed = dpsgd_epsilon(sigma, q, args.steps, args.delta, "upper")
+    else:
+        claimed = 8.0 if args.epsilon is None else args.epsilon
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            sigma = get_noise_multiplier(target_epsilon=claimed, target_delta=args.delta,
+                                         sample_rate=q, steps=args.steps,
+                                         accountant=args.accountant)
+    print(expected_audit(sigma, q, args.steps, args.m_canaries, args.delta, claimed))
+    return 0
+
+
 def run(args: argparse.Namespace) -> int:
+    if args.power_only:
+        return _power_only(args)
     device = _device(args.device)
     if args.seed is not None:
         torch.manual_seed(args.seed)
@@ -321,6 +379,8 @@ def run(args: argparse.Namespace) -> int:
         )
     logger.info("WRN-%d-%d (%d parameters) on %s, %d training examples; sigma=%.4g, q=%.4g",
                 args.depth, args.width, n_params, data_name, n, sigma, sample_rate)
+    m_room = min(args.m_canaries, (n_params - 2 * args.k_pairs) // 2)
+    print(expected_audit(sigma, sample_rate, args.steps, m_room, args.delta, target))
 
     auditor = PrivacyAuditor(
         engine, optimizer, loader, delta=args.delta, alpha=args.alpha, model=model,
@@ -392,7 +452,10 @@ def run(args: argparse.Namespace) -> int:
 
 def main(argv: list[str] | None = None) -> int:
     logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s")
-    args = build_parser().parse_args(argv)
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    if not args.power_only and args.data is None and not args.fake_data:
+        parser.error("one of the arguments --data --fake-data is required (or --power-only)")
     try:
         return run(args)
     except DataError as exc:

@@ -128,6 +128,20 @@ def test_cifar10_wrn_fake_data(tmp_path: Path) -> None:
     assert 7.98 <= d["claimed_epsilon"] <= 8.0 + 1e-9
 
 
+def test_cifar10_wrn_power_only_prints_the_expected_audit(tmp_path: Path) -> None:
+    """--power-only: the white-box bound a correct run of the papers' setting gives, without
+    data; a smaller setting here (the default T = 2500 costs about 10 s)."""
+    proc = _run("cifar10_wrn.py", "--power-only", "--steps", "300", "--m-canaries", "4000",
+                "--epsilon", "4", cwd=tmp_path, timeout=300)
+    _ok(proc)
+    line = proc.stdout.strip().splitlines()[-1]
+    assert line.startswith("expected audit of a correct run (sigma ")
+    assert "T 300, 4000 canaries): white-box bound " in line
+    assert "against the claimed epsilon 4" in line and "audited epsilon >= 1.8" in line
+    bound = float(line.split("white-box bound ")[1].split(" ")[0])
+    assert 0.5 * 4 < bound < 4
+
+
 def test_cifar10_wrn_missing_data_is_a_clear_error(tmp_path: Path) -> None:
     proc = _run("cifar10_wrn.py", "--data", str(tmp_path / "nowhere"), "--device", "cpu",
                 cwd=tmp_path, timeout=120)

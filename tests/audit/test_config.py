@@ -181,9 +181,9 @@ def test_from_kwargs() -> None:
 # ------------------------------------------------------------------ sizing for a model
 def test_default_m_canaries() -> None:
     assert default_m_canaries(610, 4) == (610 - 8) // 2 == 301
-    assert default_m_canaries(10**6, 16) == DEFAULT_M_CANARIES == 5000
-    assert default_m_canaries(2 * 16 + 2 * 5000, 16) == 5000
-    assert default_m_canaries(2 * 16 + 2 * 5000 - 2, 16) == 4999
+    assert default_m_canaries(10**6, 16) == DEFAULT_M_CANARIES == 20000
+    assert default_m_canaries(2 * 16 + 2 * 20000, 16) == 20000
+    assert default_m_canaries(2 * 16 + 2 * 20000 - 2, 16) == 19999
     assert default_m_canaries(8, 4) == 0 and default_m_canaries(5, 4) == 0  # never negative
 
 
