@@ -137,7 +137,7 @@ def test_cifar10_wrn_power_only_prints_the_expected_audit(tmp_path: Path) -> Non
     line = proc.stdout.strip().splitlines()[-1]
     assert line.startswith("expected audit of a correct run (sigma ")
     assert "T 300, 4000 canaries): white-box bound " in line
-    assert "against the claimed epsilon 4" in line and "audited epsilon >= 1.8" in line
+    assert "against the claimed epsilon 4" in line and "lower bound of 1.8 against" in line
     bound = float(line.split("white-box bound ")[1].split(" ")[0])
     assert 0.5 * 4 < bound < 4
 
