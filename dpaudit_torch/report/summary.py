@@ -40,9 +40,12 @@ def summary_text(report: ReportData) -> str:
     for method in whole:
         scope = (scope_text(method, article=True, with_family=True)
                  or "a scope this version of dpaudit_torch does not know")
+        own = r.lower_bound_details.get(method, {}).get("alpha")  # a method's own level
+        pct = (format_number(100.0 * (1.0 - own)) if isinstance(own, (int, float))
+               and not isinstance(own, bool) and 0.0 < own < 1.0 else level)
         lines.append(
             f"Audited lower bound ({method}, for {scope}, at the same delta): epsilon >= "
-            f"{format_number(r.epsilon_lower_bounds[method])} with {level}% confidence.")
+            f"{format_number(r.epsilon_lower_bounds[method])} with {pct}% confidence.")
     if not r.epsilon_lower_bounds:
         lines.append("No lower bound was computed.")
     elif not whole:

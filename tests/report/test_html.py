@@ -444,6 +444,9 @@ def test_the_white_box_bound_refutes_only_with_its_family_verified() -> None:
     assert "99.9% confidence" in box and "0.001" in box
     row = bounds_section(v)
     assert "yes: claim refuted" in row and "every observation" in row
+    text = v.r.summary_text()  # each bound at its own level
+    assert "(whitebox, for the whole training run" in text and "9.5 with 99.9% confidence" in text
+    assert "(steinke, for the whole training run" in text and "with 95% confidence" in text
     v = with_whitebox(False)
     assert v.refuting() == [] and not v.may_refute("whitebox")
     assert "which its check on this run's data did not verify" in bounds_section(v)
