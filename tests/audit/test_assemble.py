@@ -97,7 +97,8 @@ def test_every_monitors_contribution_is_in_the_report(audited: Audited) -> None:
     sections = {n: c.section for n, c in contributions.items() if c.section is not None}
     assert rep.audits == sections and {"sampling", "accounting", "noise"} <= set(sections)
     bounds = {b: v for c in contributions.values() for b, v in c.bounds.items()}
-    assert set(rep.epsilon_lower_bounds) == set(bounds) == {"steinke", "fdp", "sequential"}
+    assert set(rep.epsilon_lower_bounds) == set(bounds) == {"whitebox", "steinke", "fdp",
+                                                            "sequential"}
     for b, (value, details) in bounds.items():
         assert rep.epsilon_lower_bounds[b] == value and rep.lower_bound_details[b] == details
     fields = {f: v for c in contributions.values() for f, v in c.fields.items()}

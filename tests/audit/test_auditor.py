@@ -387,10 +387,13 @@ def test_finalize_builds_a_complete_report():
     s.train(12)
     rep = aud.finalize()
     assert aud.finalize() is rep and not aud.attached and _untouched(s.optimizer)
-    assert set(rep.epsilon_lower_bounds) == {"steinke", "fdp", "sequential"}
+    assert set(rep.epsilon_lower_bounds) == {"whitebox", "steinke", "fdp", "sequential"}
     # a correct run (seeded): no per-step null rejected, no whole-run bound above the claim
     assert rep.epsilon_lower_bounds["sequential"] == 0.0
     assert rep.epsilon_lower_bounds["steinke"] <= rep.claimed_epsilon
+    assert rep.epsilon_lower_bounds["whitebox"] <= rep.claimed_epsilon
+    assert rep.lower_bound_details["whitebox"]["family_verified"] is True
+    assert rep.power["method"] == "whitebox" and not rep.claim_refuted
     assert "per-step" in rep.lower_bound_details["sequential"]["note"]
     assert len(rep.one_run_scores["in"]) + len(rep.one_run_scores["out"]) == 128
     assert len(rep.one_run_scores["in"]) == rep.canaries["one_run_in"]
@@ -404,8 +407,8 @@ def test_finalize_builds_a_complete_report():
     # W, the real data's sum that was removed, at both coordinates of the 16 pairs, every step
     assert rep.interference["n"] == 12 * 32 and rep.interference["std"] > 0
     assert rep.interference["removed"] is True and rep.interference["read_every_steps"] == 1
-    # the power statement of the one-run audit
-    assert rep.power["replicates"] > 0 and rep.power["mean_inclusions"] == pytest.approx(
+    # the power statement of the one-run audit: the white-box bound's, from its exact law
+    assert rep.power["mode"] == "law" and rep.power["mean_inclusions"] == pytest.approx(
         12 * s.loader.sample_rate)
     assert rep.lower_bound_details["steinke"]["score"] == aud.config.one_run_score
     assert not rep.violation and not rep.claim_refuted and rep.seed_policy == "seeded (0)"
