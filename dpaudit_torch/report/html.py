@@ -243,11 +243,17 @@ def meaning_text(v: ReportView) -> str:
             f"strong is at most α = {num(d['alpha'])}.{extra}</p>"
         )
     best = v.best_ceiling()
-    ceiling = (
-        f" The largest ε this audit could have certified for the whole run, whatever the "
-        f"mechanism, is {num(best[1])} ({esc(method_label(best[0]))}), even "
-        "with every guess right." if best else ""
-    )
+    if best and "rho_lower" in v.detail(best[0]):  # the white-box bound: a family, no guesses
+        ceiling = (
+            f" The largest ε this audit could have certified for the whole run is "
+            f"{num(best[1])} ({esc(method_label(best[0]))}, what a noise-free release "
+            "gives, within the DP-SGD family its check verified).")
+    else:
+        ceiling = (
+            f" The largest ε this audit could have certified for the whole run, whatever the "
+            f"mechanism, is {num(best[1])} ({esc(method_label(best[0]))}), even "
+            "with every guess right." if best else ""
+        )
     return (
         '<p class="callout"><strong>"Nothing found" is not a proof of privacy.</strong> '
         "Every number in this report is a lower bound: an audit can show that a privacy "
