@@ -80,14 +80,16 @@ def test_power_statement_and_no_power_cases():
     s2.train(20)
     rep2 = aud2.finalize()
     p = rep2.power
-    assert p["no_power"] is False and p["replicates"] > 0
+    # the default (white-box) bound's power statement: from the exact law of its statistic
+    assert p["no_power"] is False and p["method"] == "whitebox" and p["mode"] == "law"
     lo, hi = p["expected_bound_quantiles"]  # the median lies between the 10 % and 90 % ones
     assert p["expected_bound"] is not None and lo <= p["expected_bound"] <= hi
     assert p["mean_inclusions"] == pytest.approx(20 * s2.loader.sample_rate)
-    assert p["score"] == aud2.config.one_run_score == "llr"
+    assert p["score"] == "sum" and aud2.config.one_run_score == "llr"
     eps = p["min_refutable_epsilon"]
     assert eps is None or (math.isfinite(eps) and eps > rep2.claimed_epsilon)
     assert rep2.lower_bound_details["steinke"]["score"] == "llr"
+    assert p["ceiling"] == pytest.approx(rep2.lower_bound_details["whitebox"]["ceiling"])
 
 
 def test_one_run_score_setting_is_validated_and_used():
