@@ -34,7 +34,7 @@ from __future__ import annotations
 import hashlib
 import json
 import math
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -154,36 +154,40 @@ def _method_order(methods: Any) -> tuple[str, ...]:
                  + sorted(m for m in names if m not in BOUND_METHODS))
 
 
-def _scores(d: Mapping[str, Any], methods: tuple[str, ...]) -> tuple[tuple[str, str], ...]:
-    """(method, score) for every bound method whose details record the per-canary score its
-    bound was computed with (``lower_bound_details.<method>.score``: what was used, e.g. the
-    sum where the likelihood ratio was undefined), in the methods' order."""
+def _per_method(d: Mapping[str, Any], methods: tuple[str, ...],
+                pick: Callable[[Mapping[str, Any]], Any]) -> tuple[tuple[str, Any], ...]:
+    """(method, value) for every bound method whose recorded details give ``pick`` a value
+    (not None), in the methods' order."""
     details = d.get("lower_bound_details")
     if not isinstance(details, Mapping):
         return ()
     out = []
     for m in methods:
         det = details.get(m)
-        if isinstance(det, Mapping) and isinstance(det.get("score"), str):
-            out.append((m, det["score"]))
+        value = pick(det) if isinstance(det, Mapping) else None
+        if value is not None:
+            out.append((m, value))
     return tuple(out)
+
+
+def _scores(d: Mapping[str, Any], methods: tuple[str, ...]) -> tuple[tuple[str, str], ...]:
+    """(method, score) for every bound method whose details record the per-canary score its
+    bound was computed with (``lower_bound_details.<method>.score``: what was used, e.g. the
+    sum where the likelihood ratio was undefined), in the methods' order."""
+    return _per_method(d, methods,
+                       lambda det: det["score"] if isinstance(det.get("score"), str) else None)
 
 
 def _levels(d: Mapping[str, Any], methods: tuple[str, ...]) -> tuple[tuple[str, float], ...]:
     """(method, alpha) for every bound method whose details record the level its bound holds
     at (``alpha``, or ``level`` for the sequential grid), e.g. a method with a level of its
     own, in the methods' order."""
-    details = d.get("lower_bound_details")
-    if not isinstance(details, Mapping):
-        return ()
-    out = []
-    for m in methods:
-        det = details.get(m)
-        if isinstance(det, Mapping):
-            level = det.get("alpha", det.get("level"))
-            if is_num(level):
-                out.append((m, float(level)))
-    return tuple(out)
+
+    def level(det: Mapping[str, Any]) -> float | None:
+        value = det.get("alpha", det.get("level"))
+        return float(value) if is_num(value) else None
+
+    return _per_method(d, methods, level)
 
 
 def fingerprint_of(report: ReportData | Mapping[str, Any]) -> Fingerprint:
