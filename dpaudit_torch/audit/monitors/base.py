@@ -51,7 +51,7 @@ from ..config import AuditConfig
 
 __all__ = ["Monitor", "MonitorConfig", "MonitorContext", "Evidence", "Finding", "Contribution",
            "MONITORS", "register_monitor", "build_monitors", "monitor_names", "plain_state",
-           "FINDING_LEVELS"]
+           "FINDING_LEVELS", "host_flags"]
 
 T = TypeVar("T")
 
@@ -267,6 +267,17 @@ class Monitor:
 
     def load_state_dict(self, sd: dict[str, Any]) -> None:
         return None
+
+
+def host_flags(flags: list[Any]) -> list[bool]:
+    """The buffered steps' finiteness flags as bools (docs/auditor.md, "On a GPU"): a flag is a
+    bool on the host path and a device tensor on the accelerator path; the tensors are stacked
+    and read back in one transfer, not one host read per flag."""
+    tensors = [f.reshape(()) for f in flags if isinstance(f, torch.Tensor)]
+    if not tensors:
+        return [bool(f) for f in flags]
+    read = iter(torch.stack(tensors).tolist())
+    return [bool(next(read)) if isinstance(f, torch.Tensor) else bool(f) for f in flags]
 
 
 def plain_state(obj: Any) -> Any:

@@ -39,6 +39,7 @@ from .base import (
     Monitor,
     MonitorConfig,
     MonitorContext,
+    host_flags,
     register_monitor,
 )
 
@@ -309,7 +310,7 @@ class NoiseMonitor(Monitor):
             return None
         steps, flags, rows = self._buffer.take()  # one synchronisation per check
         proven, self._sumsq_finite = self._sumsq_finite, []
-        keep = [f is True or bool(f) for f in flags]  # drop steps flagged non-finite
+        keep = host_flags(flags)  # drop steps flagged non-finite (one read for the flags)
         if not all(keep):
             steps = [s for s, k in zip(steps, keep) if k]
             rows = rows[np.asarray(keep)] if rows is not None else None

@@ -30,6 +30,7 @@ from .base import (
     Monitor,
     MonitorConfig,
     MonitorContext,
+    host_flags,
     register_monitor,
 )
 
@@ -87,7 +88,7 @@ class SamplingMonitor(Monitor):
     def advance(self) -> Evidence | None:
         if self.test is None or not self._buffer:
             return None
-        keep = [f is True or bool(f) for f in self._flags]  # drop steps flagged non-finite
+        keep = host_flags(self._flags)  # drop steps flagged non-finite (one read for all)
         steps = [s for (s, _), k in zip(self._buffer, keep) if k]
         sizes = np.asarray([n for (_, n), k in zip(self._buffer, keep) if k], dtype=np.int64)
         self._buffer, self._flags = [], []

@@ -303,3 +303,20 @@ def test_base_class_hooks_do_nothing() -> None:
     given = dataclasses.replace(_ctx(), options=ProbeConfig(knob=0))
     assert Quiet(given).settings == ProbeConfig(knob=0)  # the context's settings are used
     assert Monitor.name == "" and Monitor.needs == () and Monitor.observes_nonfinite is False
+
+
+def test_host_flags_reads_the_device_flags_once() -> None:
+    """The buffered finiteness flags: bools pass through, device flags are read back in one
+    transfer (docs/auditor.md, "On a GPU"), not one host read per flag."""
+    import torch
+
+    from dpaudit_torch.audit.monitors.base import host_flags
+    from dpaudit_torch.testing.host_sync import HostReadCounter
+
+    assert host_flags([True, False]) == [True, False] and host_flags([]) == []
+    flags = [True, torch.tensor(False), torch.tensor([True]), False, torch.tensor(True)]
+    with HostReadCounter() as counter:
+        with counter.counting() as reads:
+            got = host_flags(flags)
+    assert got == [True, False, True, False, True]
+    assert len(reads) == 1 and reads[0].method == "tolist"
