@@ -212,3 +212,24 @@ def test_bad_input() -> None:
         wb.dpsgd_epsilon(1.0, 0.1, 3, 1e-5, which="middle")
     with pytest.raises(ValueError, match="noise"):
         wb.simulate_release(1.0, 0.1, 3, 4, np.random.default_rng(0), noise="cauchy")
+
+
+@pytest.mark.parametrize(("sigma", "q", "steps"), [(1.0, 0.05, 300), (2.58, 0.08192, 2500),
+                                                    (8.0, 0.01, 1000)])
+def test_the_epsilon_map_is_the_prv_accountants(sigma: float, q: float, steps: int) -> None:
+    """dpsgd_epsilon is Opacus's PRV accountant with a domain at least as wide: its error
+    interval [lower, upper] contains Opacus's estimate, and its upper end is Opacus's
+    get_epsilon within the accountant's eps error (0.01)."""
+    from opacus.accountants import PRVAccountant
+
+    acc = PRVAccountant()
+    acc.history = [(sigma, q, steps)]
+    opacus_upper = acc.get_epsilon(1e-5)
+    lo = wb.dpsgd_epsilon(sigma, q, steps, 1e-5, "lower")
+    est = wb.dpsgd_epsilon(sigma, q, steps, 1e-5, "estimate")
+    up = wb.dpsgd_epsilon(sigma, q, steps, 1e-5, "upper")
+    # the interval: 2 eps errors plus the effect of delta +- delta / 1000
+    assert lo < est < up and up - lo <= 0.03
+    assert lo < opacus_upper and abs(up - opacus_upper) <= 0.01
+    # larger noise, smaller epsilon: the map the bound inverts is monotone
+    assert wb.dpsgd_epsilon(1.1 * sigma, q, steps, 1e-5, "lower") < lo
