@@ -98,6 +98,15 @@ _Strategy = FixedK | Bonferroni | RandomSplit
 # ------------------------------------------------------------------------------------------------
 # argument checks
 # ------------------------------------------------------------------------------------------------
+def few_inclusions_warning(q: float, steps: int) -> str | None:
+    """The warning for an audit whose IN canaries are included fewer than
+    :data:`_FEW_INCLUSIONS` times on average (q T), or None."""
+    if q * steps >= _FEW_INCLUSIONS:
+        return None
+    return (f"IN canaries were included only {q * steps:.3g} times on average (q T); the "
+            "one-run bound has almost no power: raise the number of steps or the sample rate")
+
+
 def _check_game(sigma: object, q: object, steps: object, m: object, c: object
                 ) -> tuple[float, float, int, int, float]:
     s_ = as_real("sigma", sigma)
@@ -521,10 +530,9 @@ def one_run_power(sigma: float, q: float, steps: int, m: int, *, score: str = DE
                            warnings=(f"the one-run audit has no power: {reason}",),
                            no_power=True, note=reason, **base)
     warns: list[str] = []
-    if q_ * t_ < _FEW_INCLUSIONS:
-        warns.append(
-            f"IN canaries were included only {q_ * t_:.3g} times on average (q T); the one-run "
-            "bound has almost no power: raise the number of steps or the sample rate")
+    few = few_inclusions_warning(q_, t_)
+    if few:
+        warns.append(few)
     mode = _choose_mode(mode, score, t_, m_, max(r_, n_search))
 
     def bounds(sig: float, n: int) -> np.ndarray:

@@ -52,6 +52,7 @@ import numpy as np
 from scipy import optimize, special, stats
 
 from .._validation import check_alpha, check_delta
+from .one_run_power import few_inclusions_warning
 
 logger = logging.getLogger(__name__)
 
@@ -274,14 +275,16 @@ class ReleaseLaw:
         p = float(self._w_mass @ vals @ self._k_mass)
         return min(1.0, max(0.0, p))
 
-    def quantile(self, prob: float, rho: float) -> float:
-        """The level-``prob`` quantile of L under rho (accurate, not conservative)."""
+    def quantile(self, prob: float, rho: float, conservative: bool = False) -> float:
+        """The level-``prob`` quantile of L under rho: accurate, or with ``conservative`` the
+        point whose conservative tail is 1 - prob (the test's critical value at level
+        1 - prob: a statistic above it is rejected)."""
         center = rho * self.q * self.T / math.sqrt(self.T)
         spread = 1.0 + abs(center)
         lo, hi = center - 10 * spread, center + 10 * spread
 
         def f(x: float) -> float:
-            return (1.0 - self.tail(x, rho, conservative=False)) - prob
+            return (1.0 - self.tail(x, rho, conservative=conservative)) - prob
 
         while f(lo) > 0:
             lo -= 10 * spread
@@ -515,10 +518,9 @@ def whitebox_power(sigma: float, q: float, steps: int, m: int, *, delta: float,
                     "no_power": True,
                     "note": "no power: no step, too few canaries or no noise"})
         return out
-    if q * steps < 5:
-        out["warnings"].append(
-            f"IN canaries were included only {q * steps:.3g} times on average (q T); the one-run "
-            "bound has almost no power: raise the number of steps or the sample rate")
+    few = few_inclusions_warning(q, steps)
+    if few:
+        out["warnings"].append(few)
     law = _law(n1, n0, int(steps), float(q))
     rho = 1.0 / sigma
 
@@ -550,9 +552,7 @@ def whitebox_power(sigma: float, q: float, steps: int, m: int, *, delta: float,
                  else s_min)
         rho_c = 1.0 / sig_c
         # critical value of L at rho_c, then the rho that exceeds it with target_power
-        stat_c = law.quantile(1.0 - alpha, rho_c)
-        while law.tail(stat_c, rho_c) > alpha:
-            stat_c *= 1.0 + 1e-4 if stat_c > 0 else 1.0 - 1e-4
+        stat_c = law.quantile(1.0 - alpha, rho_c, conservative=True)
         lo, hi = rho_c, 2.0 * rho_c
         while law.tail(stat_c, hi, conservative=False) < target_power:
             hi *= 2.0
