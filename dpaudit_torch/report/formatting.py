@@ -16,12 +16,23 @@ from typing import Any
 from ..registry import ONE_STEP, WHOLE_RUN, bound_method
 from .schema import is_num
 
-__all__ = ["format_number", "scope_text", "power_sentence", "pairs_sentence",
+__all__ = ["format_number", "scope_text", "power_sentence", "pairs_sentence", "bound_alpha",
            "NO_STEPS_SENTENCE"]
 
 #: what the report says when the auditor saw no training step
 NO_STEPS_SENTENCE = ("No training step was audited (finalize() was called after 0 audited "
                      "steps), so this report holds no evidence about the run.")
+
+
+
+def bound_alpha(details: dict[str, Any], alpha: float) -> float:
+    """The level a bound was computed at: its own ``alpha`` in its details where it records one
+    in (0, 1) (the white-box bound has its own), else the audit's ``alpha``."""
+    own = details.get("alpha")
+    if is_num(own) and 0.0 < own < 1.0:
+        return float(own)
+    return alpha
+
 
 _SCOPE_NAMES = {WHOLE_RUN: "whole training run", ONE_STEP: "one training step"}
 

@@ -21,9 +21,9 @@ the sequential tests (docs/design.md section 4) is about one training step.
 from __future__ import annotations
 
 from .bounds import bounds_section
-from .formatting import NO_STEPS_SENTENCE, pairs_sentence, power_sentence
+from .formatting import NO_STEPS_SENTENCE, bound_alpha, pairs_sentence, power_sentence
 from .markup import esc, json_for_script, kv_section, method_label, num
-from .schema import JSON_NAME, ReportData, is_num, no_steps_audited
+from .schema import JSON_NAME, ReportData, no_steps_audited
 from .sections import plots_section, provenance_section, sequential_section, strength_section
 from .view import ReportView
 from .wording import decided_per_step, deciding_findings, monitor_label
@@ -132,8 +132,8 @@ def verdict_section(v: ReportView) -> str:
         css = "verdict-refuted"
         refuting = v.refuting()
         def level(m: str) -> str:  # each bound's own level (the white-box bound has its own)
-            a = v.detail(m).get("alpha", d["alpha"])
-            if not is_num(a) or a == d["alpha"]:
+            a = bound_alpha(v.detail(m), d["alpha"])
+            if a == d["alpha"]:
                 return f"{v.level_pct}% confidence, α = {alpha}"
             return (f"{num(100.0 * (1.0 - a))}% confidence, α = "
                     f"{num(a, f'lower_bound_details.{m}.alpha')}")

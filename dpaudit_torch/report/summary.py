@@ -12,6 +12,7 @@ from __future__ import annotations
 
 from .formatting import (
     NO_STEPS_SENTENCE,
+    bound_alpha,
     format_number,
     pairs_sentence,
     power_sentence,
@@ -40,9 +41,8 @@ def summary_text(report: ReportData) -> str:
     for method in whole:
         scope = (scope_text(method, article=True, with_family=True)
                  or "a scope this version of dpaudit_torch does not know")
-        own = r.lower_bound_details.get(method, {}).get("alpha")  # a method's own level
-        pct = (format_number(100.0 * (1.0 - own)) if isinstance(own, (int, float))
-               and not isinstance(own, bool) and 0.0 < own < 1.0 else level)
+        own = bound_alpha(r.lower_bound_details.get(method, {}), r.alpha)  # its own level
+        pct = level if own == r.alpha else format_number(100.0 * (1.0 - own))
         lines.append(
             f"Audited lower bound ({method}, for {scope}, at the same delta): epsilon >= "
             f"{format_number(r.epsilon_lower_bounds[method])} with {pct}% confidence.")

@@ -76,3 +76,12 @@ def test_power_sentence_with_the_page_writers() -> None:
 def test_no_steps_sentence() -> None:
     assert NO_STEPS_SENTENCE.startswith("No training step was audited")
     assert "no evidence" in NO_STEPS_SENTENCE
+
+
+def test_bound_alpha_is_the_bounds_own_level_else_the_audits() -> None:
+    from dpaudit_torch.report.formatting import bound_alpha
+
+    assert bound_alpha({"alpha": 1e-3}, 0.05) == 1e-3  # the white-box bound's own level
+    assert bound_alpha({}, 0.05) == 0.05
+    for bad in (True, 0.0, 1.0, "0.01", None):  # not a level: the audit's own is used
+        assert bound_alpha({"alpha": bad}, 0.05) == 0.05
