@@ -18,8 +18,10 @@ themselves instead:
 What it does not see: host-to-device copies (``.to(device)`` without ``non_blocking=True`` waits
 on CUDA too), which are no-ops on the CPU; the auditor's step path makes its copies
 ``non_blocking``, and ``benchmarks/gpu_check.py`` counts every synchronisation on a GPU. Calls on
-tensors that are host tensors on every device (the uniforms of the auditor's own CPU generator,
-:data:`HOST_SIDE`) are recorded with ``host_side=True``.
+tensors that are host tensors on every device are recorded with ``host_side=True``: the uniforms
+of the auditor's own CPU generator (:data:`HOST_SIDE`), and everything done inside the calls of
+:data:`HOST_SIDE_CALLS` (the sequential testers the hook feeds: built on the host on every
+device, and fed the check's host copies).
 
 Used by tests/audit/test_device_path.py and ``benchmarks/gpu_check.py --smoke``.
 """
@@ -37,7 +39,8 @@ from typing import Any
 
 import torch
 
-__all__ = ["HOST_READS", "HOST_SIDE", "HostRead", "HostReadCounter", "force_device_path"]
+__all__ = ["HOST_READS", "HOST_SIDE", "HOST_SIDE_CALLS", "HostRead", "HostReadCounter",
+           "force_device_path"]
 
 #: the ``torch.Tensor`` methods that read a value on the host (a synchronisation on a device)
 HOST_READS = ("item", "cpu", "tolist", "numpy", "__bool__", "__float__", "__int__",
@@ -48,6 +51,11 @@ HOST_READS = ("item", "cpu", "tolist", "numpy", "__bool__", "__float__", "__int_
 #: uniforms)
 HOST_SIDE = frozenset({("opacus_tap/plan.py", "_uniforms"),
                        ("opacus_tap/plan.py", "_more_uniforms")})
+
+#: (module path in the package, function) inside whose calls every tensor is a host tensor on
+#: every device: the monitor's feed of the hook's sequential testers (built with
+#: ``device="cpu"``, fed host tensors made from the check's one host copy)
+HOST_SIDE_CALLS = frozenset({("audit/monitors/sequential_pairs.py", "_feed")})
 
 _PACKAGE = Path(__file__).resolve().parent.parent
 _TORCH = Path(torch.__file__).resolve().parent
@@ -76,6 +84,16 @@ def _where(filename: str) -> tuple[str | None, bool]:
     return None, path.is_relative_to(_TORCH)
 
 
+def _inside_host_calls(frame: FrameType | None) -> bool:
+    """Whether ``frame`` or a frame outward runs a function of :data:`HOST_SIDE_CALLS`."""
+    while frame is not None:
+        rel, _ = _where(frame.f_code.co_filename)
+        if rel is not None and (rel, frame.f_code.co_name) in HOST_SIDE_CALLS:
+            return True
+        frame = frame.f_back
+    return False
+
+
 def _site(frame: FrameType | None) -> tuple[str, bool]:
     """(where, host_side) of the call made from ``frame`` outward."""
     first: str | None = None
@@ -84,7 +102,7 @@ def _site(frame: FrameType | None) -> tuple[str, bool]:
         rel, in_torch = _where(code.co_filename)
         if rel is not None:
             where = f"dpaudit_torch/{rel}:{frame.f_lineno} in {code.co_name}"
-            return where, (rel, code.co_name) in HOST_SIDE
+            return where, (rel, code.co_name) in HOST_SIDE or _inside_host_calls(frame)
         if first is None and not in_torch:
             first = (f"{Path(code.co_filename).name}:{frame.f_lineno} in {code.co_name} "
                      f"(outside the package)")
