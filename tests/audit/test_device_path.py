@@ -122,3 +122,59 @@ def test_the_device_path_gives_the_host_paths_report() -> None:
         np.testing.assert_allclose(a.one_run_scores[side], b.one_run_scores[side], rtol=1e-9,
                                    atol=1e-12)
     assert a.violation == b.violation
+
+
+def _nan_steps(force: bool, on_nonfinite: str, bad: tuple[int, ...], steps: int
+               ) -> tuple[PrivacyAuditor, list[BaseException | None]]:
+    """``steps`` steps whose batches ``bad`` (0-based) hold a NaN; what each step raised."""
+    s = make_private_setup(sigma=1.0)
+    aud = PrivacyAuditor(s.engine, s.optimizer, s.loader, seed=1, check_every=CHECK_EVERY,
+                         on_violation="warn", on_nonfinite=on_nonfinite, **SMALL)
+    if force:
+        force_device_path(aud)
+
+    def sanitize(_o: Any, _a: Any, _k: Any) -> None:  # keep the parameters finite
+        for p in s.optimizer.params:
+            if p.grad is not None:
+                p.grad.nan_to_num_(nan=0.0, posinf=0.0, neginf=0.0)
+
+    s.optimizer.original_optimizer.register_step_pre_hook(sanitize)
+    raised: list[BaseException | None] = []
+    for i, (x, y) in enumerate(s.batches(steps, batch=16)):
+        if i in bad:
+            x = x.clone()
+            x[0, 0] = float("nan")
+        try:
+            s.step(x, y)
+            raised.append(None)
+        except ValueError as e:
+            raised.append(e)
+    return aud, raised
+
+
+def test_a_nonfinite_step_is_skipped_as_on_the_host_path() -> None:
+    """Deferred finiteness flags, read back in the check's one transfer: the steps flagged
+    non-finite are dropped by every monitor, as the host path drops them at their step."""
+    reports = []
+    for force in (False, True):
+        aud, raised = _nan_steps(force, "skip", (3, 14), 2 * CHECK_EVERY)
+        assert raised == [None] * (2 * CHECK_EVERY)
+        reports.append(aud.finalize())
+    a, b = reports
+    assert a.training["nonfinite_steps_skipped"] == b.training["nonfinite_steps_skipped"] == 2
+    for key, values in a.wealth_history.items():
+        np.testing.assert_allclose(values, b.wealth_history[key], rtol=1e-9, atol=1e-12,
+                                   err_msg=key)
+
+
+def test_a_nonfinite_step_is_refused_at_the_check() -> None:
+    """The accelerator's path finds the bad step at the check (its flag comes back with the
+    one transfer): the check's step is refused, naming the steps whose observations are
+    discarded, and training goes on."""
+    aud, raised = _nan_steps(True, "raise", (3,), CHECK_EVERY + 2)
+    errors = [(i, e) for i, e in enumerate(raised, 1) if e is not None]
+    assert [i for i, _ in errors] == [CHECK_EVERY]
+    assert f"during steps 1..{CHECK_EVERY}" in str(errors[0][1])
+    # the steps up to the check were discarded; the next ones are buffered on the device again
+    seq = aud.monitors["sequential_pairs"]
+    assert seq.pending_steps == [CHECK_EVERY + 1, CHECK_EVERY + 2] and seq.pending_tensors()

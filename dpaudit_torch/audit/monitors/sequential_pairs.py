@@ -289,15 +289,15 @@ class SequentialPairsMonitor(Monitor):
         return steps
 
     def pending_tensors(self) -> list[torch.Tensor]:
-        """The accelerator's path: the buffered pairs and finiteness flags still on the device."""
-        if not self._copy_at_check:
-            return []
-        return [v for b in (self.buffer_x, self.buffer_y, self.buffer_ok) for v in b
-                if isinstance(v, torch.Tensor)]
+        """The finiteness flags still on the device and, on the accelerator's path, the
+        buffered pairs."""
+        bufs = (self.buffer_x, self.buffer_y, self.buffer_ok) if self._copy_at_check else (
+            self.buffer_ok,)
+        return [v for b in bufs for v in b if isinstance(v, torch.Tensor)]
 
     def take_host_copies(self, arrays: list[np.ndarray]) -> None:
         it = iter(arrays)
-        for b in (self.buffer_x, self.buffer_y):
+        for b in ((self.buffer_x, self.buffer_y) if self._copy_at_check else ()):
             b[:] = [next(it) if isinstance(v, torch.Tensor) else v for v in b]
         self.buffer_ok = [bool(next(it)) if isinstance(v, torch.Tensor) else v
                           for v in self.buffer_ok]
