@@ -10,10 +10,11 @@ themselves instead:
 * :class:`HostReadCounter` replaces those methods of ``torch.Tensor`` by counting wrappers while
   it is entered, and records every call made inside :meth:`HostReadCounter.counting`, with the
   place in this package that made it (:class:`HostRead`);
-* :func:`force_device_path` makes an auditor on the CPU take, between checks, the code path it
-  takes on an accelerator (torch gathers with a deferred finiteness flag, the canaries' rows
-  written and added by torch, the noise rows kept as tensor copies) instead of its compiled host
-  path, which reads NumPy views of CPU tensors by design.
+* :func:`force_device_path` makes an auditor on the CPU take the code path it takes on an
+  accelerator (torch gathers with a deferred finiteness flag, the canaries' rows written and
+  added by torch, the pairs and noise rows kept as tensor copies until the check copies them to
+  the host in one transfer) instead of its compiled host path, which reads NumPy views of CPU
+  tensors by design.
 
 What it does not see: host-to-device copies (``.to(device)`` without ``non_blocking=True`` waits
 on CUDA too), which are no-ops on the CPU; the auditor's step path makes its copies
@@ -172,7 +173,7 @@ class HostReadCounter:
 
 def force_device_path(auditor: Any) -> None:
     """Make ``auditor`` (a :class:`~dpaudit_torch.audit.PrivacyAuditor` on the CPU, before its
-    first step) run between checks the code an accelerator runs, with the same statistics:
+    first step) run the code an accelerator runs, with the same statistics:
 
     * the reader gathers with torch and keeps a step's finiteness as a tensor flag, checked at
       the next check (``check_finite_every_step=False``, ``compiled=False``: an accelerator's
@@ -180,7 +181,9 @@ def force_device_path(auditor: Any) -> None:
     * the canaries' rows are written, clipped by the optimizer's own code and added to the
       summed gradient by torch (the shadow's ``replica_clip``, ``host_rows`` and
       ``compiled_add`` switched off; ghost clipping: the strategy's ``compiled_add``);
-    * monitors with a ``host_rows`` switch (the noise monitor) keep their rows as tensor copies.
+    * monitors with a ``host_rows`` switch (the noise monitor) keep their rows as tensor copies;
+    * so, with the reader's records, every monitor keeps device tensors until the check, whose
+      one transfer brings them to the host (``Monitor.pending_tensors``).
 
     For tests and ``benchmarks/gpu_check.py --smoke``: a checkpoint resume rebuilds the injector
     with its defaults. ValueError after the first step (the rows buffer is set up then)."""
