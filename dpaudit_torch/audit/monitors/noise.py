@@ -126,10 +126,9 @@ class _StepRows:
         if not n:
             return steps, flags, None
         if self._device:
-            held = self._device
-            rows = (np.stack(held) if all(isinstance(r, np.ndarray) for r in held)  # type: ignore
+            held, self._device = self._device, []
+            rows = (np.stack(held) if all(isinstance(r, np.ndarray) for r in held)  # host copies
                     else torch.stack(held).cpu().numpy())
-            self._device = []
         else:
             assert self._host is not None
             rows = self._host[:n]
