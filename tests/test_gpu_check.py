@@ -43,6 +43,10 @@ def test_smoke_runs_the_whole_logic_on_the_cpu() -> None:
     costs = [r for r in rows if r[0].startswith("auditor: cost")]
     assert len(syncs) == len(costs) == 4  # two models x hooks, ghost
     assert all("between: max 0 over" in r[2] for r in syncs)
+    for r in syncs:  # one host read at each check: the one transfer
+        at = r[2].split("at checks: ")[1].split(";")[0].split(" (")[0]
+        assert at and all(int(n) == 1 for n in at.split(", ")), r[2]
+        assert r[3] == "0 between checks, at most 1 per check"
     assert {r[1].split(" (")[0] for r in syncs} == {"digits", "wrn10-1"}
     detections = [r for r in rows if r[0].startswith("detection:")]
     assert sorted({r[0] for r in detections}) == ["detection: no-noise",

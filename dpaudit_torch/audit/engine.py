@@ -8,7 +8,10 @@ tap, or a test) and never names a monitor. Per audited step (:meth:`AuditEngine.
 2. every monitor observes it (monitors that count releases also see dropped steps); after the
    step's update, the optimizer's post-hook calls :meth:`AuditEngine.after_release`;
 3. every ``check_every`` steps, the check (:meth:`AuditEngine.check`, one host synchronisation):
-   the monitors process what they buffered and return their evidence, which the decision
+   the device tensors buffered since the last check (the deferred finiteness flags, every
+   monitor's :meth:`~dpaudit_torch.audit.monitors.Monitor.pending_tensors`) are copied to the
+   host in one transfer and handed back to their owners; the monitors process what they
+   buffered and return their evidence, which the decision
    (:class:`~dpaudit_torch.audit.decision.Decision`) averages into one e-process against
    1/alpha (docs/design.md section 1);
 4. the claimed epsilon is read every ``claimed_every`` steps (and at the first);
@@ -31,6 +34,7 @@ from ..contract import StepRecord, StepRefused
 from .config import AuditConfig
 from .decision import Decision
 from .monitors import Finding, Monitor, plain_state
+from .monitors.base import host_copies
 
 logger = logging.getLogger(__name__)
 
@@ -219,9 +223,9 @@ class AuditEngine:
     def check(self) -> None:
         """Feed what the monitors buffered, take the decision (one host synchronisation)."""
         flags, self._nonfinite_flags = self._nonfinite_flags, []
+        ok = self._to_host(flags)
         if flags:  # accelerators: finiteness of the buffered steps, checked here
-            ok = torch.stack(flags).cpu()
-            if not bool(ok.all()):
+            if not ok.all():
                 if self.config.on_nonfinite == "skip":
                     self.skipped_nonfinite += int((~ok).sum())
                 else:
@@ -238,6 +242,22 @@ class AuditEngine:
             if d.adopt(*self._share(d)):
                 self.warn("sequential decision differed from rank 0's; rank 0's decision is "
                           "used")
+
+    def _to_host(self, flags: list[torch.Tensor]) -> np.ndarray:
+        """The check's one transfer (docs/auditor.md, "On a GPU"): the deferred finiteness
+        ``flags`` and every monitor's pending device tensors copied to the host together; each
+        monitor gets its copies (:meth:`Monitor.take_host_copies`). Returns the flags (bool)."""
+        wanted = [(m, m.pending_tensors()) for m in self.monitors.values()]
+        tensors = list(flags) + [t for _, ts in wanted for t in ts]
+        if not tensors:
+            return np.ones(0, dtype=bool)
+        host = host_copies(tensors)
+        pos = len(flags)
+        for m, ts in wanted:
+            if ts:
+                m.take_host_copies(host[pos:pos + len(ts)])
+                pos += len(ts)
+        return np.array([bool(a) for a in host[:len(flags)]], dtype=bool)
 
     def read_claim(self) -> float | None:
         """Read the accountant's epsilon now (kept once per accountant step count)."""

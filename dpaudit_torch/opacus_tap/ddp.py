@@ -61,7 +61,7 @@ def broadcast_decision(violation: bool, violation_step: int | None, crossed_at: 
                       -1 if crossed_at is None else crossed_at], dtype=torch.int64,
                      device=_comm_device(device))
     dist.broadcast(t, src=0)
-    v, vs, ca = (int(a) for a in t.cpu().tolist())
+    v, vs, ca = (int(a) for a in t.tolist())  # one read back (a wait on a device)
     return bool(v), (None if vs < 0 else vs), (None if ca < 0 else ca)
 
 

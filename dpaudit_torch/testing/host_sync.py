@@ -10,16 +10,19 @@ themselves instead:
 * :class:`HostReadCounter` replaces those methods of ``torch.Tensor`` by counting wrappers while
   it is entered, and records every call made inside :meth:`HostReadCounter.counting`, with the
   place in this package that made it (:class:`HostRead`);
-* :func:`force_device_path` makes an auditor on the CPU take, between checks, the code path it
-  takes on an accelerator (torch gathers with a deferred finiteness flag, the canaries' rows
-  written and added by torch, the noise rows kept as tensor copies) instead of its compiled host
-  path, which reads NumPy views of CPU tensors by design.
+* :func:`force_device_path` makes an auditor on the CPU take the code path it takes on an
+  accelerator (torch gathers with a deferred finiteness flag, the canaries' rows written and
+  added by torch, the pairs and noise rows kept as tensor copies until the check copies them to
+  the host in one transfer) instead of its compiled host path, which reads NumPy views of CPU
+  tensors by design.
 
 What it does not see: host-to-device copies (``.to(device)`` without ``non_blocking=True`` waits
 on CUDA too), which are no-ops on the CPU; the auditor's step path makes its copies
 ``non_blocking``, and ``benchmarks/gpu_check.py`` counts every synchronisation on a GPU. Calls on
-tensors that are host tensors on every device (the uniforms of the auditor's own CPU generator,
-:data:`HOST_SIDE`) are recorded with ``host_side=True``.
+tensors that are host tensors on every device are recorded with ``host_side=True``: the uniforms
+of the auditor's own CPU generator (:data:`HOST_SIDE`), and everything done inside the calls of
+:data:`HOST_SIDE_CALLS` (the sequential testers the hook feeds: built on the host on every
+device, and fed the check's host copies).
 
 Used by tests/audit/test_device_path.py and ``benchmarks/gpu_check.py --smoke``.
 """
@@ -37,7 +40,8 @@ from typing import Any
 
 import torch
 
-__all__ = ["HOST_READS", "HOST_SIDE", "HostRead", "HostReadCounter", "force_device_path"]
+__all__ = ["HOST_READS", "HOST_SIDE", "HOST_SIDE_CALLS", "HostRead", "HostReadCounter",
+           "force_device_path"]
 
 #: the ``torch.Tensor`` methods that read a value on the host (a synchronisation on a device)
 HOST_READS = ("item", "cpu", "tolist", "numpy", "__bool__", "__float__", "__int__",
@@ -48,6 +52,11 @@ HOST_READS = ("item", "cpu", "tolist", "numpy", "__bool__", "__float__", "__int_
 #: uniforms)
 HOST_SIDE = frozenset({("opacus_tap/plan.py", "_uniforms"),
                        ("opacus_tap/plan.py", "_more_uniforms")})
+
+#: (module path in the package, function) inside whose calls every tensor is a host tensor on
+#: every device: the monitor's feed of the hook's sequential testers (built with
+#: ``device="cpu"``, fed host tensors made from the check's one host copy)
+HOST_SIDE_CALLS = frozenset({("audit/monitors/sequential_pairs.py", "_feed")})
 
 _PACKAGE = Path(__file__).resolve().parent.parent
 _TORCH = Path(torch.__file__).resolve().parent
@@ -76,6 +85,16 @@ def _where(filename: str) -> tuple[str | None, bool]:
     return None, path.is_relative_to(_TORCH)
 
 
+def _inside_host_calls(frame: FrameType | None) -> bool:
+    """Whether ``frame`` or a frame outward runs a function of :data:`HOST_SIDE_CALLS`."""
+    while frame is not None:
+        rel, _ = _where(frame.f_code.co_filename)
+        if rel is not None and (rel, frame.f_code.co_name) in HOST_SIDE_CALLS:
+            return True
+        frame = frame.f_back
+    return False
+
+
 def _site(frame: FrameType | None) -> tuple[str, bool]:
     """(where, host_side) of the call made from ``frame`` outward."""
     first: str | None = None
@@ -84,7 +103,7 @@ def _site(frame: FrameType | None) -> tuple[str, bool]:
         rel, in_torch = _where(code.co_filename)
         if rel is not None:
             where = f"dpaudit_torch/{rel}:{frame.f_lineno} in {code.co_name}"
-            return where, (rel, code.co_name) in HOST_SIDE
+            return where, (rel, code.co_name) in HOST_SIDE or _inside_host_calls(frame)
         if first is None and not in_torch:
             first = (f"{Path(code.co_filename).name}:{frame.f_lineno} in {code.co_name} "
                      f"(outside the package)")
@@ -154,7 +173,7 @@ class HostReadCounter:
 
 def force_device_path(auditor: Any) -> None:
     """Make ``auditor`` (a :class:`~dpaudit_torch.audit.PrivacyAuditor` on the CPU, before its
-    first step) run between checks the code an accelerator runs, with the same statistics:
+    first step) run the code an accelerator runs, with the same statistics:
 
     * the reader gathers with torch and keeps a step's finiteness as a tensor flag, checked at
       the next check (``check_finite_every_step=False``, ``compiled=False``: an accelerator's
@@ -162,7 +181,9 @@ def force_device_path(auditor: Any) -> None:
     * the canaries' rows are written, clipped by the optimizer's own code and added to the
       summed gradient by torch (the shadow's ``replica_clip``, ``host_rows`` and
       ``compiled_add`` switched off; ghost clipping: the strategy's ``compiled_add``);
-    * monitors with a ``host_rows`` switch (the noise monitor) keep their rows as tensor copies.
+    * monitors with a ``host_rows`` switch (the noise monitor) keep their rows as tensor copies;
+    * so, with the reader's records, every monitor keeps device tensors until the check, whose
+      one transfer brings them to the host (``Monitor.pending_tensors``).
 
     For tests and ``benchmarks/gpu_check.py --smoke``: a checkpoint resume rebuilds the injector
     with its defaults. ValueError after the first step (the rows buffer is set up then)."""

@@ -1,16 +1,19 @@
-"""Between two checks the auditor's accelerator code path reads nothing back to the host
-(docs/auditor.md, "On a GPU").
+"""The auditor's accelerator code path reads nothing back to the host between two checks, and
+makes one host read at a check (docs/auditor.md, "On a GPU").
 
 On a GPU, a host read of a tensor waits for the device's queued work; on the CPU it does not, so
-these tests count the reads themselves: ``force_device_path`` makes an auditor on the CPU take,
-between checks, the code path it takes on an accelerator (torch gathers, finiteness as a tensor
-flag checked at the next check, the canaries' rows written and added by torch, the noise rows
-kept as tensor copies), and ``HostReadCounter`` records every ``.item()``, ``.cpu()``,
+these tests count the reads themselves: ``force_device_path`` makes an auditor on the CPU take
+the code path it takes on an accelerator (torch gathers, finiteness as a tensor flag checked at
+the next check, the canaries' rows written and added by torch, the noise rows, pairs and flags
+kept as tensor copies until the check, which copies them all to the host in one transfer:
+``monitors.base.host_copies``), and ``HostReadCounter`` records every ``.item()``, ``.cpu()``,
 ``.tolist()``, ``.numpy()``, ``bool()``, ``float()``, ``int()`` and ``__index__`` of a tensor
 made inside ``optimizer.step()`` (where everything the auditor does happens), together with
 what a training loop reads after it (``should_stop``, ``latest_metrics``, an ``on_step``
-callback). Blocking host-to-device copies are no-ops on the CPU: ``benchmarks/gpu_check.py``
-counts those on a GPU (CUDA's sync debug mode).
+callback). Reads of tensors that are host tensors on every device are marked ``host_side`` and
+not counted: the auditor's CPU generator's uniforms, and the work of the sequential testers the
+hook feeds (built on the host, fed the check's host copies). Blocking host-to-device copies are
+no-ops on the CPU: ``benchmarks/gpu_check.py`` counts those on a GPU (CUDA's sync debug mode).
 """
 
 from __future__ import annotations
@@ -30,10 +33,10 @@ pytestmark = pytest.mark.usefixtures("one_thread")
 
 CHECK_EVERY = 10
 STEPS = 3 * CHECK_EVERY
-#: host reads at one check (measured: 28 to 68 with these settings): the finiteness flags of the
-#: steps since the last check, the buffered pairs and noise rows, each tester's chunk and its
-#: event sets; bounded, whatever the model's size
-AT_CHECK = 150
+#: host reads at one check: the one transfer of everything buffered on the device since the last
+#: check (finiteness flags, pairs, noise rows, the precision check's values); the monitors and
+#: the decision then work on its host copies
+AT_CHECK = 1
 SMALL = {"k_pairs": 4, "m_canaries": 50}
 
 
@@ -76,11 +79,16 @@ def test_no_host_read_between_checks(mode: str, clipping: str) -> None:
     assert {i: r for i, r in between.items() if r} == {}
     at_check = [len(_device_reads(per_step[i - 1])) for i in range(CHECK_EVERY, STEPS + 1,
                                                                      CHECK_EVERY)]
-    assert all(0 < n <= AT_CHECK for n in at_check), at_check
-    # the only host-side reads: the first block of the canary mechanics' uniforms (step 1)
+    assert all(0 < n <= AT_CHECK for n in at_check), (at_check, [
+        _device_reads(per_step[i - 1]) for i in range(CHECK_EVERY, STEPS + 1, CHECK_EVERY)])
+    # the host-side reads: the first block of the canary mechanics' uniforms (step 1), and at
+    # the checks the hook's sequential testers, which run on the host copies
     host_side = {(i, r.site.split(":")[0]) for i, rs in enumerate(per_step, 1) for r in rs
                  if r.host_side}
-    assert host_side == {(1, "dpaudit_torch/opacus_tap/plan.py")}
+    assert {(i, f) for i, f in host_side if i % CHECK_EVERY} == {
+        (1, "dpaudit_torch/opacus_tap/plan.py")}
+    assert {f.split("/")[1] for i, f in host_side if not i % CHECK_EVERY} <= {
+        "stats", "_validation.py"}
     # and the accelerator's path did run: no compiled host pass anywhere
     reader, inj = aud.tap.reader, aud.tap.injector
     assert reader.reads == STEPS and reader.compiled_reads == 0
@@ -114,3 +122,59 @@ def test_the_device_path_gives_the_host_paths_report() -> None:
         np.testing.assert_allclose(a.one_run_scores[side], b.one_run_scores[side], rtol=1e-9,
                                    atol=1e-12)
     assert a.violation == b.violation
+
+
+def _nan_steps(force: bool, on_nonfinite: str, bad: tuple[int, ...], steps: int
+               ) -> tuple[PrivacyAuditor, list[BaseException | None]]:
+    """``steps`` steps whose batches ``bad`` (0-based) hold a NaN; what each step raised."""
+    s = make_private_setup(sigma=1.0)
+    aud = PrivacyAuditor(s.engine, s.optimizer, s.loader, seed=1, check_every=CHECK_EVERY,
+                         on_violation="warn", on_nonfinite=on_nonfinite, **SMALL)
+    if force:
+        force_device_path(aud)
+
+    def sanitize(_o: Any, _a: Any, _k: Any) -> None:  # keep the parameters finite
+        for p in s.optimizer.params:
+            if p.grad is not None:
+                p.grad.nan_to_num_(nan=0.0, posinf=0.0, neginf=0.0)
+
+    s.optimizer.original_optimizer.register_step_pre_hook(sanitize)
+    raised: list[BaseException | None] = []
+    for i, (x, y) in enumerate(s.batches(steps, batch=16)):
+        if i in bad:
+            x = x.clone()
+            x[0, 0] = float("nan")
+        try:
+            s.step(x, y)
+            raised.append(None)
+        except ValueError as e:
+            raised.append(e)
+    return aud, raised
+
+
+def test_a_nonfinite_step_is_skipped_as_on_the_host_path() -> None:
+    """Deferred finiteness flags, read back in the check's one transfer: the steps flagged
+    non-finite are dropped by every monitor, as the host path drops them at their step."""
+    reports = []
+    for force in (False, True):
+        aud, raised = _nan_steps(force, "skip", (3, 14), 2 * CHECK_EVERY)
+        assert raised == [None] * (2 * CHECK_EVERY)
+        reports.append(aud.finalize())
+    a, b = reports
+    assert a.training["nonfinite_steps_skipped"] == b.training["nonfinite_steps_skipped"] == 2
+    for key, values in a.wealth_history.items():
+        np.testing.assert_allclose(values, b.wealth_history[key], rtol=1e-9, atol=1e-12,
+                                   err_msg=key)
+
+
+def test_a_nonfinite_step_is_refused_at_the_check() -> None:
+    """The accelerator's path finds the bad step at the check (its flag comes back with the
+    one transfer): the check's step is refused, naming the steps whose observations are
+    discarded, and training goes on."""
+    aud, raised = _nan_steps(True, "raise", (3,), CHECK_EVERY + 2)
+    errors = [(i, e) for i, e in enumerate(raised, 1) if e is not None]
+    assert [i for i, _ in errors] == [CHECK_EVERY]
+    assert f"during steps 1..{CHECK_EVERY}" in str(errors[0][1])
+    # the steps up to the check were discarded; the next ones are buffered on the device again
+    seq = aud.monitors["sequential_pairs"]
+    assert seq.pending_steps == [CHECK_EVERY + 1, CHECK_EVERY + 2] and seq.pending_tensors()

@@ -23,10 +23,15 @@ The engine (:mod:`dpaudit_torch.audit.engine`) calls, in this order:
 * :meth:`Monitor.after_release` after every update of the DP optimizer (its step post-hook; same
   rules as ``observe``), and once with ``None`` when the audit attaches or attaches again (what
   happened before is not comparable with what follows);
+* :meth:`Monitor.pending_tensors` and :meth:`Monitor.take_host_copies` at every check, before
+  ``advance``: the device tensors it buffered since the last check, copied to the host with every
+  other monitor's in one transfer (:func:`host_copies`: the check's one host synchronisation on
+  an accelerator) and handed back as NumPy arrays, which replace them in its buffers;
 * :meth:`Monitor.advance` at every check (every ``check_every`` steps, and at finalize): process
-  what was buffered; a monitor that bets returns an :class:`Evidence` with the log of its
-  e-process after each step it processed, which the decision averages with the other monitors'
-  (an average of e-processes on the same filtration is an e-process, docs/design.md section 1);
+  what was buffered (on the host copies: no further host read of a device tensor); a monitor
+  that bets returns an :class:`Evidence` with the log of its e-process after each step it
+  processed, which the decision averages with the other monitors' (an average of e-processes on
+  the same filtration is an e-process, docs/design.md section 1);
 * :meth:`Monitor.finalize` once at the end (whole-run statistics, e.g. the one-run bounds);
 * :meth:`Monitor.findings` and :meth:`Monitor.contribution` to fill the report (bounds, its
   section, report fields it owns, a verdict level); :meth:`Monitor.state_dict` /
@@ -51,7 +56,7 @@ from ..config import AuditConfig
 
 __all__ = ["Monitor", "MonitorConfig", "MonitorContext", "Evidence", "Finding", "Contribution",
            "MONITORS", "register_monitor", "build_monitors", "monitor_names", "plain_state",
-           "FINDING_LEVELS", "host_flags"]
+           "FINDING_LEVELS", "host_flags", "host_copies"]
 
 T = TypeVar("T")
 
@@ -245,6 +250,26 @@ class Monitor:
         (re)attaches here)."""
         return None
 
+    def pending_tensors(self) -> list[torch.Tensor]:
+        """The device tensors buffered since the last check that :meth:`advance` will read (the
+        accelerator's path: finiteness flags, pairs, noise rows, ...; none on the CPU's host
+        path). The engine copies every monitor's to the host in one transfer and hands them to
+        :meth:`take_host_copies` before calling :meth:`advance`."""
+        return []
+
+    def take_host_copies(self, arrays: list[np.ndarray]) -> None:
+        """Host copies (float64 NumPy arrays of the same shapes) of :meth:`pending_tensors`, in
+        its order: the monitor puts them in place of those tensors in its buffers."""
+        return None
+
+    def fetch_pending(self) -> None:
+        """Copy what :meth:`pending_tensors` still lists to the host (one transfer) and take
+        the copies: the start of ``advance`` where the engine did not already (a monitor driven
+        by hand; nothing to do after the engine's check)."""
+        pending = self.pending_tensors()
+        if pending:
+            self.take_host_copies(host_copies(pending))
+
     def advance(self) -> Evidence | None:
         return None
 
@@ -278,6 +303,31 @@ def host_flags(flags: list[Any]) -> list[bool]:
         return [bool(f) for f in flags]
     read = iter(torch.stack(tensors).tolist())
     return [bool(next(read)) if isinstance(f, torch.Tensor) else bool(f) for f in flags]
+
+
+def host_copies(tensors: list[torch.Tensor]) -> list[np.ndarray]:
+    """Float64 host copies (NumPy arrays, the tensors' shapes) of ``tensors``, in one transfer
+    per device that holds any (one on an accelerator: the check's one host synchronisation;
+    docs/auditor.md, "On a GPU"): every tensor is flattened and converted to float64 on its
+    device (booleans, integer counts up to 2^53, float16/bfloat16/float32 values are exact in
+    float64), concatenated, and the whole is copied once. A tensor listed twice (the same
+    finiteness flag buffered by several monitors) is copied once."""
+    out: list[np.ndarray | None] = [None] * len(tensors)
+    first: dict[int, int] = {}  # id(tensor) -> its first position
+    by_device: dict[torch.device, list[int]] = {}
+    for i, t in enumerate(tensors):
+        j = first.setdefault(id(t), i)
+        if j == i:
+            by_device.setdefault(t.device, []).append(i)
+    for idx in by_device.values():
+        flat = torch.cat([tensors[i].detach().reshape(-1).to(torch.float64) for i in idx])
+        host = flat.numpy(force=True)  # the one device-to-host copy (a wait on a device)
+        pos = 0
+        for i in idx:
+            n = tensors[i].numel()
+            out[i] = host[pos:pos + n].reshape(tuple(tensors[i].shape))
+            pos += n
+    return [out[first[id(t)]] for t in tensors]  # type: ignore[misc]
 
 
 def plain_state(obj: Any) -> Any:

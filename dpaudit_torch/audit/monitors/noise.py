@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import logging
 import math
+from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any
 
@@ -49,6 +50,8 @@ __all__ = ["NoiseMonitor"]
 
 #: steps whose raw noise is kept for the floating-point check
 PRECISION_STEPS = 8
+#: the NumPy type of a noise tensor's host copy (the engine's copies are float64: exact)
+_NUMPY = {torch.float16: np.float16, torch.float32: np.float32, torch.float64: np.float64}
 #: at most this many values per step are kept for it (a fixed subset spread over U): a few
 #: hundred suffice for the check, and U holds thousands per tensor
 PRECISION_VALUES = 4096
@@ -67,7 +70,8 @@ class _StepRows:
         self.steps: list[int] = []
         self.flags: list[bool | torch.Tensor] = []
         self._host: np.ndarray | None = None
-        self._device: list[torch.Tensor] = []
+        #: rows kept as tensor copies, replaced by their host copies at the check
+        self._device: list[torch.Tensor | np.ndarray] = []
 
     def __len__(self) -> int:
         return len(self.steps)
@@ -94,12 +98,22 @@ class _StepRows:
         self.steps.append(int(step))
         self.flags.append(flag)
 
+    def pending(self) -> list[torch.Tensor]:
+        """The rows and finiteness flags still held as tensors (the accelerator's path)."""
+        return [v for b in (self._device, self.flags) for v in b if isinstance(v, torch.Tensor)]
+
+    def take_host_copies(self, arrays: Iterator[np.ndarray]) -> None:
+        """Put the host copies of :meth:`pending` (in its order) in place of the tensors."""
+        self._device = [next(arrays) if isinstance(v, torch.Tensor) else v for v in self._device]
+        self.flags = [bool(next(arrays)) if isinstance(v, torch.Tensor) else v
+                      for v in self.flags]
+
     def copy_rows(self) -> torch.Tensor:
         """The buffered rows as a CPU tensor [n, u] (a copy; the buffer is unchanged)."""
         if not self.steps:
             return torch.zeros(0)
         if self._device:
-            return torch.stack(self._device).cpu()
+            return torch.stack([torch.as_tensor(r) for r in self._device]).cpu()
         assert self._host is not None
         return torch.from_numpy(self._host[:len(self.steps)].copy())
 
@@ -112,8 +126,9 @@ class _StepRows:
         if not n:
             return steps, flags, None
         if self._device:
-            rows = torch.stack(self._device).cpu().numpy()
-            self._device = []
+            held, self._device = self._device, []
+            rows = (np.stack(held) if all(isinstance(r, np.ndarray) for r in held)  # host copies
+                    else torch.stack(held).cpu().numpy())
         else:
             assert self._host is not None
             rows = self._host[:n]
@@ -281,6 +296,22 @@ class NoiseMonitor(Monitor):
             std = float(record.noise_std)
             self._precision_std.append(std if std > 0 and math.isfinite(std) else None)
 
+    def pending_tensors(self) -> list[torch.Tensor]:
+        """The accelerator's path: the floating-point check's values still held as tensors, the
+        buffered rows and their finiteness flags."""
+        held = [v for pair in self._precision for v in pair if isinstance(v, torch.Tensor)]
+        return held + self._buffer.pending()
+
+    def take_host_copies(self, arrays: list[np.ndarray]) -> None:
+        it = iter(arrays)
+
+        def back(v: np.ndarray | torch.Tensor) -> np.ndarray:  # in the tensor's own dtype
+            return v if isinstance(v, np.ndarray) else next(it).astype(_NUMPY.get(v.dtype,
+                                                                                   np.float64))
+
+        self._precision = [(back(a), back(b)) for a, b in self._precision]
+        self._buffer.take_host_copies(it)
+
     def _precision_to_host(self) -> list[tuple[np.ndarray, np.ndarray]]:
         """The floating-point check's values as host arrays: those still held as tensors (kept
         at their step without a host synchronisation) copied to the host in one transfer."""
@@ -305,12 +336,13 @@ class NoiseMonitor(Monitor):
         return out
 
     def advance(self) -> Evidence | None:
+        self.fetch_pending()  # nothing left after the engine's check (one transfer for all)
         self._precision_to_host()  # (the first checks only: PRECISION_STEPS steps are kept)
         if self.reason_off is not None or not len(self._buffer):
             return None
-        steps, flags, rows = self._buffer.take()  # one synchronisation per check
+        steps, flags, rows = self._buffer.take()  # host copies (the engine's one transfer)
         proven, self._sumsq_finite = self._sumsq_finite, []
-        keep = host_flags(flags)  # drop steps flagged non-finite (one read for the flags)
+        keep = host_flags(flags)  # drop steps flagged non-finite
         if not all(keep):
             steps = [s for s, k in zip(steps, keep) if k]
             rows = rows[np.asarray(keep)] if rows is not None else None

@@ -85,10 +85,19 @@ class SamplingMonitor(Monitor):
             self._buffer.append((record.step, int(record.n_real or 0)))
             self._flags.append(record.finite)
 
+    def pending_tensors(self) -> list[Any]:
+        """The accelerator's path: the buffered steps' finiteness flags (device tensors)."""
+        return [f for f in self._flags if not isinstance(f, bool)]
+
+    def take_host_copies(self, arrays: list[np.ndarray]) -> None:
+        it = iter(arrays)
+        self._flags = [f if isinstance(f, bool) else bool(next(it)) for f in self._flags]
+
     def advance(self) -> Evidence | None:
         if self.test is None or not self._buffer:
             return None
-        keep = host_flags(self._flags)  # drop steps flagged non-finite (one read for all)
+        self.fetch_pending()  # nothing left after the engine's check
+        keep = host_flags(self._flags)  # drop steps flagged non-finite
         steps = [s for (s, _), k in zip(self._buffer, keep) if k]
         sizes = np.asarray([n for (_, n), k in zip(self._buffer, keep) if k], dtype=np.int64)
         self._buffer, self._flags = [], []

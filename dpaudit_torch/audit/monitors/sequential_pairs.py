@@ -140,6 +140,9 @@ class SequentialPairsMonitor(Monitor):
         self.w_count = 0
         self.y_count = 0
         self._w_pending: list[tuple[torch.Tensor, bool | torch.Tensor]] = []
+        #: the buffered pairs are tensor copies, sent to the host by the engine's one transfer
+        #: at the check (the accelerator's path; the host path buffers NumPy copies)
+        self._copy_at_check = False
         sigma = ctx.fact_or(NOISE_MULTIPLIER)
         if sigma is not None:  # else the owner starts it (tests feeding records by hand)
             self.start(float(sigma))
@@ -200,7 +203,9 @@ class SequentialPairsMonitor(Monitor):
         # so that the reported sequential bound (max over tests and grid) has level alpha
         per_test_alpha = self.config.alpha / len(self.tests)
         for name in self.tests:
-            opts = {"simultaneous": True, "device": self.device,
+            # on the host on every device: fed the check's host copies of a few hundred pairs,
+            # whose per-chunk betting recursion runs on the host anyway
+            opts = {"simultaneous": True, "device": torch.device("cpu"),
                     **self.config.tester_options(name)}
             if saved is not None and name in saved:
                 opts.update(self._defaults_of_state(name, saved[name]))
@@ -243,6 +248,7 @@ class SequentialPairsMonitor(Monitor):
             self.buffer_x.append(record.x.clone())
             self.buffer_y.append(record.y.clone())
             real = None if record.real_sums is None else record.real_sums[:2 * k].clone()
+            self._copy_at_check = True
         self.buffer_steps.append(record.step)
         self.buffer_sigma.append(record.sigma)
         self.buffer_ok.append(record.finite)
@@ -282,6 +288,39 @@ class SequentialPairsMonitor(Monitor):
         self.reset_buffers()
         return steps
 
+    def pending_tensors(self) -> list[torch.Tensor]:
+        """The finiteness flags still on the device and, on the accelerator's path, the
+        buffered pairs."""
+        bufs = (self.buffer_x, self.buffer_y, self.buffer_ok) if self._copy_at_check else (
+            self.buffer_ok,)
+        return [v for b in bufs for v in b if isinstance(v, torch.Tensor)]
+
+    def take_host_copies(self, arrays: list[np.ndarray]) -> None:
+        it = iter(arrays)
+        for b in ((self.buffer_x, self.buffer_y) if self._copy_at_check else ()):
+            b[:] = [next(it) if isinstance(v, torch.Tensor) else v for v in b]
+        self.buffer_ok = [bool(next(it)) if isinstance(v, torch.Tensor) else v
+                          for v in self.buffer_ok]
+
+    def _drain_host(self) -> tuple[torch.Tensor, torch.Tensor, list[int], list[float], int]:
+        """:meth:`_drain` on the host copies of the accelerator's path (NumPy, no device read);
+        the testers are fed host tensors."""
+        x, y = np.stack(self.buffer_x), np.stack(self.buffer_y)
+        steps, sig, oks = self.buffer_steps, self.buffer_sigma, self.buffer_ok
+        self.reset_buffers()
+        keep = np.asarray([bool(ok) for ok in oks], dtype=bool)
+        dropped = int((~keep).sum())
+        if dropped:
+            x, y = x[keep], y[keep]
+            steps = [s for s, kp in zip(steps, keep) if kp]
+            sig = [s for s, kp in zip(sig, keep) if kp]
+        xt, yt = torch.from_numpy(x), torch.from_numpy(y)
+        if yt.numel():  # spread at the non-canary coordinate (a host sum added on the device)
+            self.y_sum += yt.sum()
+            self.y_sumsq += (yt * yt).sum()
+            self.y_count += int(yt.numel())
+        return xt, yt, steps, sig, dropped
+
     def _drain(self) -> tuple[torch.Tensor, torch.Tensor, list[int], list[float], int]:
         """Buffered pairs as [n_steps, k] tensors, their steps and sigmas, and the number of
         steps dropped for a non-finite value; clears the buffer."""
@@ -289,6 +328,9 @@ class SequentialPairsMonitor(Monitor):
         if not self.buffer_x:
             empty = torch.zeros((0, self.k), dtype=torch.float64, device=self.device)
             return empty, empty, [], [], 0
+        if self._copy_at_check:
+            self.fetch_pending()  # nothing left after the engine's check
+            return self._drain_host()
         x, y = torch.stack(self.buffer_x), torch.stack(self.buffer_y)
         steps, sig, oks = self.buffer_steps, self.buffer_sigma, self.buffer_ok
         self.reset_buffers()
@@ -428,7 +470,7 @@ class SequentialPairsMonitor(Monitor):
                                "read_every_steps": 1, "removed": True}
         y_sum, y_sumsq, n_y = float(self.y_sum), float(self.y_sumsq), self.y_count
         if self.buffer_y:  # steps not drained yet
-            yb = torch.stack(self.buffer_y)
+            yb = torch.stack([torch.as_tensor(v, device=self.device) for v in self.buffer_y])
             y_sum, y_sumsq, n_y = (y_sum + float(yb.sum()), y_sumsq + float((yb * yb).sum()),
                                    n_y + int(yb.numel()))
         if n_y:
@@ -453,7 +495,7 @@ class SequentialPairsMonitor(Monitor):
         self._flush_interference()
 
         def stack(b: list[torch.Tensor]) -> torch.Tensor:
-            return (torch.stack(b).detach().cpu() if b
+            return (torch.stack([torch.as_tensor(v) for v in b]).detach().cpu() if b
                     else torch.zeros((0, self.k), dtype=torch.float64))
 
         return {
@@ -500,6 +542,7 @@ class SequentialPairsMonitor(Monitor):
         self.test_log_wealth = {k: float(v) for k, v in sd["test_log_wealth"].items()}
         self.bound = float(sd["bound"])
         n = len(sd["buffer_steps"])
+        self._copy_at_check = self._copy_at_check or dev.type != "cpu"
         self.buffer_x = [sd["buffer_x"][i].to(dev) for i in range(n)]
         self.buffer_y = [sd["buffer_y"][i].to(dev) for i in range(n)]
         self.buffer_ok = [bool(v) for v in sd["buffer_ok"].tolist()]

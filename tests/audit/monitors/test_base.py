@@ -320,3 +320,55 @@ def test_host_flags_reads_the_device_flags_once() -> None:
             got = host_flags(flags)
     assert got == [True, False, True, False, True]
     assert len(reads) == 1 and reads[0].method == "tolist"
+
+
+def test_host_copies_copies_every_tensor_in_one_read() -> None:
+    """The check's one transfer: float64 host copies of tensors of any shape and dtype, in
+    their order, a tensor listed twice copied once, one host read for all (one per device)."""
+    import torch
+
+    from dpaudit_torch.audit.monitors.base import host_copies
+    from dpaudit_torch.testing.host_sync import HostReadCounter
+
+    flag = torch.tensor(False)
+    tensors = [flag, torch.arange(6, dtype=torch.int64).reshape(2, 3),
+               torch.tensor([0.1, -2.5], dtype=torch.float32), flag,
+               torch.tensor([1.0 / 3.0], dtype=torch.float64), torch.zeros(0), torch.tensor(True)]
+    with HostReadCounter() as counter:
+        with counter.counting() as reads:
+            got = host_copies(tensors)
+    assert len(reads) == 1 and reads[0].method == "numpy"
+    assert all(a.dtype == np.float64 for a in got)
+    assert [a.shape for a in got] == [tuple(t.shape) for t in tensors]
+    for a, t in zip(got, tensors):
+        np.testing.assert_array_equal(a, t.to(torch.float64).numpy())  # exact
+    assert host_copies([]) == []
+
+
+def test_a_monitor_takes_its_host_copies_before_advance() -> None:
+    """``fetch_pending``: what ``pending_tensors`` lists goes to ``take_host_copies`` in one
+    transfer (what the engine does for every monitor at once); nothing pending: no call."""
+    import torch
+
+    from dpaudit_torch.audit.monitors.base import Monitor
+
+    class Held(Monitor):
+        def __init__(self) -> None:
+            self.held: list = [torch.tensor([1.0, 2.0]), 3.0, torch.tensor(True)]
+            self.calls = 0
+
+        def pending_tensors(self) -> list:
+            return [v for v in self.held if isinstance(v, torch.Tensor)]
+
+        def take_host_copies(self, arrays: list) -> None:
+            self.calls += 1
+            it = iter(arrays)
+            self.held = [next(it) if isinstance(v, torch.Tensor) else v for v in self.held]
+
+    m = Held()
+    m.fetch_pending()
+    assert m.calls == 1 and m.pending_tensors() == []
+    np.testing.assert_array_equal(m.held[0], [1.0, 2.0])
+    assert m.held[1] == 3.0 and m.held[2] == 1.0
+    m.fetch_pending()
+    assert m.calls == 1
