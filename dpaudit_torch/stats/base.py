@@ -43,7 +43,7 @@ from .._validation import (
     check_positive_int,
 )
 from ._kernels import record_chunk
-from .betting import OnlineNewtonStep, log_mean_exp
+from .betting import FixedStake, OnlineNewtonStep, log_mean_exp
 
 logger = logging.getLogger(__name__)
 
@@ -115,7 +115,7 @@ class SequentialTest:
         c = K // G if G and K % G == 0 else 0
         self._group_block = (c if c and np.array_equal(self._groups, np.repeat(np.arange(G), c))
                              else None)
-        self._bets = OnlineNewtonStep(self._lambda_max())
+        self._bets = self._make_bettor()
         ub = np.asarray(self._payoff_upper_bound(), dtype=np.float64)
         # a grid point whose every component has payoff <= 0 surely can never be rejected
         self.cannot_reject = np.array(
@@ -140,6 +140,11 @@ class SequentialTest:
     def _lambda_max(self) -> np.ndarray:
         """Per-component bet cap guaranteeing 1 + lambda g > 0 for every possible payoff."""
         raise NotImplementedError
+
+    def _make_bettor(self) -> OnlineNewtonStep | FixedStake:
+        """The bettor of the K components: Online Newton Step capped at :meth:`_lambda_max`
+        (a subclass whose payoffs carry their own stake may bet a fixed one instead)."""
+        return OnlineNewtonStep(self._lambda_max())
 
     def _payoff_upper_bound(self) -> np.ndarray:
         """Per-component supremum of the payoff (<= 0 means the component can never win)."""

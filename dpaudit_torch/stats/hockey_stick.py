@@ -102,10 +102,18 @@ from .._vecmath import exp_
 from ._event_sets import EventSetLearner, ScoreFn
 from ._kernels import hockey_stick_cells_1d, hockey_stick_finish, hockey_stick_gaps
 from .base import SequentialTest
+from .betting import FixedStake, OnlineNewtonStep
 
 logger = logging.getLogger(__name__)
 
 __all__ = ["HockeyStickTest"]
+
+#: stake ratios of the default bet="mixture" (fractions of the largest stake)
+DEFAULT_STAKES: tuple[float, ...] = (1.0, 0.5, 0.25, 0.125, 0.0625)
+#: prior weights of those stakes, fixed in advance: half on the largest
+DEFAULT_STAKE_WEIGHTS: tuple[float, ...] = (0.5, 0.125, 0.125, 0.125, 0.125)
+#: the largest stake, as a fraction of the wealth-preserving bound 1 / (e^eps + delta)
+DEFAULT_MAX_STAKE: float = 0.7
 
 #: soft cap on the number of float64 entries of one chunk's candidate tensors
 _CHUNK_BUDGET = 1 << 21
@@ -170,7 +178,11 @@ class HockeyStickTest(EventSetLearner, SequentialTest):
         *,
         score: str | ScoreFn | Sequence[ScoreFn] = "auto",
         grid_cells: int = 32,
-        eta: float = 2.0,
+        eta: float = 1.5,
+        bet: str = "mixture",
+        stakes: Sequence[float] | None = None,
+        stake_weights: Sequence[float] | None = None,
+        max_stake: float | None = None,
         refresh_factor: float = 2.0,
         max_atoms: int = 8,
         max_chunk: int = 512,
@@ -196,6 +208,32 @@ class HockeyStickTest(EventSetLearner, SequentialTest):
         self.eta = _check_real(eta, "eta")
         if self.eta <= 0:
             raise ValueError(f"eta must be > 0, got {eta!r}")
+        if bet not in ("mixture", "ons"):
+            raise ValueError(f"bet must be 'mixture' or 'ons', got {bet!r}")
+        self.bet = bet
+        if bet == "ons":
+            if stakes is not None or stake_weights is not None or max_stake is not None:
+                raise ValueError("stakes, stake_weights and max_stake apply to bet='mixture' "
+                                 "only (bet='ons' learns one stake capped at 1/2)")
+            ratios, weights, cap = (1.0,), (1.0,), 0.5
+        else:
+            ratios = DEFAULT_STAKES if stakes is None else stakes
+            weights = (DEFAULT_STAKE_WEIGHTS if stakes is None and stake_weights is None
+                       else (stake_weights if stake_weights is not None
+                             else [1.0] * len(list(ratios))))
+            cap = DEFAULT_MAX_STAKE if max_stake is None else max_stake
+        self.stakes = tuple(_check_real(r, "stakes") for r in ratios)
+        if not self.stakes or any(not (0.0 < r <= 1.0) for r in self.stakes):
+            raise ValueError(f"stakes must be a non-empty sequence of ratios in (0, 1], got "
+                             f"{stakes!r}")
+        w = [_check_real(v, "stake_weights") for v in weights]
+        if len(w) != len(self.stakes) or any(v <= 0 for v in w):
+            raise ValueError(f"stake_weights must be {len(self.stakes)} numbers > 0, got "
+                             f"{stake_weights!r}")
+        self.stake_weights = tuple(v / sum(w) for v in w)
+        self.max_stake = _check_real(cap, "max_stake")
+        if not (0.0 < self.max_stake < 1.0):
+            raise ValueError(f"max_stake must be in (0, 1), got {max_stake!r}")
         self.refresh_factor = _check_real(refresh_factor, "refresh_factor")
         if self.refresh_factor <= 1.0:
             raise ValueError(f"refresh_factor must be > 1, got {refresh_factor!r}")
@@ -208,20 +246,29 @@ class HockeyStickTest(EventSetLearner, SequentialTest):
                          device=device, dtype=dtype)
         ee, d = np.exp(self.epsilons), self.deltas
         self._exp_eps = ee
-        lam0 = 1.0 / (2.0 * (ee + d))  # the bet at which candidate sets are compared
-        # log(1 + lam0 * payoff) for: x in E only, y in E only, both, neither  -> [4, G]
-        l_a = np.log1p(lam0 * (1.0 - d))  # a in E, b not
-        l_b = np.log1p(-lam0 * (ee + d))  # b in E, a not
-        l_ab = np.log1p(lam0 * (1.0 - ee - d))  # both
-        l_0 = np.log1p(-lam0 * d)  # neither
-        # t J(E) - t l_0 = na (l_a - l_0) + nb (l_b - l_0) + (na nb / t)(l_ab + l_0 - l_a - l_b)
-        c_a, c_b, c_ab = l_a - l_0, l_b - l_0, l_ab + l_0 - l_a - l_b
-        # columns 0..G-1: (a, b) = (x, y) (direction 1); G..2G-1: (a, b) = (y, x) (direction 2)
-        self._kelly_coef = torch.as_tensor(
-            self.eta * np.stack((np.concatenate((c_a, c_b)), np.concatenate((c_b, c_a)),
-                                 np.concatenate((c_ab, c_ab)))), dtype=torch.float64
-        )  # [3, 2G]
+        top = self.max_stake / (ee + d)  # the largest stake; 1 + top * payoff >= 1 - max_stake
+        # an expert (E, j) bets lambda_j = top * stakes[j] on E; its plug-in log-wealth
+        # t J(E, lambda_j) = na c_a + nb c_b + (na nb / t) c_ab + t l_0 from
+        # log(1 + lambda_j * payoff) for: x in E only, y in E only, both, neither
+        blocks = []
+        for r, pw in zip(self.stakes, self.stake_weights, strict=True):
+            lam = r * top
+            l_a = np.log1p(lam * (1.0 - d))  # a in E, b not
+            l_b = np.log1p(-lam * (ee + d))  # b in E, a not
+            l_ab = np.log1p(lam * (1.0 - ee - d))  # both
+            l_0 = np.log1p(-lam * d)  # neither
+            c_a, c_b, c_ab = l_a - l_0, l_b - l_0, l_ab + l_0 - l_a - l_b
+            # columns 0..G-1: (a, b) = (x, y) (direction 1); G..2G-1: (a, b) = (y, x)
+            blocks.append(np.stack((
+                self.eta * np.concatenate((c_a, c_b)), self.eta * np.concatenate((c_b, c_a)),
+                self.eta * np.concatenate((c_ab, c_ab)), self.eta * np.concatenate((l_0, l_0)),
+                np.full(2 * self.grid_size, math.log(pw)))))
+        # [5, L * 2G]: column j * 2G + c is stake j, component c; features (na, nb, na nb / t,
+        # t, 1)
+        self._kelly_coef = torch.as_tensor(np.concatenate(blocks, axis=1), dtype=torch.float64)
         self._kelly_np = np.ascontiguousarray(self._kelly_coef.numpy())
+        self._stake_ratio_t = torch.as_tensor(self.stakes, dtype=torch.float64)
+        self._stake_ratio_np = np.asarray(self.stakes, dtype=np.float64)
 
     # ------------------------------------------------------------------ base-class hooks
     def _component_groups(self) -> np.ndarray:
@@ -229,8 +276,14 @@ class HockeyStickTest(EventSetLearner, SequentialTest):
         return np.repeat(np.arange(self.grid_size), 2)
 
     def _lambda_max(self) -> np.ndarray:
-        # payoffs lie in [-(e^eps + delta), 1 - delta]: 1 + lambda g >= 1/2 with this cap
-        return np.repeat(1.0 / (2.0 * (np.exp(self.epsilons) + self.deltas)), 2)
+        # payoffs lie in [-(e^eps + delta), 1 - delta]: 1 + lambda g >= 1 - max_stake with this
+        # cap (1/2 for bet="ons"); bet="mixture" bets exactly this stake on every payoff
+        return np.repeat(self.max_stake / (np.exp(self.epsilons) + self.deltas), 2)
+
+    def _make_bettor(self) -> OnlineNewtonStep | FixedStake:
+        if self.bet == "ons":
+            return OnlineNewtonStep(self._lambda_max())
+        return FixedStake(self._lambda_max())
 
     def _payoff_upper_bound(self) -> np.ndarray:
         return np.repeat(1.0 - self.deltas, 2)
@@ -244,6 +297,10 @@ class HockeyStickTest(EventSetLearner, SequentialTest):
             "score": score,
             "grid_cells": self.grid_cells,
             "eta": self.eta,
+            "bet": self.bet,
+            "stakes": list(self.stakes),
+            "stake_weights": list(self.stake_weights),
+            "max_stake": self.max_stake,
             "refresh_factor": self.refresh_factor,
             "max_atoms": self.max_atoms,
         }
@@ -263,7 +320,7 @@ class HockeyStickTest(EventSetLearner, SequentialTest):
 
     def _chunk_limit(self) -> int:
         V = self._n_scores * 3 * (self.grid_cells + 2 * self.max_atoms)  # >= candidates
-        by_memory = max(1, _CHUNK_BUDGET // (self.grid_size * V))
+        by_memory = max(1, _CHUNK_BUDGET // (self.grid_size * V * len(self.stakes)))
         end = self._next_refresh
         if self._t >= end:  # the next chunk starts with a refresh: it may run to the one after
             end = self._refresh_after(self._t)
@@ -304,13 +361,13 @@ class HockeyStickTest(EventSetLearner, SequentialTest):
         tab_y = (torch.cumsum(ohy, 0) - ohy + self._cnt_y).view(n, S, C)
         del ohx, ohy
         t_i = (self._t + torch.arange(n, device=dev)).to(torch.float64)  # pairs before pair i
-        fx, fy = self._soft_sets(tab_x, tab_y, cx, cy, t_i)  # [n, 2G] each
+        fx, fy, mass = self._soft_sets(tab_x, tab_y, cx, cy, t_i)  # [n, 2G] each
         G = self.grid_size
         del tab_x, tab_y
         ee = torch.as_tensor(self._exp_eps, dtype=torch.float64, device=dev)
         dd = torch.as_tensor(self.deltas, dtype=torch.float64, device=dev)
-        pay = torch.stack((fx[:, :G] - ee * fy[:, :G] - dd,  # direction 1: x-heavy sets
-                           fy[:, G:] - ee * fx[:, G:] - dd), dim=2)  # direction 2: y-heavy
+        pay = torch.stack((fx[:, :G] - ee * fy[:, :G] - dd * mass[:, :G],  # direction 1
+                           fy[:, G:] - ee * fx[:, G:] - dd * mass[:, G:]), dim=2)  # direction 2
         # state for the next chunk
         self._cnt_x = self._cnt_x + torch.bincount(gx.reshape(-1), minlength=S * C)
         self._cnt_y = self._cnt_y + torch.bincount(gy.reshape(-1), minlength=S * C)
@@ -363,14 +420,14 @@ class HockeyStickTest(EventSetLearner, SequentialTest):
                                    dtype=np.int64)
         kind, score, k = self._cand_np
         G2 = 2 * self.grid_size
-        gaps = np.empty((n, kind.size, G2))
+        gaps = np.empty((n, kind.size, self._kelly_np.shape[1]))
         top = np.empty((n, G2))
         hockey_stick_gaps(cxn, cyn, cnt_x, cnt_y, self._n_cells, kind, score, k,
                           self._kelly_np, self._t, gaps, top)
         exp_(gaps)  # vectorised (the faster library here); the compiled loops do the rest
         out = np.empty((n, G2))
-        hockey_stick_finish(cxn, cyn, kind, score, k, gaps, top, self._exp_eps, self.deltas,
-                            out)
+        hockey_stick_finish(cxn, cyn, kind, score, k, gaps, top, self._stake_ratio_np,
+                            self._exp_eps, self.deltas, out)
         self._append_history(x, y)
         return out
 
