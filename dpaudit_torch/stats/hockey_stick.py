@@ -14,12 +14,29 @@ only: *predictable*) the payoffs
 
 have conditional mean <= 0 under H0 (only the marginals of x_t and y_t enter, so x_t and y_t may
 be dependent). With indicator sets f_t = 1{E_t} these are exactly the event payoffs of section 3.
-Every payoff lies in [-e^eps - delta, 1 - delta], so the bet cap lambda_max = 1 / (2 (e^eps +
-delta)) keeps 1 + lambda g >= 1/2 > 0; the Online Newton Step bettor of
-:mod:`~dpaudit_torch.stats.betting` (Shekhar & Ramdas, IEEE Trans. IT 2023) makes each wealth a
-nonnegative supermartingale, and the average of the 2G wealths (two directions times G grid points)
-is an e-process: Ville's inequality gives P(sup_t mean wealth >= 1/alpha) <= alpha under H0
-(testing by betting: Shafer 2021, JRSS-A; Waudby-Smith & Ramdas 2024, JRSS-B).
+Every payoff lies in [-e^eps - delta, 1 - delta].
+
+Betting (``bet="mixture"``, the default). The soft set already carries the stake: it is the
+exponentially weighted mixture of *experts* (E, lambda_j), a candidate set E and a stake lambda_j
+= r_j lambda_top from a grid fixed in advance (r_j = 1, 1/2, 1/4, 1/8, 1/16; lambda_top =
+``max_stake`` / (e^eps + delta), max_stake = 0.7), f_t = sum_{E, j} w_t(E, j) r_j 1{E}, and each
+component bets the fixed stake lambda_top on g_t = f_t(x_t) - e^eps f_t(y_t) - delta m_t, with
+m_t = sum w_t(E, j) r_j the stake-weighted mass (so the empty set, abstaining, is charged
+nothing). Then 1 + lambda_top g_t = sum_{E, j} w_t(E, j) (1 + lambda_j (1{x_t in E} - e^eps
+1{y_t in E} - delta)) + w_t(empty): the wealth grows like a mixture of fixed-stake bettors, one
+per (set, stake), and 1 + lambda_top g >= 1 - max_stake = 0.3 > 0. This replaces Online Newton
+Step (Shekhar & Ramdas, IEEE Trans. IT 2023; ``bet="ons"``, the former default), whose stake
+starts at 0 and needs tens of pairs to grow: on the Table-1 leaks the stake mixture rejects
+after 20-25% fewer pairs (docs/statistics.md). The stake grid reaching 1/16 of lambda_top keeps
+weak leaks detectable (their Kelly stake is small); a single fixed stake would lose them.
+
+Validity: every w_t(E, j) is a function of pairs < t, the grid and its prior weights are fixed in
+advance, so g_t is predictable; under H0 E[1{X in E} - e^eps 1{Y in E} - delta | past] <= 0 for
+every E, hence E[g_t | past] = sum w r_j (P(E) - e^eps Q(E) - delta) <= 0, and the wealth
+prod (1 + lambda_top g_t) is a nonnegative supermartingale. The average of the 2G wealths (two
+directions times G grid points, uniform weights fixed in advance) is an e-process: Ville's
+inequality gives P(sup_t mean wealth >= 1/alpha) <= alpha under H0 (testing by betting: Shafer
+2021, JRSS-A; Waudby-Smith & Ramdas 2024, JRSS-B).
 
 Unlike the MMD test (Gonzalez et al., NeurIPS 2025, arXiv 2509.07055) this test has no ceiling:
 any violation of the (eps, delta) inequality by an event that the set learner can approximate is
@@ -48,41 +65,43 @@ y are updated incrementally: the counts used for pair t cover exactly the pairs 
 one batch (exclusive cumulative sums over a chunk added to the counts of earlier chunks).
 
 *Candidate sets.* For each score: every half-line {cell < k} and {cell >= k} of its grid (proper,
-non-empty), every atom cell alone, and the empty set (abstain). For pair t each candidate E gets
-the plug-in log-growth of its payoff at the bet lambda_0 = lambda_max, from the past counts
+non-empty), every atom cell alone, and the empty set (abstain). For pair t each expert (E, j)
+gets the plug-in log-growth of betting l = lambda_j on E, from the past counts
 a = #{s < t: x_s in E}, b = #{s < t: y_s in E} (direction 1; x and y swapped for direction 2):
 
-    t * J(E) = [a (t-b) log(1 + l(1-delta)) + b (t-a) log(1 - l(e^eps + delta))
-                + a b log(1 + l(1 - e^eps - delta)) + (t-a)(t-b) log(1 - l delta)] / t,
+    t * J(E, l) = [a (t-b) log(1 + l(1-delta)) + b (t-a) log(1 - l(e^eps + delta))
+                   + a b log(1 + l(1 - e^eps - delta)) + (t-a)(t-b) log(1 - l delta)] / t,
 
-i.e. the in-sample log-wealth of betting l = lambda_0 on E if x_s and y_s were independent. This
-Kelly criterion prefers sets whose y-mass is small over the total-variation maximiser, which is
-what makes the wealth grow fastest, and it abstains (empty set) when no set looks profitable.
+i.e. the in-sample log-wealth of betting l on E if x_s and y_s were independent. This Kelly
+criterion prefers sets whose y-mass is small over the total-variation maximiser, which is what
+makes the wealth grow fastest, picks the stake that would have grown the wealth fastest, and
+abstains (empty set, log-weight 0) when no expert looks profitable.
 
 *Soft set by exponential weights.* Rather than following the leader (the argmax, which jumps
-between near-equivalent sets while few pairs are known), the set for pair t is the Gibbs mixture
-f_t = sum_E w_t(E) 1{E}, w_t(E) proportional to exp(eta t J(E)) (``eta``, default 2; a uniform
-prior over the candidates; eta = 1 is the Bayes mixture of the candidates' fixed-bet wealths). It
-concentrates on the best set as t grows and hedges early on; f_t takes values in [0, 1], so the
-payoffs above apply. On the reference mechanisms of docs/design.md section 7 it needs 2-3% fewer
-pairs than follow-the-leader over the same candidates on NonDPGaussian1 and 7-11% fewer on
-NonDPLaplace1 (200 seeds each; docs/statistics.md).
+between near-equivalent sets while few pairs are known), the weights are the Gibbs mixture
+w_t(E, j) proportional to pi_j exp(eta t J(E, lambda_j)) (``eta``, default 1.5; the prior
+pi_j = ``stake_weights``, default 1/2 on the largest stake and 1/8 on each other, is uniform over
+the candidates and gives the empty set the weight of one candidate; eta = 1 would be the Bayes
+mixture of the experts' plug-in wealths). It concentrates on the best expert as t grows and
+hedges early on; f_t takes values in [0, 1], so the payoffs above apply. With ``bet="ons"`` (the
+former default) there is one stake, lambda_max = 1 / (2 (e^eps + delta)), and ONS chooses the
+bet on top.
 
 Why this is valid: the grids for pair t are functions of the pairs before the last refresh point
-(<= t - 1), the counts of the pairs < t, hence the weights and f_t (f'_t) are functions of pairs
-< t only; by the layer-cake argument E[g_t | past] = E f_t(X) - e^eps E f_t(Y) - delta <= 0 under
-H0, and the ONS bet lambda_t is also a function of pairs < t. Burn-in pairs only fit the first
-grid and counts and are never bet on.
+(<= t - 1), the counts of the pairs < t, hence the weights, f_t (f'_t) and m_t are functions of
+pairs < t only; E[g_t | past] = sum w r_j (P(E) - e^eps Q(E) - delta) <= 0 under H0, and the
+stake is fixed (or, with ``bet="ons"``, the ONS bet is a function of pairs < t). Burn-in pairs
+only fit the first grid and counts and are never bet on.
 
 Cost: each refresh sorts the pooled history (O(t log t)); with geometric refresh points that is
-amortised O(log t) per pair. Between refreshes each pair costs O(G S C) device work (C <= 2
-(grid_cells + max_atoms) + 1 cells: binary search, counts, weights), done for a whole chunk at once
-with no Python loop over past pairs and no host synchronisation per pair; only the ONS recursion
-runs pair by pair on the host (one transfer per chunk). On the CPU the same payoffs come from two
-compiled pair-by-pair loops around one vectorised exponential (``_payoffs_compiled``; fewer,
-larger operations, 3x faster in the hook's chunks of 80 pairs). Memory is linear in the number
-of pairs (the history is kept for the refreshes). Results do not depend on how the stream is
-batched (up to floating-point summation order, ~1e-15).
+amortised O(log t) per pair. Between refreshes each pair costs O(G S C L) device work
+(C <= 2 (grid_cells + max_atoms) + 1 cells, L stakes: binary search, counts, weights), done for
+a whole chunk at once with no Python loop over past pairs and no host synchronisation per pair;
+only the wealth recursion runs pair by pair on the host (one transfer per chunk). On the CPU the
+same payoffs come from two compiled pair-by-pair loops around one vectorised exponential
+(``_payoffs_compiled``; fewer, larger operations, 3x faster in the hook's chunks of 80 pairs).
+Memory is linear in the number of pairs (the history is kept for the refreshes). Results do not
+depend on how the stream is batched (up to floating-point summation order, ~1e-15).
 """
 
 from __future__ import annotations
@@ -143,12 +162,26 @@ class HockeyStickTest(EventSetLearner, SequentialTest):
         alpha: level of the test, in (0, 1).
         burn_in: pairs used only to fit the first grids (never bet on); >= 2. Default 4: the
             learner keeps refining its sets from every later pair, so a long burn-in only
-            delays the bets (20 costs 9-13 more pairs on the Table-1 leaks; 2 and 4 tie).
+            delays the bets (20 cost 9-13 more pairs on the Table-1 leaks with ``bet="ons"``;
+            2 and 4 tie).
         score: ``"auto"`` (value and distance to the median for d = 1; projection and distance
             for d > 1), a callable ``score(v: Tensor[n, d]) -> Tensor[n]``, or a non-empty
             sequence of such callables.
         grid_cells: quantile cells per score grid (>= 2; half-line thresholds at its edges).
-        eta: inverse temperature of the exponential weights over candidate sets (> 0).
+        eta: inverse temperature of the exponential weights over the (set, stake) experts
+            (> 0; default 1.5: on the Table-1 leaks 1 costs 2-5 more pairs, 2 saves 1-2 on
+            NonDPGaussian1 and costs 2-4 on NonDPLaplace1; 200 seeds).
+        bet: ``"mixture"`` (default): bet the fixed stake ``max_stake / (e^eps + delta)`` on the
+            stake-weighted soft sets (a mixture of fixed-stake experts; see the module
+            docstring); ``"ons"``: one stake per set, bet chosen by Online Newton Step capped at
+            1 / (2 (e^eps + delta)) (the former default; 20-25% more pairs on the Table-1
+            leaks).
+        stakes: the stake grid of ``bet="mixture"`` as fractions in (0, 1] of the largest
+            stake; default (1, 1/2, 1/4, 1/8, 1/16). Smaller stakes keep weak leaks detectable.
+        stake_weights: prior weights of the stakes (> 0, normalised; fixed in advance); default
+            (1/2, 1/8, 1/8, 1/8, 1/8) with the default stakes, uniform with one's own.
+        max_stake: the largest stake as a fraction of 1 / (e^eps + delta), in (0, 1); default
+            0.7 (every wealth factor >= 0.3). The Table-1 Kelly stakes are 0.45-0.8 of it.
         refresh_factor: grids are refitted at burn_in * refresh_factor^k (> 1; default 2).
         max_atoms: at most this many repeated values get cells of their own, per score (>= 0).
         max_chunk: most pairs per vectorised chunk (memory vs overhead; the results do not
