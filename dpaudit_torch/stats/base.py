@@ -6,7 +6,8 @@ e-process *components*, each attached to one grid point (eps_i, delta_i). This b
 * argument validation (eps > 0, delta in [0, 1), alpha in (0, 1), burn_in >= 2);
 * the pair stream: shapes [n] or [n, d], finiteness, batches processed pair by pair in order,
   the burn-in (pairs used only to fit hyper-parameters, never bet on);
-* the bets (:class:`~dpaudit_torch.stats.betting.OnlineNewtonStep`) and the log-wealth;
+* the bets (:class:`~dpaudit_torch.stats.betting.OnlineNewtonStep`, or a subclass's
+  ``_make_bettor``, e.g. :class:`~dpaudit_torch.stats.betting.FixedStake`) and the log-wealth;
 * the decision: the average of ALL components' wealths (an average of e-processes on one
   filtration is an e-process) compared with 1/alpha, so a whole grid (and both directions of DP)
   gives ONE level-alpha decision with no Bonferroni split;

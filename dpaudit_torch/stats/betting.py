@@ -12,6 +12,9 @@ section 1: lambda_1 = 0, A_0 = 1, and after payoff p_t
     z_t = -p_t / (1 + lambda_t p_t),   A_t = A_{t-1} + z_t^2,
     lambda_{t+1} = clip(lambda_t - c z_t / A_t, 0, lambda_max),   c = 2 / (2 - ln 3).
 
+A test whose payoffs already carry a predictable stake (the hockey-stick test's default mixture of
+fixed-stake experts, docs/design.md section 3) bets a fixed stake instead (:class:`FixedStake`).
+
 Wealth is kept in log space (a sum of log1p terms), so 10^6 steps neither overflow nor underflow.
 
 The recursion is O(1) per pair but inherently sequential. It runs on the host in float64 over a
