@@ -332,8 +332,10 @@ def hockey_stick_gaps(cx: np.ndarray, cy: np.ndarray, cnt_x: np.ndarray, cnt_y: 
     V = cand_kind.shape[0]
     LG2 = coef.shape[1]
     G2 = top.shape[1]
+    L = LG2 // G2
     pre_x = np.empty((S, C + 1), dtype=np.int64)
     pre_y = np.empty((S, C + 1), dtype=np.int64)
+    base = np.empty(LG2)
     for i in range(n):
         t = float(t0 + i)
         for s in range(S):
@@ -342,6 +344,8 @@ def hockey_stick_gaps(cx: np.ndarray, cy: np.ndarray, cnt_x: np.ndarray, cnt_y: 
             for c in range(C):
                 pre_x[s, c + 1] = pre_x[s, c] + cnt_x[s * C + c]
                 pre_y[s, c + 1] = pre_y[s, c] + cnt_y[s * C + c]
+        for jc in range(LG2):
+            base[jc] = t * coef[3, jc] + coef[4, jc]
         for col in range(G2):
             top[i, col] = 0.0  # the empty set (abstain) has log-weight 0
         for v in range(V):
@@ -356,17 +360,19 @@ def hockey_stick_gaps(cx: np.ndarray, cy: np.ndarray, cnt_x: np.ndarray, cnt_y: 
                 nx = float(cnt_x[s * C + k])
                 ny = float(cnt_y[s * C + k])
             nxy = nx * ny / t
-            for jc in range(LG2):
-                lg = (nx * coef[0, jc] + ny * coef[1, jc] + nxy * coef[2, jc] + t * coef[3, jc]
-                      + coef[4, jc])
-                gaps[i, v, jc] = lg
-                col = jc % G2
-                if lg > top[i, col]:
-                    top[i, col] = lg
+            for j in range(L):
+                for col in range(G2):
+                    jc = j * G2 + col
+                    lg = nx * coef[0, jc] + ny * coef[1, jc] + nxy * coef[2, jc] + base[jc]
+                    gaps[i, v, jc] = lg
+                    if lg > top[i, col]:
+                        top[i, col] = lg
         for v in range(V):
-            for jc in range(LG2):
-                g = gaps[i, v, jc] - top[i, jc % G2]
-                gaps[i, v, jc] = g if g > -60.0 else -60.0
+            for j in range(L):
+                for col in range(G2):
+                    jc = j * G2 + col
+                    g = gaps[i, v, jc] - top[i, col]
+                    gaps[i, v, jc] = g if g > -60.0 else -60.0
         for s in range(S):
             cnt_x[s * C + cx[i, s]] += 1
             cnt_y[s * C + cy[i, s]] += 1
