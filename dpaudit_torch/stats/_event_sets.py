@@ -10,9 +10,10 @@ the module docstring of :mod:`dpaudit_torch.stats.hockey_stick`):
 * *grids*: per score, midpoints at the pooled empirical quantiles plus every repeated value (an
   atom, a cell of its own), and the cell of a score in that grid;
 * *candidate sets*: the proper half-lines of each grid, every atom cell alone (and the empty set);
-* *soft sets*: the Gibbs mixture of the candidates weighted by exp(eta t J(E)), J the plug-in
-  Kelly log-growth of betting on E (exponential weights; Cesa-Bianchi & Lugosi, "Prediction,
-  Learning, and Games", 2006, ch. 2).
+* *soft sets*: the Gibbs mixture of the experts (E, lambda_j) -- a candidate set and a stake
+  of a fixed grid -- weighted by pi_j exp(eta t J(E, lambda_j)), J the plug-in Kelly log-growth
+  of betting lambda_j on E (exponential weights; Cesa-Bianchi & Lugosi, "Prediction, Learning,
+  and Games", 2006, ch. 2); each expert enters the soft set with its stake ratio.
 
 Every quantity is computed from pairs before the current one only (predictable).
 """
@@ -51,6 +52,7 @@ class EventSetLearner:
     _score_fns: list[ScoreFn] | None
     _score_params: dict[str, torch.Tensor]
     _kelly_coef: torch.Tensor
+    _stake_ratio_t: torch.Tensor
     _edges: torch.Tensor | None
     _atom_cell: torch.Tensor | None
     _n_cells_s: torch.Tensor | None
@@ -152,30 +154,41 @@ class EventSetLearner:
 
     # ------------------------------------------------------------------ soft sets
     def _soft_sets(self, tab_x: torch.Tensor, tab_y: torch.Tensor, cx: torch.Tensor,
-                   cy: torch.Tensor, t: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        """The soft sets of both directions for every grid point, at x_i and at y_i.
+                   cy: torch.Tensor, t: torch.Tensor
+                   ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """The stake-weighted soft sets of both directions for every grid point, at x_i and y_i.
 
         tab_x, tab_y: [n, S, C] per-cell counts of past x and y (pairs < i); cx, cy: [n, S]
-        cells of x_i and y_i; t: [n] pairs before i. Returns f_x, f_y, each [n, 2G]: columns
-        0..G-1 the x-heavy sets of direction 1, G..2G-1 the y-heavy sets of direction 2.
+        cells of x_i and y_i; t: [n] pairs before i. Returns f_x, f_y and the mass m, each
+        [n, 2G]: columns 0..G-1 the x-heavy sets of direction 1, G..2G-1 the y-heavy sets of
+        direction 2. With the experts (E, j) (candidate set E, stake ratio r_j) weighted by
+        w(E, j) proportional to pi_j exp(eta t J(E, lambda_j)) (the empty set: weight 1),
+        f(v) = sum_{E contains v} w(E, j) r_j / Z and m = sum w(E, j) r_j / Z.
         """
         kind, flat, k, sc = self._cand_kind, self._cand_flat, self._cand_k, self._cand_score
         nx = self._cand_counts(tab_x, flat).to(torch.float64)  # [n, V]
         ny = self._cand_counts(tab_y, flat).to(torch.float64)
-        # eta t (J(E) - log(1 - l0 delta)) is linear in (n_a, n_b, n_a n_b / t), with (a, b) =
-        # (x, y) for direction 1 and (y, x) for direction 2; the empty set (abstain) has logit 0
-        feats = torch.stack((nx, ny, nx * ny / t.view(-1, 1)), dim=2)  # [n, V, 3]
-        logit = feats @ self._kelly_coef.to(feats.device)  # [n, V, 2G]
-        top = logit.max(dim=1, keepdim=True).values.clamp(min=0.0)
+        n, V = nx.shape
+        # eta t J(E, lambda_j) + log pi_j is linear in (n_a, n_b, n_a n_b / t, t, 1), with
+        # (a, b) = (x, y) for direction 1 and (y, x) for direction 2; the empty set has logit 0
+        tt = t.view(-1, 1).expand(n, V)
+        feats = torch.stack((nx, ny, nx * ny / t.view(-1, 1), tt, torch.ones_like(nx)),
+                            dim=2)  # [n, V, 5]
+        ratio = self._stake_ratio_t.to(feats.device)
+        L = int(ratio.shape[0])
+        logit = (feats @ self._kelly_coef.to(feats.device)).view(n, V, L, -1)  # [n, V, L, 2G]
+        top = logit.amax(dim=(1, 2)).clamp(min=0.0)  # [n, 2G]
         # weights below e^-60 of the leader's change nothing; clamping avoids slow subnormals
-        w = torch.exp((logit - top).clamp(min=-60.0))
-        z = w.sum(dim=1) + torch.exp(-top.squeeze(1))  # [n, 2G], with the empty set's weight
+        w = torch.exp((logit - top.view(n, 1, 1, -1)).clamp(min=-60.0))
+        z = w.sum(dim=(1, 2)) + torch.exp(-top)  # [n, 2G], with the empty set's weight
+        wr = (w * ratio.view(1, 1, L, 1)).sum(dim=2)  # [n, V, 2G]
         cells = torch.stack((cx[:, sc], cy[:, sc]), dim=1)  # [n, 2, V]
         below = cells < k
         mem = torch.where(kind == 2, cells == k, below ^ (kind == 1))  # [n, 2, V]
-        f = (mem.to(torch.float64) @ w) / z.unsqueeze(1)  # [n, 2, 2G]
+        f = (mem.to(torch.float64) @ wr) / z.unsqueeze(1)  # [n, 2, 2G]
         f = f.clamp(0.0, 1.0)
-        return f[:, 0], f[:, 1]
+        mass = (wr.sum(dim=1) / z).clamp(0.0, 1.0)
+        return f[:, 0], f[:, 1], mass
 
     @staticmethod
     def _cand_counts(tab: torch.Tensor, flat: torch.Tensor) -> torch.Tensor:

@@ -312,25 +312,30 @@ def hockey_stick_gaps(cx: np.ndarray, cy: np.ndarray, cnt_x: np.ndarray, cnt_y: 
                       n_cells: int, cand_kind: np.ndarray, cand_score: np.ndarray,
                       cand_k: np.ndarray, coef: np.ndarray, t0: int, gaps: np.ndarray,
                       top: np.ndarray) -> None:
-    """First half of the hockey-stick payoffs of a chunk: the candidate sets' log-weights.
+    """First half of the hockey-stick payoffs of a chunk: the (set, stake) experts' log-weights.
 
     ``cx``, ``cy``: [n, S] cells of x_i and y_i in each score's grid; ``cnt_x``, ``cnt_y``:
     [S * C] counts of the past x / y per cell, updated in place pair by pair, so that pair i sees
     exactly the pairs before it. Candidates: kind 0 {cell < k}, 1 {cell >= k}, 2 {cell == k} on
-    score ``cand_score``; ``coef`` [3, 2G]: eta times the Kelly coefficients of the features
-    (n_a, n_b, n_a n_b / t), columns 0..G-1 direction 1, G..2G-1 direction 2.
+    score ``cand_score``; ``coef`` [5, L * 2G]: per stake j and component col (column
+    j * 2G + col; columns col < G direction 1, G <= col < 2G direction 2) the coefficients of the
+    features (n_a, n_b, n_a n_b / t, t, 1) of the expert's log-weight (eta times its plug-in Kelly
+    log-wealth, plus its log prior weight).
 
-    Writes ``top[i, c] = max(0, max_E logit)`` and ``gaps[i, E, c] = max(logit - top, -60)``:
-    the log-weights relative to the leader (or to the empty set), clamped as in
-    ``EventSetLearner._soft_sets`` (weights below e^-60 of the leader's change nothing). The
-    exponential is taken by the caller, vectorised.
+    Writes ``top[i, col] = max(0, max over sets and stakes of the logit)`` and
+    ``gaps[i, E, j * 2G + col] = max(logit - top, -60)``: the log-weights relative to the leader
+    (or to the empty set), clamped as in ``EventSetLearner._soft_sets`` (weights below e^-60 of
+    the leader's change nothing). The exponential is taken by the caller, vectorised.
     """
     n, S = cx.shape
     C = n_cells
     V = cand_kind.shape[0]
-    G2 = coef.shape[1]
+    LG2 = coef.shape[1]
+    G2 = top.shape[1]
+    L = LG2 // G2
     pre_x = np.empty((S, C + 1), dtype=np.int64)
     pre_y = np.empty((S, C + 1), dtype=np.int64)
+    base = np.empty(LG2)
     for i in range(n):
         t = float(t0 + i)
         for s in range(S):
@@ -339,6 +344,8 @@ def hockey_stick_gaps(cx: np.ndarray, cy: np.ndarray, cnt_x: np.ndarray, cnt_y: 
             for c in range(C):
                 pre_x[s, c + 1] = pre_x[s, c] + cnt_x[s * C + c]
                 pre_y[s, c + 1] = pre_y[s, c] + cnt_y[s * C + c]
+        for jc in range(LG2):
+            base[jc] = t * coef[3, jc] + coef[4, jc]
         for col in range(G2):
             top[i, col] = 0.0  # the empty set (abstain) has log-weight 0
         for v in range(V):
@@ -353,15 +360,19 @@ def hockey_stick_gaps(cx: np.ndarray, cy: np.ndarray, cnt_x: np.ndarray, cnt_y: 
                 nx = float(cnt_x[s * C + k])
                 ny = float(cnt_y[s * C + k])
             nxy = nx * ny / t
-            for col in range(G2):
-                lg = nx * coef[0, col] + ny * coef[1, col] + nxy * coef[2, col]
-                gaps[i, v, col] = lg
-                if lg > top[i, col]:
-                    top[i, col] = lg
+            for j in range(L):
+                for col in range(G2):
+                    jc = j * G2 + col
+                    lg = nx * coef[0, jc] + ny * coef[1, jc] + nxy * coef[2, jc] + base[jc]
+                    gaps[i, v, jc] = lg
+                    if lg > top[i, col]:
+                        top[i, col] = lg
         for v in range(V):
-            for col in range(G2):
-                g = gaps[i, v, col] - top[i, col]
-                gaps[i, v, col] = g if g > -60.0 else -60.0
+            for j in range(L):
+                for col in range(G2):
+                    jc = j * G2 + col
+                    g = gaps[i, v, jc] - top[i, col]
+                    gaps[i, v, jc] = g if g > -60.0 else -60.0
         for s in range(S):
             cnt_x[s * C + cx[i, s]] += 1
             cnt_y[s * C + cy[i, s]] += 1
@@ -370,23 +381,28 @@ def hockey_stick_gaps(cx: np.ndarray, cy: np.ndarray, cnt_x: np.ndarray, cnt_y: 
 @kernel(nogil=True, error_model="numpy")
 def hockey_stick_finish(cx: np.ndarray, cy: np.ndarray, cand_kind: np.ndarray,
                         cand_score: np.ndarray, cand_k: np.ndarray, weights: np.ndarray,
-                        top: np.ndarray, exp_eps: np.ndarray, deltas: np.ndarray,
-                        out: np.ndarray) -> None:
-    """Second half: soft sets at x_i and y_i from the weights ``exp(gaps)`` [n, V, 2G], and the
-    payoffs ``out`` [n, 2G] (component 2g + d: grid point g, direction d):
-    f(v) = sum of the weights of the candidates containing v / (all weights + e^-top),
-    clamped to [0, 1]; direction 1 pays f(x) - e^eps f(y) - delta with its x-heavy sets,
-    direction 2 pays f'(y) - e^eps f'(x) - delta with its y-heavy sets."""
-    n, V, G2 = weights.shape
+                        top: np.ndarray, ratio: np.ndarray, exp_eps: np.ndarray,
+                        deltas: np.ndarray, out: np.ndarray) -> None:
+    """Second half: soft sets at x_i and y_i from the weights ``exp(gaps)`` [n, V, L * 2G], and
+    the payoffs ``out`` [n, 2G] (component 2g + d: grid point g, direction d). With Z = all
+    weights + e^-top (the empty set's), f(v) = sum over the experts (E, j) with v in E of
+    w(E, j) ratio[j] / Z and m = sum over all experts of w(E, j) ratio[j] / Z (both clamped to
+    [0, 1]); direction 1 pays f(x) - e^eps f(y) - delta m with its x-heavy sets, direction 2
+    pays f'(y) - e^eps f'(x) - delta m' with its y-heavy sets."""
+    n, V, LG2 = weights.shape
+    G2 = top.shape[1]
+    L = LG2 // G2
     G = G2 // 2
     z = np.empty(G2)
     fx = np.empty(G2)
     fy = np.empty(G2)
+    mass = np.empty(G2)
     for i in range(n):
         for col in range(G2):
             z[col] = 0.0
             fx[col] = 0.0
             fy[col] = 0.0
+            mass[col] = 0.0
         for v in range(V):
             kd, s, k = cand_kind[v], cand_score[v], cand_k[v]
             ax, ay = cx[i, s], cy[i, s]
@@ -397,19 +413,26 @@ def hockey_stick_finish(cx: np.ndarray, cy: np.ndarray, cand_kind: np.ndarray,
             else:
                 in_x, in_y = ax == k, ay == k
             for col in range(G2):
-                w = weights[i, v, col]
-                z[col] += w
+                wz = 0.0
+                wr = 0.0
+                for j in range(L):
+                    w = weights[i, v, j * G2 + col]
+                    wz += w
+                    wr += w * ratio[j]
+                z[col] += wz
+                mass[col] += wr
                 if in_x:
-                    fx[col] += w
+                    fx[col] += wr
                 if in_y:
-                    fy[col] += w
+                    fy[col] += wr
         for col in range(G2):
             zc = z[col] + math.exp(-top[i, col])
             fx[col] = min(max(fx[col] / zc, 0.0), 1.0)
             fy[col] = min(max(fy[col] / zc, 0.0), 1.0)
+            mass[col] = min(max(mass[col] / zc, 0.0), 1.0)
         for g in range(G):
-            out[i, 2 * g] = fx[g] - exp_eps[g] * fy[g] - deltas[g]
-            out[i, 2 * g + 1] = fy[G + g] - exp_eps[g] * fx[G + g] - deltas[g]
+            out[i, 2 * g] = fx[g] - exp_eps[g] * fy[g] - deltas[g] * mass[g]
+            out[i, 2 * g + 1] = fy[G + g] - exp_eps[g] * fx[G + g] - deltas[g] * mass[G + g]
 
 
 @kernel(nogil=True, error_model="numpy")
@@ -572,7 +595,7 @@ def signatures() -> list[tuple[object, tuple[object, ...]]]:
         (mmd_fwd_update, (f1, i, f2, f, i1, f2, f1)),
         (hockey_stick_cells_1d, (f1, f1, f2, f, i2, i2)),
         (hockey_stick_gaps, (i2, i2, i1, i1, i, i1, i1, i1, f2, i, f3, f2)),
-        (hockey_stick_finish, (i2, i2, i1, i1, i1, f3, f2, f1, f1, f2)),
+        (hockey_stick_finish, (i2, i2, i1, i1, i1, f3, f2, f1, f1, f1, f2)),
         (log_mean_exp_rows, (f2, f1)),
         (fresh_start_rows, (f1, f2, i, f2)),
         (fresh_start_mixed, (f2, f3, i, f1)),

@@ -6,7 +6,8 @@ e-process *components*, each attached to one grid point (eps_i, delta_i). This b
 * argument validation (eps > 0, delta in [0, 1), alpha in (0, 1), burn_in >= 2);
 * the pair stream: shapes [n] or [n, d], finiteness, batches processed pair by pair in order,
   the burn-in (pairs used only to fit hyper-parameters, never bet on);
-* the bets (:class:`~dpaudit_torch.stats.betting.OnlineNewtonStep`) and the log-wealth;
+* the bets (:class:`~dpaudit_torch.stats.betting.OnlineNewtonStep`, or a subclass's
+  ``_make_bettor``, e.g. :class:`~dpaudit_torch.stats.betting.FixedStake`) and the log-wealth;
 * the decision: the average of ALL components' wealths (an average of e-processes on one
   filtration is an e-process) compared with 1/alpha, so a whole grid (and both directions of DP)
   gives ONE level-alpha decision with no Bonferroni split;
@@ -43,7 +44,7 @@ from .._validation import (
     check_positive_int,
 )
 from ._kernels import record_chunk
-from .betting import OnlineNewtonStep, log_mean_exp
+from .betting import FixedStake, OnlineNewtonStep, log_mean_exp
 
 logger = logging.getLogger(__name__)
 
@@ -115,7 +116,7 @@ class SequentialTest:
         c = K // G if G and K % G == 0 else 0
         self._group_block = (c if c and np.array_equal(self._groups, np.repeat(np.arange(G), c))
                              else None)
-        self._bets = OnlineNewtonStep(self._lambda_max())
+        self._bets = self._make_bettor()
         ub = np.asarray(self._payoff_upper_bound(), dtype=np.float64)
         # a grid point whose every component has payoff <= 0 surely can never be rejected
         self.cannot_reject = np.array(
@@ -140,6 +141,11 @@ class SequentialTest:
     def _lambda_max(self) -> np.ndarray:
         """Per-component bet cap guaranteeing 1 + lambda g > 0 for every possible payoff."""
         raise NotImplementedError
+
+    def _make_bettor(self) -> OnlineNewtonStep | FixedStake:
+        """The bettor of the K components: Online Newton Step capped at :meth:`_lambda_max`
+        (a subclass whose payoffs carry their own stake may bet a fixed one instead)."""
+        return OnlineNewtonStep(self._lambda_max())
 
     def _payoff_upper_bound(self) -> np.ndarray:
         """Per-component supremum of the payoff (<= 0 means the component can never win)."""

@@ -12,6 +12,9 @@ section 1: lambda_1 = 0, A_0 = 1, and after payoff p_t
     z_t = -p_t / (1 + lambda_t p_t),   A_t = A_{t-1} + z_t^2,
     lambda_{t+1} = clip(lambda_t - c z_t / A_t, 0, lambda_max),   c = 2 / (2 - ln 3).
 
+A test whose payoffs already carry a predictable stake (the hockey-stick test's default mixture of
+fixed-stake experts, docs/design.md section 3) bets a fixed stake instead (:class:`FixedStake`).
+
 Wealth is kept in log space (a sum of log1p terms), so 10^6 steps neither overflow nor underflow.
 
 The recursion is O(1) per pair but inherently sequential. It runs on the host in float64 over a
@@ -30,7 +33,7 @@ from .._compiled import compiled
 from .._vecmath import exp_
 from ._kernels import log_mean_exp_rows, ons_run
 
-__all__ = ["ONS_C", "OnlineNewtonStep", "log_mean_exp"]
+__all__ = ["ONS_C", "FixedStake", "OnlineNewtonStep", "log_mean_exp"]
 
 #: the ONS step constant c = 2 / (2 - ln 3) ~= 2.2188
 ONS_C: float = 2.0 / (2.0 - math.log(3.0))
@@ -122,3 +125,67 @@ class OnlineNewtonStep:
                     f"ONS state {key!r} has shape {arr.shape}, expected ({self.size},)"
                 )
             setattr(self, key, arr.copy())
+
+
+class FixedStake:
+    """K wealth processes that bet the same fixed stake ``lambda_max`` on every payoff.
+
+    The interface of :class:`OnlineNewtonStep` (``lambda_max``, ``lam``, ``a_sum``,
+    ``log_wealth``, :meth:`run`, ``state_dict``). For a test whose payoffs already carry their
+    own predictable stake: the hockey-stick test's stake-weighted soft sets, for which
+    1 + lambda_max g_t is the wealth factor of its mixture of (set, stake) experts
+    (docs/design.md section 3). The stake is fixed in advance, so the wealth is a nonnegative
+    supermartingale under H0 whenever the payoffs are predictable with conditional mean <= 0 and
+    1 + lambda_max g > 0 for every possible payoff g (the caller's bound; a violation raises
+    ``RuntimeError`` and leaves the state unchanged).
+    """
+
+    def __init__(self, lambda_max: np.ndarray) -> None:
+        lm = np.asarray(lambda_max, dtype=np.float64).reshape(-1)
+        if lm.size == 0 or not np.all(np.isfinite(lm)) or np.any(lm <= 0):
+            raise ValueError(f"lambda_max must be finite and > 0, got {lambda_max!r}")
+        self.lambda_max = lm
+        self.reset()
+
+    @property
+    def size(self) -> int:
+        return int(self.lambda_max.size)
+
+    def reset(self) -> None:
+        self.lam = self.lambda_max.copy()
+        self.a_sum = np.ones(self.size)  # unused; kept for the common state layout
+        self.log_wealth = np.zeros(self.size)
+
+    def run(self, payoffs: np.ndarray) -> np.ndarray:
+        """Bet on ``payoffs`` [n, K] in order; return the log-wealth after each pair, [n, K]."""
+        p_all = np.asarray(payoffs, dtype=np.float64)
+        if p_all.ndim != 2 or p_all.shape[1] != self.size:
+            raise ValueError(f"payoffs must have shape [n, {self.size}], got {p_all.shape}")
+        factor = 1.0 + p_all * self.lambda_max
+        if not (np.all(np.isfinite(factor)) and np.all(factor > 0.0)):
+            raise RuntimeError(
+                "betting bound violated (1 + lambda * payoff <= 0, or a non-finite payoff): a "
+                "payoff lies outside the range its lambda_max was derived for; this is a bug, "
+                "please report it (the bettor's state was left unchanged)"
+            )
+        out = np.cumsum(np.log(factor), axis=0) + self.log_wealth
+        if out.shape[0]:
+            self.log_wealth = out[-1].copy()
+        return out
+
+    def state_dict(self) -> dict[str, list[float]]:
+        return {
+            "lam": self.lam.tolist(),
+            "a_sum": self.a_sum.tolist(),
+            "log_wealth": self.log_wealth.tolist(),
+        }
+
+    def load_state_dict(self, sd: dict[str, list[float]]) -> None:
+        for key in ("lam", "a_sum", "log_wealth"):
+            arr = np.asarray(sd[key], dtype=np.float64)
+            if arr.shape != (self.size,):
+                raise ValueError(
+                    f"bettor state {key!r} has shape {arr.shape}, expected ({self.size},)"
+                )
+        self.log_wealth = np.asarray(sd["log_wealth"], dtype=np.float64).copy()
+        self.a_sum = np.asarray(sd["a_sum"], dtype=np.float64).copy()

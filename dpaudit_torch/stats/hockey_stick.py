@@ -14,12 +14,29 @@ only: *predictable*) the payoffs
 
 have conditional mean <= 0 under H0 (only the marginals of x_t and y_t enter, so x_t and y_t may
 be dependent). With indicator sets f_t = 1{E_t} these are exactly the event payoffs of section 3.
-Every payoff lies in [-e^eps - delta, 1 - delta], so the bet cap lambda_max = 1 / (2 (e^eps +
-delta)) keeps 1 + lambda g >= 1/2 > 0; the Online Newton Step bettor of
-:mod:`~dpaudit_torch.stats.betting` (Shekhar & Ramdas, IEEE Trans. IT 2023) makes each wealth a
-nonnegative supermartingale, and the average of the 2G wealths (two directions times G grid points)
-is an e-process: Ville's inequality gives P(sup_t mean wealth >= 1/alpha) <= alpha under H0
-(testing by betting: Shafer 2021, JRSS-A; Waudby-Smith & Ramdas 2024, JRSS-B).
+Every payoff lies in [-e^eps - delta, 1 - delta].
+
+Betting (``bet="mixture"``, the default). The soft set already carries the stake: it is the
+exponentially weighted mixture of *experts* (E, lambda_j), a candidate set E and a stake lambda_j
+= r_j lambda_top from a grid fixed in advance (r_j = 1, 1/2, 1/4, 1/8, 1/16; lambda_top =
+``max_stake`` / (e^eps + delta), max_stake = 0.7), f_t = sum_{E, j} w_t(E, j) r_j 1{E}, and each
+component bets the fixed stake lambda_top on g_t = f_t(x_t) - e^eps f_t(y_t) - delta m_t, with
+m_t = sum w_t(E, j) r_j the stake-weighted mass (so the empty set, abstaining, is charged
+nothing). Then 1 + lambda_top g_t = sum_{E, j} w_t(E, j) (1 + lambda_j (1{x_t in E} - e^eps
+1{y_t in E} - delta)) + w_t(empty): the wealth grows like a mixture of fixed-stake bettors, one
+per (set, stake), and 1 + lambda_top g >= 1 - max_stake = 0.3 > 0. This replaces Online Newton
+Step (Shekhar & Ramdas, IEEE Trans. IT 2023; ``bet="ons"``, the former default), whose stake
+starts at 0 and needs tens of pairs to grow: on the Table-1 leaks the stake mixture rejects
+after 20-25% fewer pairs (docs/statistics.md). The stake grid reaching 1/16 of lambda_top keeps
+weak leaks detectable (their Kelly stake is small); a single fixed stake would lose them.
+
+Validity: every w_t(E, j) is a function of pairs < t, the grid and its prior weights are fixed in
+advance, so g_t is predictable; under H0 E[1{X in E} - e^eps 1{Y in E} - delta | past] <= 0 for
+every E, hence E[g_t | past] = sum w r_j (P(E) - e^eps Q(E) - delta) <= 0, and the wealth
+prod (1 + lambda_top g_t) is a nonnegative supermartingale. The average of the 2G wealths (two
+directions times G grid points, uniform weights fixed in advance) is an e-process: Ville's
+inequality gives P(sup_t mean wealth >= 1/alpha) <= alpha under H0 (testing by betting: Shafer
+2021, JRSS-A; Waudby-Smith & Ramdas 2024, JRSS-B).
 
 Unlike the MMD test (Gonzalez et al., NeurIPS 2025, arXiv 2509.07055) this test has no ceiling:
 any violation of the (eps, delta) inequality by an event that the set learner can approximate is
@@ -48,41 +65,43 @@ y are updated incrementally: the counts used for pair t cover exactly the pairs 
 one batch (exclusive cumulative sums over a chunk added to the counts of earlier chunks).
 
 *Candidate sets.* For each score: every half-line {cell < k} and {cell >= k} of its grid (proper,
-non-empty), every atom cell alone, and the empty set (abstain). For pair t each candidate E gets
-the plug-in log-growth of its payoff at the bet lambda_0 = lambda_max, from the past counts
+non-empty), every atom cell alone, and the empty set (abstain). For pair t each expert (E, j)
+gets the plug-in log-growth of betting l = lambda_j on E, from the past counts
 a = #{s < t: x_s in E}, b = #{s < t: y_s in E} (direction 1; x and y swapped for direction 2):
 
-    t * J(E) = [a (t-b) log(1 + l(1-delta)) + b (t-a) log(1 - l(e^eps + delta))
-                + a b log(1 + l(1 - e^eps - delta)) + (t-a)(t-b) log(1 - l delta)] / t,
+    t * J(E, l) = [a (t-b) log(1 + l(1-delta)) + b (t-a) log(1 - l(e^eps + delta))
+                   + a b log(1 + l(1 - e^eps - delta)) + (t-a)(t-b) log(1 - l delta)] / t,
 
-i.e. the in-sample log-wealth of betting l = lambda_0 on E if x_s and y_s were independent. This
-Kelly criterion prefers sets whose y-mass is small over the total-variation maximiser, which is
-what makes the wealth grow fastest, and it abstains (empty set) when no set looks profitable.
+i.e. the in-sample log-wealth of betting l on E if x_s and y_s were independent. This Kelly
+criterion prefers sets whose y-mass is small over the total-variation maximiser, which is what
+makes the wealth grow fastest, picks the stake that would have grown the wealth fastest, and
+abstains (empty set, log-weight 0) when no expert looks profitable.
 
 *Soft set by exponential weights.* Rather than following the leader (the argmax, which jumps
-between near-equivalent sets while few pairs are known), the set for pair t is the Gibbs mixture
-f_t = sum_E w_t(E) 1{E}, w_t(E) proportional to exp(eta t J(E)) (``eta``, default 2; a uniform
-prior over the candidates; eta = 1 is the Bayes mixture of the candidates' fixed-bet wealths). It
-concentrates on the best set as t grows and hedges early on; f_t takes values in [0, 1], so the
-payoffs above apply. On the reference mechanisms of docs/design.md section 7 it needs 2-3% fewer
-pairs than follow-the-leader over the same candidates on NonDPGaussian1 and 7-11% fewer on
-NonDPLaplace1 (200 seeds each; docs/statistics.md).
+between near-equivalent sets while few pairs are known), the weights are the Gibbs mixture
+w_t(E, j) proportional to pi_j exp(eta t J(E, lambda_j)) (``eta``, default 1.5; the prior
+pi_j = ``stake_weights``, default 1/2 on the largest stake and 1/8 on each other, is uniform over
+the candidates and gives the empty set the weight of one candidate; eta = 1 would be the Bayes
+mixture of the experts' plug-in wealths). It concentrates on the best expert as t grows and
+hedges early on; f_t takes values in [0, 1], so the payoffs above apply. With ``bet="ons"`` (the
+former default) there is one stake, lambda_max = 1 / (2 (e^eps + delta)), and ONS chooses the
+bet on top.
 
 Why this is valid: the grids for pair t are functions of the pairs before the last refresh point
-(<= t - 1), the counts of the pairs < t, hence the weights and f_t (f'_t) are functions of pairs
-< t only; by the layer-cake argument E[g_t | past] = E f_t(X) - e^eps E f_t(Y) - delta <= 0 under
-H0, and the ONS bet lambda_t is also a function of pairs < t. Burn-in pairs only fit the first
-grid and counts and are never bet on.
+(<= t - 1), the counts of the pairs < t, hence the weights, f_t (f'_t) and m_t are functions of
+pairs < t only; E[g_t | past] = sum w r_j (P(E) - e^eps Q(E) - delta) <= 0 under H0, and the
+stake is fixed (or, with ``bet="ons"``, the ONS bet is a function of pairs < t). Burn-in pairs
+only fit the first grid and counts and are never bet on.
 
 Cost: each refresh sorts the pooled history (O(t log t)); with geometric refresh points that is
-amortised O(log t) per pair. Between refreshes each pair costs O(G S C) device work (C <= 2
-(grid_cells + max_atoms) + 1 cells: binary search, counts, weights), done for a whole chunk at once
-with no Python loop over past pairs and no host synchronisation per pair; only the ONS recursion
-runs pair by pair on the host (one transfer per chunk). On the CPU the same payoffs come from two
-compiled pair-by-pair loops around one vectorised exponential (``_payoffs_compiled``; fewer,
-larger operations, 3x faster in the hook's chunks of 80 pairs). Memory is linear in the number
-of pairs (the history is kept for the refreshes). Results do not depend on how the stream is
-batched (up to floating-point summation order, ~1e-15).
+amortised O(log t) per pair. Between refreshes each pair costs O(G S C L) device work
+(C <= 2 (grid_cells + max_atoms) + 1 cells, L stakes: binary search, counts, weights), done for
+a whole chunk at once with no Python loop over past pairs and no host synchronisation per pair;
+only the wealth recursion runs pair by pair on the host (one transfer per chunk). On the CPU the
+same payoffs come from two compiled pair-by-pair loops around one vectorised exponential
+(``_payoffs_compiled``; fewer, larger operations, 3x faster in the hook's chunks of 80 pairs).
+Memory is linear in the number of pairs (the history is kept for the refreshes). Results do not
+depend on how the stream is batched (up to floating-point summation order, ~1e-15).
 """
 
 from __future__ import annotations
@@ -102,10 +121,18 @@ from .._vecmath import exp_
 from ._event_sets import EventSetLearner, ScoreFn
 from ._kernels import hockey_stick_cells_1d, hockey_stick_finish, hockey_stick_gaps
 from .base import SequentialTest
+from .betting import FixedStake, OnlineNewtonStep
 
 logger = logging.getLogger(__name__)
 
 __all__ = ["HockeyStickTest"]
+
+#: stake ratios of the default bet="mixture" (fractions of the largest stake)
+DEFAULT_STAKES: tuple[float, ...] = (1.0, 0.5, 0.25, 0.125, 0.0625)
+#: prior weights of those stakes, fixed in advance: half on the largest
+DEFAULT_STAKE_WEIGHTS: tuple[float, ...] = (0.5, 0.125, 0.125, 0.125, 0.125)
+#: the largest stake, as a fraction of the wealth-preserving bound 1 / (e^eps + delta)
+DEFAULT_MAX_STAKE: float = 0.7
 
 #: soft cap on the number of float64 entries of one chunk's candidate tensors
 _CHUNK_BUDGET = 1 << 21
@@ -135,12 +162,26 @@ class HockeyStickTest(EventSetLearner, SequentialTest):
         alpha: level of the test, in (0, 1).
         burn_in: pairs used only to fit the first grids (never bet on); >= 2. Default 4: the
             learner keeps refining its sets from every later pair, so a long burn-in only
-            delays the bets (20 costs 9-13 more pairs on the Table-1 leaks; 2 and 4 tie).
+            delays the bets (20 cost 9-13 more pairs on the Table-1 leaks with ``bet="ons"``;
+            2 and 4 tie).
         score: ``"auto"`` (value and distance to the median for d = 1; projection and distance
             for d > 1), a callable ``score(v: Tensor[n, d]) -> Tensor[n]``, or a non-empty
             sequence of such callables.
         grid_cells: quantile cells per score grid (>= 2; half-line thresholds at its edges).
-        eta: inverse temperature of the exponential weights over candidate sets (> 0).
+        eta: inverse temperature of the exponential weights over the (set, stake) experts
+            (> 0; default 1.5: on the Table-1 leaks 1 costs 2-5 more pairs, 2 saves 1-2 on
+            NonDPGaussian1 and costs 2-4 on NonDPLaplace1; 200 seeds).
+        bet: ``"mixture"`` (default): bet the fixed stake ``max_stake / (e^eps + delta)`` on the
+            stake-weighted soft sets (a mixture of fixed-stake experts; see the module
+            docstring); ``"ons"``: one stake per set, bet chosen by Online Newton Step capped at
+            1 / (2 (e^eps + delta)) (the former default; 20-25% more pairs on the Table-1
+            leaks).
+        stakes: the stake grid of ``bet="mixture"`` as fractions in (0, 1] of the largest
+            stake; default (1, 1/2, 1/4, 1/8, 1/16). Smaller stakes keep weak leaks detectable.
+        stake_weights: prior weights of the stakes (> 0, normalised; fixed in advance); default
+            (1/2, 1/8, 1/8, 1/8, 1/8) with the default stakes, uniform with one's own.
+        max_stake: the largest stake as a fraction of 1 / (e^eps + delta), in (0, 1); default
+            0.7 (every wealth factor >= 0.3). The Table-1 Kelly stakes are 0.45-0.8 of it.
         refresh_factor: grids are refitted at burn_in * refresh_factor^k (> 1; default 2).
         max_atoms: at most this many repeated values get cells of their own, per score (>= 0).
         max_chunk: most pairs per vectorised chunk (memory vs overhead; the results do not
@@ -170,7 +211,11 @@ class HockeyStickTest(EventSetLearner, SequentialTest):
         *,
         score: str | ScoreFn | Sequence[ScoreFn] = "auto",
         grid_cells: int = 32,
-        eta: float = 2.0,
+        eta: float = 1.5,
+        bet: str = "mixture",
+        stakes: Sequence[float] | None = None,
+        stake_weights: Sequence[float] | None = None,
+        max_stake: float | None = None,
         refresh_factor: float = 2.0,
         max_atoms: int = 8,
         max_chunk: int = 512,
@@ -196,6 +241,32 @@ class HockeyStickTest(EventSetLearner, SequentialTest):
         self.eta = _check_real(eta, "eta")
         if self.eta <= 0:
             raise ValueError(f"eta must be > 0, got {eta!r}")
+        if bet not in ("mixture", "ons"):
+            raise ValueError(f"bet must be 'mixture' or 'ons', got {bet!r}")
+        self.bet = bet
+        if bet == "ons":
+            if stakes is not None or stake_weights is not None or max_stake is not None:
+                raise ValueError("stakes, stake_weights and max_stake apply to bet='mixture' "
+                                 "only (bet='ons' learns one stake capped at 1/2)")
+            ratios, weights, cap = (1.0,), (1.0,), 0.5
+        else:
+            ratios = DEFAULT_STAKES if stakes is None else stakes
+            weights = (DEFAULT_STAKE_WEIGHTS if stakes is None and stake_weights is None
+                       else (stake_weights if stake_weights is not None
+                             else [1.0] * len(list(ratios))))
+            cap = DEFAULT_MAX_STAKE if max_stake is None else max_stake
+        self.stakes = tuple(_check_real(r, "stakes") for r in ratios)
+        if not self.stakes or any(not (0.0 < r <= 1.0) for r in self.stakes):
+            raise ValueError(f"stakes must be a non-empty sequence of ratios in (0, 1], got "
+                             f"{stakes!r}")
+        w = [_check_real(v, "stake_weights") for v in weights]
+        if len(w) != len(self.stakes) or any(v <= 0 for v in w):
+            raise ValueError(f"stake_weights must be {len(self.stakes)} numbers > 0, got "
+                             f"{stake_weights!r}")
+        self.stake_weights = tuple(v / sum(w) for v in w)
+        self.max_stake = _check_real(cap, "max_stake")
+        if not (0.0 < self.max_stake < 1.0):
+            raise ValueError(f"max_stake must be in (0, 1), got {max_stake!r}")
         self.refresh_factor = _check_real(refresh_factor, "refresh_factor")
         if self.refresh_factor <= 1.0:
             raise ValueError(f"refresh_factor must be > 1, got {refresh_factor!r}")
@@ -208,20 +279,29 @@ class HockeyStickTest(EventSetLearner, SequentialTest):
                          device=device, dtype=dtype)
         ee, d = np.exp(self.epsilons), self.deltas
         self._exp_eps = ee
-        lam0 = 1.0 / (2.0 * (ee + d))  # the bet at which candidate sets are compared
-        # log(1 + lam0 * payoff) for: x in E only, y in E only, both, neither  -> [4, G]
-        l_a = np.log1p(lam0 * (1.0 - d))  # a in E, b not
-        l_b = np.log1p(-lam0 * (ee + d))  # b in E, a not
-        l_ab = np.log1p(lam0 * (1.0 - ee - d))  # both
-        l_0 = np.log1p(-lam0 * d)  # neither
-        # t J(E) - t l_0 = na (l_a - l_0) + nb (l_b - l_0) + (na nb / t)(l_ab + l_0 - l_a - l_b)
-        c_a, c_b, c_ab = l_a - l_0, l_b - l_0, l_ab + l_0 - l_a - l_b
-        # columns 0..G-1: (a, b) = (x, y) (direction 1); G..2G-1: (a, b) = (y, x) (direction 2)
-        self._kelly_coef = torch.as_tensor(
-            self.eta * np.stack((np.concatenate((c_a, c_b)), np.concatenate((c_b, c_a)),
-                                 np.concatenate((c_ab, c_ab)))), dtype=torch.float64
-        )  # [3, 2G]
+        top = self.max_stake / (ee + d)  # the largest stake; 1 + top * payoff >= 1 - max_stake
+        # an expert (E, j) bets lambda_j = top * stakes[j] on E; its plug-in log-wealth
+        # t J(E, lambda_j) = na c_a + nb c_b + (na nb / t) c_ab + t l_0 from
+        # log(1 + lambda_j * payoff) for: x in E only, y in E only, both, neither
+        blocks = []
+        for r, pw in zip(self.stakes, self.stake_weights, strict=True):
+            lam = r * top
+            l_a = np.log1p(lam * (1.0 - d))  # a in E, b not
+            l_b = np.log1p(-lam * (ee + d))  # b in E, a not
+            l_ab = np.log1p(lam * (1.0 - ee - d))  # both
+            l_0 = np.log1p(-lam * d)  # neither
+            c_a, c_b, c_ab = l_a - l_0, l_b - l_0, l_ab + l_0 - l_a - l_b
+            # columns 0..G-1: (a, b) = (x, y) (direction 1); G..2G-1: (a, b) = (y, x)
+            blocks.append(np.stack((
+                self.eta * np.concatenate((c_a, c_b)), self.eta * np.concatenate((c_b, c_a)),
+                self.eta * np.concatenate((c_ab, c_ab)), self.eta * np.concatenate((l_0, l_0)),
+                np.full(2 * self.grid_size, math.log(pw)))))
+        # [5, L * 2G]: column j * 2G + c is stake j, component c; features (na, nb, na nb / t,
+        # t, 1)
+        self._kelly_coef = torch.as_tensor(np.concatenate(blocks, axis=1), dtype=torch.float64)
         self._kelly_np = np.ascontiguousarray(self._kelly_coef.numpy())
+        self._stake_ratio_t = torch.as_tensor(self.stakes, dtype=torch.float64)
+        self._stake_ratio_np = np.asarray(self.stakes, dtype=np.float64)
 
     # ------------------------------------------------------------------ base-class hooks
     def _component_groups(self) -> np.ndarray:
@@ -229,8 +309,14 @@ class HockeyStickTest(EventSetLearner, SequentialTest):
         return np.repeat(np.arange(self.grid_size), 2)
 
     def _lambda_max(self) -> np.ndarray:
-        # payoffs lie in [-(e^eps + delta), 1 - delta]: 1 + lambda g >= 1/2 with this cap
-        return np.repeat(1.0 / (2.0 * (np.exp(self.epsilons) + self.deltas)), 2)
+        # payoffs lie in [-(e^eps + delta), 1 - delta]: 1 + lambda g >= 1 - max_stake with this
+        # cap (1/2 for bet="ons"); bet="mixture" bets exactly this stake on every payoff
+        return np.repeat(self.max_stake / (np.exp(self.epsilons) + self.deltas), 2)
+
+    def _make_bettor(self) -> OnlineNewtonStep | FixedStake:
+        if self.bet == "ons":
+            return OnlineNewtonStep(self._lambda_max())
+        return FixedStake(self._lambda_max())
 
     def _payoff_upper_bound(self) -> np.ndarray:
         return np.repeat(1.0 - self.deltas, 2)
@@ -244,6 +330,10 @@ class HockeyStickTest(EventSetLearner, SequentialTest):
             "score": score,
             "grid_cells": self.grid_cells,
             "eta": self.eta,
+            "bet": self.bet,
+            "stakes": list(self.stakes),
+            "stake_weights": list(self.stake_weights),
+            "max_stake": self.max_stake,
             "refresh_factor": self.refresh_factor,
             "max_atoms": self.max_atoms,
         }
@@ -263,7 +353,7 @@ class HockeyStickTest(EventSetLearner, SequentialTest):
 
     def _chunk_limit(self) -> int:
         V = self._n_scores * 3 * (self.grid_cells + 2 * self.max_atoms)  # >= candidates
-        by_memory = max(1, _CHUNK_BUDGET // (self.grid_size * V))
+        by_memory = max(1, _CHUNK_BUDGET // (self.grid_size * V * len(self.stakes)))
         end = self._next_refresh
         if self._t >= end:  # the next chunk starts with a refresh: it may run to the one after
             end = self._refresh_after(self._t)
@@ -304,13 +394,13 @@ class HockeyStickTest(EventSetLearner, SequentialTest):
         tab_y = (torch.cumsum(ohy, 0) - ohy + self._cnt_y).view(n, S, C)
         del ohx, ohy
         t_i = (self._t + torch.arange(n, device=dev)).to(torch.float64)  # pairs before pair i
-        fx, fy = self._soft_sets(tab_x, tab_y, cx, cy, t_i)  # [n, 2G] each
+        fx, fy, mass = self._soft_sets(tab_x, tab_y, cx, cy, t_i)  # [n, 2G] each
         G = self.grid_size
         del tab_x, tab_y
         ee = torch.as_tensor(self._exp_eps, dtype=torch.float64, device=dev)
         dd = torch.as_tensor(self.deltas, dtype=torch.float64, device=dev)
-        pay = torch.stack((fx[:, :G] - ee * fy[:, :G] - dd,  # direction 1: x-heavy sets
-                           fy[:, G:] - ee * fx[:, G:] - dd), dim=2)  # direction 2: y-heavy
+        pay = torch.stack((fx[:, :G] - ee * fy[:, :G] - dd * mass[:, :G],  # direction 1
+                           fy[:, G:] - ee * fx[:, G:] - dd * mass[:, G:]), dim=2)  # direction 2
         # state for the next chunk
         self._cnt_x = self._cnt_x + torch.bincount(gx.reshape(-1), minlength=S * C)
         self._cnt_y = self._cnt_y + torch.bincount(gy.reshape(-1), minlength=S * C)
@@ -363,14 +453,14 @@ class HockeyStickTest(EventSetLearner, SequentialTest):
                                    dtype=np.int64)
         kind, score, k = self._cand_np
         G2 = 2 * self.grid_size
-        gaps = np.empty((n, kind.size, G2))
+        gaps = np.empty((n, kind.size, self._kelly_np.shape[1]))
         top = np.empty((n, G2))
         hockey_stick_gaps(cxn, cyn, cnt_x, cnt_y, self._n_cells, kind, score, k,
                           self._kelly_np, self._t, gaps, top)
         exp_(gaps)  # vectorised (the faster library here); the compiled loops do the rest
         out = np.empty((n, G2))
-        hockey_stick_finish(cxn, cyn, kind, score, k, gaps, top, self._exp_eps, self.deltas,
-                            out)
+        hockey_stick_finish(cxn, cyn, kind, score, k, gaps, top, self._stake_ratio_np,
+                            self._exp_eps, self.deltas, out)
         self._append_history(x, y)
         return out
 

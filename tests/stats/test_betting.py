@@ -114,3 +114,25 @@ def test_log_mean_exp() -> None:
                                [math.log(1.5), math.log(2.5)], rtol=1e-15)
     # one -inf component (a wealth that hit 0) does not poison the average
     assert log_mean_exp(np.array([-np.inf, 0.0])) == pytest.approx(math.log(0.5))
+
+
+def test_fixed_stake_wealth_and_bound() -> None:
+    """FixedStake (the hockey-stick test's default bettor): log-wealth is the running sum of
+    log(1 + lambda p); a factor <= 0 raises and leaves the state unchanged."""
+    from dpaudit_torch.stats.betting import FixedStake
+
+    b = FixedStake(np.array([0.5, 0.25]))
+    p = np.array([[1.0, -1.0], [-1.5, 2.0], [0.2, 0.0]])
+    out = b.run(p)
+    np.testing.assert_allclose(out, np.cumsum(np.log1p(p * [0.5, 0.25]), axis=0))
+    np.testing.assert_allclose(b.log_wealth, out[-1])
+    np.testing.assert_allclose(b.lam, [0.5, 0.25])
+    before = b.state_dict()
+    with pytest.raises(RuntimeError, match="betting bound"):
+        b.run(np.array([[-2.0, 0.0]]))
+    assert b.state_dict() == before
+    c = FixedStake(np.array([0.5, 0.25]))
+    c.load_state_dict(before)
+    np.testing.assert_allclose(c.log_wealth, b.log_wealth)
+    with pytest.raises(ValueError):
+        FixedStake(np.array([0.0]))

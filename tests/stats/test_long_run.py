@@ -21,7 +21,7 @@ import pytest
 import torch
 
 from dpaudit_torch.stats.base import SequentialTest
-from dpaudit_torch.stats.betting import ONS_C, OnlineNewtonStep, log_mean_exp
+from dpaudit_torch.stats.betting import ONS_C, FixedStake, OnlineNewtonStep, log_mean_exp
 from dpaudit_torch.stats.hockey_stick import HockeyStickTest
 from dpaudit_torch.stats.mmd import SequentialMMDTest
 
@@ -136,11 +136,18 @@ def _iid(n: int, seed: int) -> tuple[torch.Tensor, torch.Tensor]:
 
 
 def _check_exact(tester: SequentialTest, rec: _Recorder) -> np.ndarray:
-    """The tester's component log-wealth equals the independent recomputation."""
+    """The tester's component log-wealth equals the independent recomputation (ONS, or the
+    fixed stake of the hockey-stick test's default stake mixture)."""
     bets = tester.betting_state()
-    ref, state = reference_ons(rec.payoffs, bets["lambda_max"])
-    np.testing.assert_allclose(bets["log_wealth"], ref, rtol=1e-10, atol=1e-9)
-    np.testing.assert_allclose(bets["lam"], state["lam"], rtol=1e-10, atol=1e-12)
+    if isinstance(tester._bets, FixedStake):
+        ref = np.array([math.fsum(np.log1p(rec.payoffs[:, k] * bets["lambda_max"][k]))
+                        for k in range(rec.payoffs.shape[1])])
+        np.testing.assert_allclose(bets["log_wealth"], ref, rtol=1e-10, atol=1e-9)
+        np.testing.assert_array_equal(bets["lam"], bets["lambda_max"])
+    else:
+        ref, state = reference_ons(rec.payoffs, bets["lambda_max"])
+        np.testing.assert_allclose(bets["log_wealth"], ref, rtol=1e-10, atol=1e-9)
+        np.testing.assert_allclose(bets["lam"], state["lam"], rtol=1e-10, atol=1e-12)
     assert np.all((bets["lam"] >= 0) & (bets["lam"] <= bets["lambda_max"]))
     grid = tester.log_wealth.numpy()
     assert np.all(np.isfinite(grid))
