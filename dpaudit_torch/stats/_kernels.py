@@ -382,13 +382,14 @@ def hockey_stick_gaps(cx: np.ndarray, cy: np.ndarray, cnt_x: np.ndarray, cnt_y: 
 def hockey_stick_finish(cx: np.ndarray, cy: np.ndarray, cand_kind: np.ndarray,
                         cand_score: np.ndarray, cand_k: np.ndarray, weights: np.ndarray,
                         top: np.ndarray, ratio: np.ndarray, exp_eps: np.ndarray,
-                        deltas: np.ndarray, out: np.ndarray) -> None:
+                        deltas: np.ndarray, charge_mass: float, out: np.ndarray) -> None:
     """Second half: soft sets at x_i and y_i from the weights ``exp(gaps)`` [n, V, L * 2G], and
     the payoffs ``out`` [n, 2G] (component 2g + d: grid point g, direction d). With Z = all
     weights + e^-top (the empty set's), f(v) = sum over the experts (E, j) with v in E of
     w(E, j) ratio[j] / Z and m = sum over all experts of w(E, j) ratio[j] / Z (both clamped to
     [0, 1]); direction 1 pays f(x) - e^eps f(y) - delta m with its x-heavy sets, direction 2
-    pays f'(y) - e^eps f'(x) - delta m' with its y-heavy sets."""
+    pays f'(y) - e^eps f'(x) - delta m' with its y-heavy sets. ``charge_mass`` 0 charges delta
+    in full instead of delta m (``bet="ons"``, as before the stake mixture; 1 or 0 exactly)."""
     n, V, LG2 = weights.shape
     G2 = top.shape[1]
     L = LG2 // G2
@@ -429,7 +430,7 @@ def hockey_stick_finish(cx: np.ndarray, cy: np.ndarray, cand_kind: np.ndarray,
             zc = z[col] + math.exp(-top[i, col])
             fx[col] = min(max(fx[col] / zc, 0.0), 1.0)
             fy[col] = min(max(fy[col] / zc, 0.0), 1.0)
-            mass[col] = min(max(mass[col] / zc, 0.0), 1.0)
+            mass[col] = charge_mass * min(max(mass[col] / zc, 0.0), 1.0) + (1.0 - charge_mass)
         for g in range(G):
             out[i, 2 * g] = fx[g] - exp_eps[g] * fy[g] - deltas[g] * mass[g]
             out[i, 2 * g + 1] = fy[G + g] - exp_eps[g] * fx[G + g] - deltas[g] * mass[G + g]
@@ -595,7 +596,7 @@ def signatures() -> list[tuple[object, tuple[object, ...]]]:
         (mmd_fwd_update, (f1, i, f2, f, i1, f2, f1)),
         (hockey_stick_cells_1d, (f1, f1, f2, f, i2, i2)),
         (hockey_stick_gaps, (i2, i2, i1, i1, i, i1, i1, i1, f2, i, f3, f2)),
-        (hockey_stick_finish, (i2, i2, i1, i1, i1, f3, f2, f1, f1, f1, f2)),
+        (hockey_stick_finish, (i2, i2, i1, i1, i1, f3, f2, f1, f1, f1, f, f2)),
         (log_mean_exp_rows, (f2, f1)),
         (fresh_start_rows, (f1, f2, i, f2)),
         (fresh_start_mixed, (f2, f3, i, f1)),

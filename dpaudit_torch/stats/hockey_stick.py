@@ -244,6 +244,9 @@ class HockeyStickTest(EventSetLearner, SequentialTest):
         if bet not in ("mixture", "ons"):
             raise ValueError(f"bet must be 'mixture' or 'ons', got {bet!r}")
         self.bet = bet
+        #: delta charged on the soft set's mass (the mixture) or in full (ONS, as it always was:
+        #: a checkpoint of an earlier release resumes to the same wealth)
+        self._charge_mass = 1.0 if bet == "mixture" else 0.0
         if bet == "ons":
             if stakes is not None or stake_weights is not None or max_stake is not None:
                 raise ValueError("stakes, stake_weights and max_stake apply to bet='mixture' "
@@ -285,7 +288,10 @@ class HockeyStickTest(EventSetLearner, SequentialTest):
         # log(1 + lambda_j * payoff) for: x in E only, y in E only, both, neither
         blocks = []
         for r, pw in zip(self.stakes, self.stake_weights, strict=True):
-            lam = r * top
+            # bet="ons" compares the sets at the ONS cap 1 / (2 (e^eps + delta)), computed as it
+            # always was, relative to the empty set charged delta like them (so no t term): the
+            # same weights, bit for bit, as before the stake mixture
+            lam = r * top if self.bet == "mixture" else 1.0 / (2.0 * (ee + d))
             l_a = np.log1p(lam * (1.0 - d))  # a in E, b not
             l_b = np.log1p(-lam * (ee + d))  # b in E, a not
             l_ab = np.log1p(lam * (1.0 - ee - d))  # both
@@ -294,7 +300,8 @@ class HockeyStickTest(EventSetLearner, SequentialTest):
             # columns 0..G-1: (a, b) = (x, y) (direction 1); G..2G-1: (a, b) = (y, x)
             blocks.append(np.stack((
                 self.eta * np.concatenate((c_a, c_b)), self.eta * np.concatenate((c_b, c_a)),
-                self.eta * np.concatenate((c_ab, c_ab)), self.eta * np.concatenate((l_0, l_0)),
+                self.eta * np.concatenate((c_ab, c_ab)),
+                self._charge_mass * self.eta * np.concatenate((l_0, l_0)),
                 np.full(2 * self.grid_size, math.log(pw)))))
         # [5, L * 2G]: column j * 2G + c is stake j, component c; features (na, nb, na nb / t,
         # t, 1)
@@ -399,6 +406,8 @@ class HockeyStickTest(EventSetLearner, SequentialTest):
         del tab_x, tab_y
         ee = torch.as_tensor(self._exp_eps, dtype=torch.float64, device=dev)
         dd = torch.as_tensor(self.deltas, dtype=torch.float64, device=dev)
+        if not self._charge_mass:  # bet="ons": delta charged in full, as before the mixture
+            mass = torch.ones_like(mass)
         pay = torch.stack((fx[:, :G] - ee * fy[:, :G] - dd * mass[:, :G],  # direction 1
                            fy[:, G:] - ee * fx[:, G:] - dd * mass[:, G:]), dim=2)  # direction 2
         # state for the next chunk
@@ -406,6 +415,14 @@ class HockeyStickTest(EventSetLearner, SequentialTest):
         self._cnt_y = self._cnt_y + torch.bincount(gy.reshape(-1), minlength=S * C)
         self._append_history(x, y)
         return pay.reshape(n, 2 * self.grid_size).cpu().numpy()  # one transfer per chunk
+
+    def _completed_fingerprint(self, fp: dict[str, Any]) -> dict[str, Any]:
+        """States saved before the stake mixture record no bet: they bet by ONS (one stake
+        ratio 1 of weight 1, capped at 1/2), and resume as such."""
+        if "config_bet" not in fp and "config_eta" in fp:
+            fp.update(config_bet="ons", config_stakes=[1.0], config_stake_weights=[1.0],
+                      config_max_stake=0.5)
+        return fp
 
     def _use_compiled(self, dev: torch.device) -> bool:
         """CPU tensors go through the compiled pair-by-pair kernel; accelerators, and the CPU
@@ -460,7 +477,7 @@ class HockeyStickTest(EventSetLearner, SequentialTest):
         exp_(gaps)  # vectorised (the faster library here); the compiled loops do the rest
         out = np.empty((n, G2))
         hockey_stick_finish(cxn, cyn, kind, score, k, gaps, top, self._stake_ratio_np,
-                            self._exp_eps, self.deltas, out)
+                            self._exp_eps, self.deltas, self._charge_mass, out)
         self._append_history(x, y)
         return out
 

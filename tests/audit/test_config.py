@@ -287,11 +287,12 @@ def test_to_dict_is_every_setting_but_the_seed() -> None:
 
 def test_tester_options_are_the_defaults_then_the_users() -> None:
     assert AuditConfig().tester_options("mmd") == {"max_witness_points": 128}
-    assert AuditConfig().tester_options("hockey_stick") == {}
+    # the hook bets by ONS (docs/statistics.md, "In the training hook")
+    assert AuditConfig().tester_options("hockey_stick") == {"bet": "ons", "eta": 2.0}
     cfg = AuditConfig(test_options={"mmd": {"max_witness_points": 64, "burn_in": 3},
-                                    "hockey_stick": {"burn_in": 2}})
+                                    "hockey_stick": {"burn_in": 2, "bet": "mixture"}})
     assert cfg.tester_options("mmd") == {"max_witness_points": 64, "burn_in": 3}
-    assert cfg.tester_options("hockey_stick") == {"burn_in": 2}
+    assert cfg.tester_options("hockey_stick") == {"bet": "mixture", "eta": 2.0, "burn_in": 2}
     got = AuditConfig().tester_options("mmd")
     got["max_witness_points"] = 1  # a fresh dict each time: the defaults are never changed
     assert DEFAULT_TEST_OPTIONS["mmd"] == {"max_witness_points": 128}
