@@ -64,14 +64,16 @@ def log_mean_exp(a: np.ndarray, axis: int = -1) -> np.ndarray:
     return np.squeeze(out, axis=axis)
 
 
-class OnlineNewtonStep:
-    """K independent ONS bettors, advanced together over a chunk of payoffs.
+#: the error of a payoff outside the range its bet cap was derived for (both bettors)
+_BOUND_VIOLATED = (
+    "betting bound violated (1 + lambda * payoff <= 0, or a non-finite payoff): a payoff lies "
+    "outside the range its lambda_max was derived for; this is a bug, please report it (the "
+    "bettor's state was left unchanged)")
 
-    Args:
-        lambda_max: array [K]; each must guarantee ``1 + lambda * g > 0`` for every payoff ``g``
-            the corresponding game can produce (the caller's responsibility; violated bounds are
-            detected and raise ``RuntimeError`` instead of producing a NaN wealth).
-    """
+
+class _Bettor:
+    """What both bettors share: the caps ``lambda_max`` [K] (finite, > 0), the state ``lam``,
+    ``a_sum``, ``log_wealth`` [K] and its ``state_dict`` / ``load_state_dict``."""
 
     def __init__(self, lambda_max: np.ndarray) -> None:
         lm = np.asarray(lambda_max, dtype=np.float64).reshape(-1)
@@ -85,30 +87,13 @@ class OnlineNewtonStep:
         return int(self.lambda_max.size)
 
     def reset(self) -> None:
-        k = self.size
-        self.lam = np.zeros(k)
-        self.a_sum = np.ones(k)
-        self.log_wealth = np.zeros(k)
+        raise NotImplementedError
 
-    def run(self, payoffs: np.ndarray) -> np.ndarray:
-        """Bet on ``payoffs`` [n, K] in order; return the log-wealth after each pair, [n, K]."""
+    def _payoffs(self, payoffs: np.ndarray) -> np.ndarray:
         p_all = np.asarray(payoffs, dtype=np.float64)
         if p_all.ndim != 2 or p_all.shape[1] != self.size:
             raise ValueError(f"payoffs must have shape [n, {self.size}], got {p_all.shape}")
-        p_all = np.ascontiguousarray(p_all)
-        out = np.empty_like(p_all)
-        # the compiled loop (stats/_kernels.py) works on copies: the bettor's state changes only
-        # when the whole chunk was valid
-        lam, a_sum, lw = self.lam.copy(), self.a_sum.copy(), self.log_wealth.copy()
-        ok = ons_run(p_all, lam, a_sum, lw, self.lambda_max, ONS_C, out)
-        if not ok:
-            raise RuntimeError(
-                "betting bound violated (1 + lambda * payoff <= 0, or a non-finite payoff): a "
-                "payoff lies outside the range its lambda_max was derived for; this is a bug, "
-                "please report it (the bettor's state was left unchanged)"
-            )
-        self.lam, self.a_sum, self.log_wealth = lam, a_sum, lw
-        return out
+        return p_all
 
     def state_dict(self) -> dict[str, list[float]]:
         return {
@@ -118,16 +103,48 @@ class OnlineNewtonStep:
         }
 
     def load_state_dict(self, sd: dict[str, list[float]]) -> None:
+        arrays = {}
         for key in ("lam", "a_sum", "log_wealth"):
             arr = np.asarray(sd[key], dtype=np.float64)
             if arr.shape != (self.size,):
                 raise ValueError(
-                    f"ONS state {key!r} has shape {arr.shape}, expected ({self.size},)"
+                    f"bettor state {key!r} has shape {arr.shape}, expected ({self.size},)"
                 )
-            setattr(self, key, arr.copy())
+            arrays[key] = arr.copy()
+        self.lam, self.a_sum, self.log_wealth = (arrays["lam"], arrays["a_sum"],
+                                                 arrays["log_wealth"])
 
 
-class FixedStake:
+class OnlineNewtonStep(_Bettor):
+    """K independent ONS bettors, advanced together over a chunk of payoffs.
+
+    Args:
+        lambda_max: array [K]; each must guarantee ``1 + lambda * g > 0`` for every payoff ``g``
+            the corresponding game can produce (the caller's responsibility; violated bounds are
+            detected and raise ``RuntimeError`` instead of producing a NaN wealth).
+    """
+
+    def reset(self) -> None:
+        k = self.size
+        self.lam = np.zeros(k)
+        self.a_sum = np.ones(k)
+        self.log_wealth = np.zeros(k)
+
+    def run(self, payoffs: np.ndarray) -> np.ndarray:
+        """Bet on ``payoffs`` [n, K] in order; return the log-wealth after each pair, [n, K]."""
+        p_all = np.ascontiguousarray(self._payoffs(payoffs))
+        out = np.empty_like(p_all)
+        # the compiled loop (stats/_kernels.py) works on copies: the bettor's state changes only
+        # when the whole chunk was valid
+        lam, a_sum, lw = self.lam.copy(), self.a_sum.copy(), self.log_wealth.copy()
+        ok = ons_run(p_all, lam, a_sum, lw, self.lambda_max, ONS_C, out)
+        if not ok:
+            raise RuntimeError(_BOUND_VIOLATED)
+        self.lam, self.a_sum, self.log_wealth = lam, a_sum, lw
+        return out
+
+
+class FixedStake(_Bettor):
     """K wealth processes that bet the same fixed stake ``lambda_max`` on every payoff.
 
     The interface of :class:`OnlineNewtonStep` (``lambda_max``, ``lam``, ``a_sum``,
@@ -140,17 +157,6 @@ class FixedStake:
     ``RuntimeError`` and leaves the state unchanged).
     """
 
-    def __init__(self, lambda_max: np.ndarray) -> None:
-        lm = np.asarray(lambda_max, dtype=np.float64).reshape(-1)
-        if lm.size == 0 or not np.all(np.isfinite(lm)) or np.any(lm <= 0):
-            raise ValueError(f"lambda_max must be finite and > 0, got {lambda_max!r}")
-        self.lambda_max = lm
-        self.reset()
-
-    @property
-    def size(self) -> int:
-        return int(self.lambda_max.size)
-
     def reset(self) -> None:
         self.lam = self.lambda_max.copy()
         self.a_sum = np.ones(self.size)  # unused; kept for the common state layout
@@ -158,34 +164,11 @@ class FixedStake:
 
     def run(self, payoffs: np.ndarray) -> np.ndarray:
         """Bet on ``payoffs`` [n, K] in order; return the log-wealth after each pair, [n, K]."""
-        p_all = np.asarray(payoffs, dtype=np.float64)
-        if p_all.ndim != 2 or p_all.shape[1] != self.size:
-            raise ValueError(f"payoffs must have shape [n, {self.size}], got {p_all.shape}")
+        p_all = self._payoffs(payoffs)
         factor = 1.0 + p_all * self.lambda_max
         if not (np.all(np.isfinite(factor)) and np.all(factor > 0.0)):
-            raise RuntimeError(
-                "betting bound violated (1 + lambda * payoff <= 0, or a non-finite payoff): a "
-                "payoff lies outside the range its lambda_max was derived for; this is a bug, "
-                "please report it (the bettor's state was left unchanged)"
-            )
+            raise RuntimeError(_BOUND_VIOLATED)
         out = np.cumsum(np.log(factor), axis=0) + self.log_wealth
         if out.shape[0]:
             self.log_wealth = out[-1].copy()
         return out
-
-    def state_dict(self) -> dict[str, list[float]]:
-        return {
-            "lam": self.lam.tolist(),
-            "a_sum": self.a_sum.tolist(),
-            "log_wealth": self.log_wealth.tolist(),
-        }
-
-    def load_state_dict(self, sd: dict[str, list[float]]) -> None:
-        for key in ("lam", "a_sum", "log_wealth"):
-            arr = np.asarray(sd[key], dtype=np.float64)
-            if arr.shape != (self.size,):
-                raise ValueError(
-                    f"bettor state {key!r} has shape {arr.shape}, expected ({self.size},)"
-                )
-        self.log_wealth = np.asarray(sd["log_wealth"], dtype=np.float64).copy()
-        self.a_sum = np.asarray(sd["a_sum"], dtype=np.float64).copy()
