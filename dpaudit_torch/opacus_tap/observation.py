@@ -30,7 +30,8 @@ from typing import Any
 import numpy as np
 import torch
 
-from .._buffers import host_zeros
+from .._buffers import host_copy, host_zeros
+from .._compiled import compiled as kernels_compiled
 from ..canaries import CanaryDesign
 from ..contract import StepRecord
 from ._step_kernels import release_step, snapshot_step
@@ -95,6 +96,115 @@ class _HostBuffers:
         self.real_t, self.noise_real_t = self.snap_t[:n_c], self.snap_t[n_c:]
         self.x_t, self.y_t = self.xy_t[:k], self.xy_t[k:]
         self.rel_t, self.noise_raw_t, self.noise_t = t(self.rel), t(self.noise_raw), t(self.noise)
+
+        self._vector: _VectorPass | None = None
+
+    def vector(self, n_params: int) -> _VectorPass:
+        """The NumPy version of the one-pass reads (Python mode): built with the reader in
+        Python mode (before training, like every long-lived buffer), else at its first use."""
+        if self._vector is None:
+            self._vector = _VectorPass(self, n_params)
+        return self._vector
+
+
+class _VectorPass:
+    """The one-pass reads of :func:`~._step_kernels.snapshot_step` and
+    :func:`~._step_kernels.release_step` as a few vectorised NumPy calls per tensor, for
+    Python mode (the kernels' Python source loops over every coordinate in the interpreter).
+
+    Every coordinate is gathered tensor by tensor into one tensor-major scratch array of the
+    gradients' dtype (``np.take`` into a slice, one call per tensor holding coordinates),
+    converted and scaled into a float64 array in one call, then put in design order by one
+    ``np.take`` per output: the same float64 operations as the kernels, into arrays allocated
+    once (:func:`~dpaudit_torch._buffers.host_zeros`), so that a step allocates nothing of the
+    coordinates' size on the heap training allocates from (docs/auditor.md, "Memory"). The one
+    difference: the noise's sum of squares is summed pairwise (NumPy), not in coordinate order,
+    so it may differ from the kernel's in its last bits."""
+
+    def __init__(self, b: _HostBuffers, n_params: int) -> None:
+        n, n_c = b.param.shape[0], b.n_canary
+        order = np.argsort(b.param, kind="stable")
+        self.n_canary = n_c
+        # long-lived arrays of the coordinates' size: off the heap (host_copy)
+        self.param_tm = host_copy(b.param[order])
+        self.canary_tm = host_copy(order < n_c)  # tensor-major: a canary's coordinate?
+        inv = np.empty(n, dtype=np.int64)
+        inv[order] = np.arange(n, dtype=np.int64)
+        self.inv_c = host_copy(inv[:n_c])
+        self.inv_u = host_copy(inv[n_c:])
+        counts = np.bincount(self.param_tm, minlength=n_params)
+        starts = np.concatenate([[0], np.cumsum(counts)])
+        flat_tm = b.flat[order]
+        #: (tensor, start, end, its coordinates' flat indices) of every tensor holding some
+        self.groups = [(p, int(starts[p]), int(starts[p + 1]),
+                        np.ascontiguousarray(flat_tm[starts[p]:starts[p + 1]]))
+                       for p in range(n_params) if counts[p]]
+        self.tm64 = host_zeros(n)
+        self._scratch: dict[np.dtype, np.ndarray] = {}
+        self._factors: dict[str, tuple[np.ndarray, np.ndarray | None, np.ndarray]] = {}
+
+    def _factor(self, what: str, canary: np.ndarray, other: np.ndarray | None) -> np.ndarray:
+        """Per coordinate (tensor-major): ``canary[p]`` at the canary coordinates, ``other[p]``
+        (None: 1) at the others; rebuilt only when the per-tensor arrays change (the reader
+        caches them, so an unchanged factor is the same array)."""
+        hit = self._factors.get(what)
+        if hit is None or hit[0] is not canary or hit[1] is not other:
+            fac = host_zeros(self.param_tm.shape[0])
+            np.copyto(fac, np.where(self.canary_tm, canary[self.param_tm],
+                                    1.0 if other is None else other[self.param_tm]))
+            hit = self._factors[what] = (canary, other, fac)
+        return hit[2]
+
+    def gather(self, grads: tuple[np.ndarray, ...], factor: np.ndarray) -> np.ndarray:
+        """Every coordinate's value times its factor, float64, tensor-major (:attr:`tm64`)."""
+        n = self.tm64.shape[0]
+        if not n:
+            return self.tm64
+        dt = grads[self.groups[0][0]].dtype
+        s = self._scratch.get(dt)
+        if s is None:
+            s = self._scratch[dt] = host_zeros(n, dt)
+        for p, a, e, flat in self.groups:
+            np.take(grads[p], flat, out=s[a:e], mode="clip")  # (indices are in range)
+        np.multiply(s, factor, out=self.tm64)
+        return self.tm64
+
+    def snapshot(self, grads: tuple[np.ndarray, ...], inv_clip: np.ndarray,
+                 out: np.ndarray) -> None:
+        """:func:`~._step_kernels.snapshot_step`: canary coordinates times 1 / C_p, the
+        noise-audit coordinates raw, into ``out`` (design order)."""
+        tm = self.gather(grads, self._factor("snapshot", inv_clip, None))
+        np.take(tm, self.inv_c, out=out[:self.n_canary], mode="clip")
+        np.take(tm, self.inv_u, out=out[self.n_canary:], mode="clip")
+
+    def release(self, grads: tuple[np.ndarray, ...], unit: np.ndarray, denom: np.ndarray,
+                real: np.ndarray, noise_real: np.ndarray, inv_std: float,
+                pair_order: np.ndarray, k: int, spread_pair: np.ndarray, side_a: np.ndarray,
+                side_b: np.ndarray, spread_w: float, coins: np.ndarray, vals: np.ndarray,
+                xy: np.ndarray, rel: np.ndarray, noise_raw: np.ndarray, noise: np.ndarray
+                ) -> tuple[bool, float]:
+        """:func:`~._step_kernels.release_step` (same arguments and outputs)."""
+        tm = self.gather(grads, self._factor("release", unit, denom))
+        np.take(tm, self.inv_c, out=vals, mode="clip")
+        np.subtract(vals, real, out=vals)
+        total = float(np.add.reduce(vals)) if vals.size else 0.0
+        # a finite sum proves every value finite; otherwise look (a sum may also overflow)
+        finite = math.isfinite(total) or bool(np.isfinite(vals).all())
+        sumsq = 0.0
+        if rel.size:
+            np.take(tm, self.inv_u, out=rel, mode="clip")
+            np.subtract(rel, noise_real, out=noise_raw)
+            np.multiply(noise_raw, inv_std, out=noise)
+            sumsq = float(np.dot(noise, noise))
+        if k:
+            np.take(vals, pair_order, out=xy, mode="clip")
+        if spread_pair.size:
+            sa = vals[side_a].sum(axis=1) * spread_w
+            sb = vals[side_b].sum(axis=1) * spread_w
+            c = coins[spread_pair]
+            xy[spread_pair] = np.where(c, sa, sb)
+            xy[k + spread_pair] = np.where(c, sb, sa)
+        return finite, sumsq
 
 
 class CoordinateSet:
@@ -171,7 +281,8 @@ class GradientReader:
         check_finite_every_step: check finiteness on the host at every step (free on CPU; the
             record's ``finite`` is then a bool); otherwise it is a device flag, and non-finite
             values are replaced by 0 in the record so that no statistic sees them.
-        compiled: allow the compiled CPU pass (tests switch it off to compare both paths).
+        compiled: allow the one-pass CPU read (the compiled kernels, or their vectorised NumPy
+            version in Python mode; tests switch it off to compare with the torch path).
         noise_coords: (tensor, flat) of the noise-audit coordinates U (docs/design.md section
             11), or None: the released noise is read there as well.
     """
@@ -211,12 +322,14 @@ class GradientReader:
         self._bufs: _HostBuffers | None = (
             _HostBuffers(self._coords, self._noise, self.k)
             if compiled and self._host and self.host_path else None)
+        if self._bufs is not None and not kernels_compiled():
+            self._bufs.vector(len(params))  # now, not among training's blocks at the first step
         sa, sb = (np.ascontiguousarray(v, dtype=np.int64) for v in (self._side_a, self._side_b))
         width = sa.shape[1] if sa.ndim == 2 and sa.shape[0] else 1
         self._side_a_2d = sa.reshape(-1, width)
         self._side_b_2d = sb.reshape(-1, width)
         self.reads = 0  # steps read
-        self.compiled_reads = 0  # of which by the compiled CPU pass
+        self.compiled_reads = 0  # of which by the one-pass CPU read
         #: values of the last step read (design order, units of C), for diagnostics and tests
         self.last_values: torch.Tensor | None = None
 
@@ -254,7 +367,7 @@ class GradientReader:
         return hit[1]
 
     def _host_arrays(self, tensors: list[torch.Tensor | None]) -> tuple[np.ndarray, ...] | None:
-        """:func:`host_views` of ``tensors`` where this reader runs the compiled pass, else
+        """:func:`host_views` of ``tensors`` where this reader runs the one-pass CPU read, else
         None."""
         if not (self.compiled and self._host):
             return None
@@ -293,7 +406,10 @@ class GradientReader:
         inv_clip = self._per_param("inv_clip", plan.clip)
         if host is not None:
             b = self._buffers()
-            snapshot_step(host, b.param, b.flat, inv_clip, b.n_canary, b.snap)
+            if kernels_compiled():
+                snapshot_step(host, b.param, b.flat, inv_clip, b.n_canary, b.snap)
+            else:  # Python mode: the same pass in vectorised NumPy
+                b.vector(len(self.params)).snapshot(host, inv_clip, b.snap)
             if self._noise is not None:
                 plan.noise_real_sum = b.noise_real_t
             return b.real_t
@@ -397,7 +513,8 @@ class GradientReader:
     def _read_compiled(self, grads: tuple[np.ndarray, ...], plan: StepPlan, step: int,
                        real: torch.Tensor) -> StepRecord:
         """:meth:`read` for the CPU in one compiled pass
-        (:func:`~dpaudit_torch.opacus_tap._step_kernels.release_step`): the canaries' values,
+        (:func:`~dpaudit_torch.opacus_tap._step_kernels.release_step`; in Python mode its
+        vectorised NumPy version, :class:`_VectorPass`): the canaries' values,
         the pairs (spread ones included) and, at the noise-audit coordinates, the released
         values and the noise; same values as the torch path."""
         self.compiled_reads += 1
@@ -418,11 +535,13 @@ class GradientReader:
                    else (real if real.dtype == torch.float64 and real.device.type == "cpu"
                          else real.to("cpu", torch.float64)).numpy())
         coins = plan.coins_cpu.numpy() if plan.coins_np is None else plan.coins_np
-        ok, sumsq = release_step(
-            grads, b.param, b.flat, unit, denom,
-            b.n_canary, real_np, noise_real, 1.0 / plan.noise_std if noise_on else 0.0,
-            plan.pair_order, self.k, self._spread_pair, self._side_a_2d, self._side_b_2d,
-            self._spread_w, coins, b.vals, b.xy, b.rel, b.noise_raw, b.noise)
+        tail = (real_np, noise_real, 1.0 / plan.noise_std if noise_on else 0.0,
+                plan.pair_order, self.k, self._spread_pair, self._side_a_2d, self._side_b_2d,
+                self._spread_w, coins, b.vals, b.xy, b.rel, b.noise_raw, b.noise)
+        if kernels_compiled():
+            ok, sumsq = release_step(grads, b.param, b.flat, unit, denom, b.n_canary, *tail)
+        else:  # Python mode: the same pass in vectorised NumPy
+            ok, sumsq = b.vector(len(self.params)).release(grads, unit, denom, *tail)
         rec = StepRecord(step=step, values=b.vals_t, x=b.x_t, y=b.y_t, coins=plan.coins,
                          sigma=plan.sigma, sigma_claimed=plan.sigma_claimed, finite=bool(ok),
                          real_sums=real, host=b)

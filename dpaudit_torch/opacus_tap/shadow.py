@@ -440,7 +440,7 @@ class ShadowClipper:
         """The final addition of :meth:`add` in one compiled pass (CPU, one dtype)
         through the snapshot's views of the real ``summed_grad``; False where that path does
         not apply (the torch path then does the same additions)."""
-        if rec.summed_host is None or not self.compiled_add:
+        if rec.summed_host is None or not self.compiled_add or not compiled():
             return False
         sums, dst = rec.summed_host
         if any(a is None for a in adds):

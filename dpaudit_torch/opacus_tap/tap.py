@@ -26,7 +26,6 @@ from typing import Any
 import torch
 
 from .. import contract as facts
-from .._compiled import compiled as kernels_compiled
 from ..canaries import CanaryDesign, SecretCoins
 from ..contract import Fact, FactUnavailable, StepRecord
 from .accountant import AccountantView
@@ -283,8 +282,8 @@ class OpacusTap:
         old = self.reader  # a rebuild (resume) keeps how the reader was set to read
         self.injector = inj
         finite = old.check_finite_every_step if old is not None else device.type == "cpu"
-        # the compiled one-pass read runs where the kernels are compiled (not in Python mode)
-        compiled = old.compiled if old is not None else kernels_compiled()
+        # the one-pass CPU read (compiled kernels, or vectorised NumPy in Python mode)
+        compiled = old.compiled if old is not None else True
         if self.layout is None:
             self.reader = GradientReader(self.params, design, device,
                                          check_finite_every_step=finite, compiled=compiled,

@@ -9,6 +9,7 @@ from __future__ import annotations
 import json
 import math
 
+import numpy as np
 import pytest
 import torch
 from conftest import capture_released as _capture
@@ -528,23 +529,33 @@ def test_compiled_observation_matches_torch_path(skip):
 
 def test_python_kernels_match_compiled():
     """The kernels run as their Python source (``compiled_kernels=False``, the default for
-    large models) on a twin run: the same projections and one-run scores, the same wealth to
-    rounding, the same decision and trained parameters."""
+    large models) on a twin run: the one-pass CPU read is then its vectorised NumPy version
+    (observation._VectorPass), which gives the same projections, pairs (spread pairs
+    included), released values and noise at the noise-audit coordinates, bit for bit; the
+    same one-run scores and wealth to rounding, the same decision and trained parameters."""
     runs = []
     for compiled in (True, False):
         s = make_private_setup(seed=6)
         aud = PrivacyAuditor(s.engine, s.optimizer, s.loader, seed=5, k_pairs=8,
-                             m_canaries=96, check_every=3, compiled_kernels=compiled)
-        projections = []
+                             m_canaries=96, check_every=3, compiled_kernels=compiled,
+                             spread_pairs=2, spread_tensors=2)
+        projections, reads = [], []
         for x, y in s.batches(12, batch=24):
             s.step(x, y)
             projections.append(aud.tap.reader.last_values.clone())
-        assert bool(aud.tap.reader.compiled_reads) == compiled
-        runs.append((torch.stack(projections), aud.monitors["one_run"].scores["llr"].clone(),
+            b = aud.tap.reader._buffers()
+            reads.append(np.concatenate([b.snap, b.xy, b.rel, b.noise_raw, b.noise]))
+        # both modes read each step in one pass (no torch gathers, nothing of the
+        # coordinates' size allocated per step)
+        assert aud.tap.reader.compiled_reads == 12
+        assert aud.tap.reader._buffers().n_noise > 0
+        runs.append((torch.stack(projections), np.stack(reads),
+                     aud.monitors["one_run"].scores["llr"].clone(),
                      aud.combined_log_wealth, aud.violation,
                      [p.detach().clone() for p in s.model.parameters()]))
-    (pa, sa, wa, va, ma), (pb, sb, wb, vb, mb) = runs
+    (pa, ra, sa, wa, va, ma), (pb, rb, sb, wb, vb, mb) = runs
     assert torch.equal(pa, pb) and va == vb
+    assert np.array_equal(ra, rb)
     torch.testing.assert_close(sa, sb, rtol=1e-12, atol=1e-12)
     assert wa == pytest.approx(wb, rel=1e-9, abs=1e-9)
     assert all(torch.equal(u, v) for u, v in zip(ma, mb))
