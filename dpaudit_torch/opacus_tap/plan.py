@@ -22,6 +22,7 @@ from typing import Any, Protocol
 import numpy as np
 import torch
 
+from .._buffers import host_zeros
 from ..canaries import CanaryDesign, SecretCoins
 from ._step_kernels import plan_step
 
@@ -296,6 +297,8 @@ class StepPlanner:
         q = float(sample_rate)
         self._log1m_q = math.log1p(-q) if q < 1.0 else -math.inf
         self._draws: np.ndarray | None = None
+        self._block = host_zeros(DRAW_BLOCK)  # where each block is drawn (mapped pages)
+        self._block_t = torch.from_numpy(self._block)
         self._draw_state: torch.Tensor | None = None
         self._draw_pos = 0
         self._resume_pos = 0
@@ -360,8 +363,12 @@ class StepPlanner:
         """(the uniforms drawn so far, the position of the next unused one)."""
         if self._draws is None or self._draw_pos >= self._draws.shape[0]:
             self._draw_state = self.mechanics.get_state()
-            self._draws = torch.rand(DRAW_BLOCK, generator=self.mechanics,
-                                     dtype=torch.float64).numpy()
+            # drawn into the buffer allocated with the planner (the same draws as a fresh
+            # tensor): a block is 512 KiB, and one allocated at a step would outlive the step
+            # among training's blocks on the heap (docs/auditor.md, "Memory")
+            torch.rand(DRAW_BLOCK, generator=self.mechanics, dtype=torch.float64,
+                       out=self._block_t)
+            self._draws = self._block
             self._draw_pos = self._resume_pos
             self._resume_pos = 0
         return self._draws, self._draw_pos

@@ -81,12 +81,12 @@ def test_no_host_read_between_checks(mode: str, clipping: str) -> None:
                                                                      CHECK_EVERY)]
     assert all(0 < n <= AT_CHECK for n in at_check), (at_check, [
         _device_reads(per_step[i - 1]) for i in range(CHECK_EVERY, STEPS + 1, CHECK_EVERY)])
-    # the host-side reads: the first block of the canary mechanics' uniforms (step 1), and at
-    # the checks the hook's sequential testers, which run on the host copies
+    # the host-side reads: none between checks (the canary mechanics' uniforms are drawn into
+    # a host buffer, not read from a tensor), and at the checks the hook's sequential testers,
+    # which run on the host copies
     host_side = {(i, r.site.split(":")[0]) for i, rs in enumerate(per_step, 1) for r in rs
                  if r.host_side}
-    assert {(i, f) for i, f in host_side if i % CHECK_EVERY} == {
-        (1, "dpaudit_torch/opacus_tap/plan.py")}
+    assert {(i, f) for i, f in host_side if i % CHECK_EVERY} == set()
     assert {f.split("/")[1] for i, f in host_side if not i % CHECK_EVERY} <= {
         "stats", "_validation.py"}
     # and the accelerator's path did run: no compiled host pass anywhere

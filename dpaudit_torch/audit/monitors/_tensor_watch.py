@@ -91,8 +91,12 @@ class _Group:
                 by_norm.setdefault(t.dtype, []).append(j)
             by_sample.setdefault(t.dtype, []).append(j)
             n = t.numel()
+            # a larger tensor: one coordinate drawn in each of ``sample`` equal strata
+            # (distinct, ascending; O(sample) memory: a permutation of the whole tensor would
+            # allocate 8 bytes per coordinate, hundreds of MB on a large model)
             pick = (torch.arange(n) if n <= sample
-                    else torch.randperm(n, generator=gen)[:sample].sort().values)
+                    else torch.arange(sample) * (n // sample)
+                    + torch.randint(n // sample, (sample,), generator=gen))
             self.take.append(pick.to(dev))
         self.norm_parts = list(by_norm.values())
         self.sample_parts = list(by_sample.values())

@@ -239,6 +239,9 @@ class NoiseMonitor(Monitor):
         self._buffer = _StepRows(self.config.check_every)
         self._sumsq_finite: list[bool] = []  # per buffered step: its noise proven finite
         self._precision_at: torch.Tensor | None = None  # the subset kept for precision
+        #: the host path's copies of that subset, [PRECISION_STEPS, 2, subset] (mapped pages)
+        self._precision_host: np.ndarray | None = None
+        self._precision_at_np: np.ndarray | None = None
         #: per step, (raw noise, released values) at that subset: copies of the record's
         #: tensors (no host synchronisation at the step), host arrays from the next check on
         self._precision: list[tuple[np.ndarray | torch.Tensor, np.ndarray | torch.Tensor]] = []
@@ -289,10 +292,21 @@ class NoiseMonitor(Monitor):
                 stride = max(1, -(-u // PRECISION_VALUES))
                 self._precision_at = torch.arange(0, u, stride, device=record.noise_raw.device)
             at = self._precision_at
-            # copies on the record's device (indexing copies): no host synchronisation here,
-            # to the host at the next check (_precision_to_host)
-            self._precision.append((record.noise_raw.detach()[at],
-                                    record.release_raw.detach()[at]))
+            if hv is not None and self.host_rows:
+                # the host path: copied from the reader's buffers into one array of mapped
+                # pages (nothing kept on the heap among training's blocks until the check)
+                if self._precision_host is None:
+                    self._precision_host = host_zeros((PRECISION_STEPS, 2, int(at.numel())))
+                    self._precision_at_np = at.numpy()
+                row, at_np = self._precision_host[len(self._precision)], self._precision_at_np
+                np.take(hv.noise_raw, at_np, out=row[0])
+                np.take(hv.rel, at_np, out=row[1])
+                self._precision.append((row[0], row[1]))
+            else:
+                # copies on the record's device (indexing copies): no host synchronisation
+                # here, to the host at the next check (_precision_to_host)
+                self._precision.append((record.noise_raw.detach()[at],
+                                        record.release_raw.detach()[at]))
             std = float(record.noise_std)
             self._precision_std.append(std if std > 0 and math.isfinite(std) else None)
 

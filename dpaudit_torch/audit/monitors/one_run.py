@@ -33,6 +33,7 @@ from typing import Any
 import numpy as np
 import torch
 
+from ..._buffers import host_zeros
 from ...contract import EPSILON_OF_SIGMA, NOISE_MULTIPLIER, SAMPLE_RATE, StepRecord
 from ...registry import methods_of
 from ...stats.whitebox import WHITEBOX_ALPHA
@@ -199,9 +200,11 @@ class OneRunMonitor(Monitor):
                 # CPU: kept for the next flush, in arrays allocated once (nothing of m's size
                 # per step)
                 if self._pending is None or self._scratch is None:
-                    self._pending = np.empty((self._rows, self.m))
-                    self._scratch = (np.empty((self._rows, self.m)),
-                                     np.empty((self._rows, self.m)))
+                    # mapped pages of their own, off the training loop's heap (allocated at
+                    # the first step, among training's tensors: _buffers.host_zeros)
+                    self._pending = host_zeros((self._rows, self.m))
+                    self._scratch = (host_zeros((self._rows, self.m)),
+                                     host_zeros((self._rows, self.m)))
                 if len(self._pending_sigma) == self._rows:
                     self._flush()
                 self._pending[len(self._pending_sigma)] = z_np
