@@ -86,14 +86,19 @@ class GhostInjection:
         host.check_params()  # a refusal (StepRefused) before anything of the step runs
         original = host.original_method()
         result = call_theirs(original, "accumulate")
-        rec: StepPlan | None = None
+        planned: list[StepPlan] = []
+
+        def plan_and_inject() -> None:
+            planned.append(self._planner.plan())
+            self._inject(planned[0])
+
         try:
             self._micro_pending += 1
             if not ends_logical_step(self.optimizer):
                 return result
-            rec = self._planner.plan()
-            self._inject(rec)
+            host.run_host(plan_and_inject)  # (on the auditor's host thread where it has one)
         except Exception as e:
+            rec = planned[0] if planned else None
             # the auditor's own part failed: what the canaries changed is put back (bit for
             # bit, :mod:`.recovery`), the auditor detaches; "continue": the step goes on
             # unaudited, "raise": it raises before any noise or update

@@ -62,6 +62,7 @@ from typing import Any
 import numpy as np
 import torch
 
+from .._host_thread import run_here
 from ..canaries import CanaryDesign, SecretCoins
 from ..contract import StepRefused
 from .errors import call_theirs
@@ -154,7 +155,8 @@ class PerSampleInjection:
         original = host.original_method()
         failed: Exception | None = None
         try:
-            planned = self._prepare()
+            # (on the auditor's host thread where it has one, as the part after the real call)
+            planned = host.run_host(self._prepare)
         except Exception as e:
             failed, planned = e, None
         # the real examples, as without the auditor
@@ -170,7 +172,8 @@ class PerSampleInjection:
             return result
         rec, adds, joint = planned
         self._take_counts(rec)
-        try:
+
+        def read_and_add() -> None:
             read = host.read_real_sum
             rec.real_sum = read(rec) if read else None
             if adds is not None:
@@ -179,6 +182,9 @@ class PerSampleInjection:
                 rec.added = Added()
                 self.shadow.add(rec, adds, joint)
             host.finish_step(rec, adds is not None)
+
+        try:
+            host.run_host(read_and_add)
         except Exception as e:
             if rec.added is not None:
                 rec.added.restore()
@@ -304,6 +310,10 @@ class Injector:
         self.one_run_insertions = 0
         self.steps_injected = 0
         self._param_ids = [id(p) for p in params]
+        #: runs the auditor's part of a step (a function of no arguments) and returns its
+        #: result: in place, or on the auditor's host thread (:mod:`dpaudit_torch._host_thread`,
+        #: set by the adapter)
+        self.run_host: Callable[[Callable[[], Any]], Any] = run_here
         #: reads the real examples' clipped sum at the canary coordinates (set by the adapter:
         #: GradientReader.snapshot), right after the optimizer clipped and summed them
         self.read_real_sum: Callable[[StepPlan], torch.Tensor] | None = None

@@ -219,6 +219,9 @@ class InjectionHost(Protocol):
     #: reads the real examples' clipped sum at the canary coordinates (docs/design.md section
     #: 8), set by the tap (``GradientReader.snapshot``); None: not read
     read_real_sum: Callable[[StepPlan], torch.Tensor] | None
+    #: runs the auditor's part of a step (a function of no arguments), in place or on the
+    #: auditor's host thread, and returns its result
+    run_host: Callable[[Callable[[], Any]], Any]
 
     def check_params(self) -> None:
         """ValueError when the optimizer's trainable parameters changed since attach."""

@@ -26,6 +26,7 @@ from typing import Any
 import torch
 
 from .. import contract as facts
+from .._host_thread import run_here
 from ..canaries import CanaryDesign, SecretCoins
 from ..contract import Fact, FactUnavailable, StepRecord
 from .accountant import AccountantView
@@ -109,6 +110,9 @@ class OpacusTap:
         self.params = params
         self.rank = int(getattr(optimizer, "rank", 0))
         self.world_size = int(getattr(optimizer, "world_size", 1))
+        #: runs the auditor's part of a step in place, or on its host thread
+        #: (:meth:`use_host_thread`)
+        self.run_host: Callable[[Callable[[], Any]], Any] = run_here
         self.ghost = is_ghost(optimizer)
         from .fsdp import detect_layout
 
@@ -279,6 +283,7 @@ class OpacusTap:
         inj = Injector(self.optimizer, self.params, design, coins, mechanics, self.sample_rate,
                        canary_norm, device, layout=self.layout)
         inj.on_failure = on_failure
+        inj.run_host = self.run_host
         old = self.reader  # a rebuild (resume) keeps how the reader was set to read
         self.injector = inj
         finite = old.check_finite_every_step if old is not None else device.type == "cpu"
@@ -300,6 +305,20 @@ class OpacusTap:
     @property
     def attached(self) -> bool:
         return self.injector is not None and self.injector.attached
+
+    def host_thread_fits(self) -> bool:
+        """Whether the auditor's per-step work may run on a host thread of its own
+        (:mod:`dpaudit_torch._host_thread`): one process (no collectives to order across
+        threads) and every parameter on the CPU (a CUDA stream is per thread)."""
+        return (self.world_size == 1 and self.layout is None
+                and all(p.device.type == "cpu" for p in self.params))
+
+    def use_host_thread(self, run: Callable[[Callable[[], Any]], Any]) -> None:
+        """Run the injector's part of each step through ``run`` (a host thread's ``call``,
+        or :func:`~dpaudit_torch._host_thread.run_here`)."""
+        self.run_host = run
+        if self.injector is not None:
+            self.injector.run_host = run
 
     def attach(self, owner: Any, pre_hook: Callable[..., Any],
                wrap: Callable[[Callable[[], Any]], Callable[[], Any]] | None = None,

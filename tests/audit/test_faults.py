@@ -300,11 +300,26 @@ def test_internal_failure_continue_applies_the_step_as_without_the_auditor(monke
     _incomplete_report(aud, where)
 
 
-@pytest.mark.parametrize("where", ["after_add", "read"])
-def test_internal_failure_continue_torch_paths(monkeypatch, where):
-    """The same with the kernels in Python mode: the canaries are added and read by torch
-    operations (the accelerator's path), their values kept by a gather per tensor."""
-    aud, diffs = _continue_run(monkeypatch, where, 1.0, audit={"compiled_kernels": False})
+@pytest.mark.parametrize("mode", ["hooks", "ghost"])
+@pytest.mark.parametrize("where", ["plan", "snapshot", "after_add", "read", "monitor"])
+def test_internal_failure_continue_python_mode_host_thread(monkeypatch, where, mode):
+    """The same with the kernels in Python mode (the default for large models): the auditor's
+    part of each step runs on its host thread (the training thread waiting for it), the
+    canaries are added by torch operations and read by the vectorised NumPy pass. A failure
+    there comes back to the training thread and is handled as in place; the thread ends with
+    the detach."""
+    threads = []
+    real_start = PrivacyAuditor._start_host_thread
+
+    def start(self):
+        real_start(self)
+        threads.append(self._host_thread)
+
+    monkeypatch.setattr(PrivacyAuditor, "_start_host_thread", start)
+    aud, diffs = _continue_run(monkeypatch, where, 1.0, mode=mode,
+                               audit={"compiled_kernels": False})
+    assert len(threads) == 1 and threads[0] is not None and not threads[0].alive
+    assert aud._host_thread is None
     assert diffs == [0.0] * len(diffs)
     _incomplete_report(aud, where)
 

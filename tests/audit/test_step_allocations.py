@@ -2,12 +2,13 @@
 
 On the CPU the auditor reads every step into buffers it allocated before training (one pass:
 compiled kernels, or their vectorised NumPy version in Python mode, the default for large
-models), so that its per-step work leaves the heap that training allocates from as training
-shapes it. A torch dispatch mode sees every tensor the auditor's code allocates during audited
-steps (checks included); none may have as many elements as the one-run canaries or the
-noise-audit coordinates, the counts that grow with the model. The sequential testers
-(``dpaudit_torch/stats``) are not counted: their per-check work arrays are temporaries sized by
-the pairs of a check and the tests' grids, not by the model.
+models, where that work also runs on a thread of its own), so that its per-step work leaves
+the heap that training allocates from as training shapes it. A torch dispatch mode sees every
+tensor the auditor's code allocates during audited steps (checks included); none may have as
+many elements as the one-run canaries or the noise-audit coordinates, the counts that grow
+with the model. The sequential testers (``dpaudit_torch/stats``) are not counted: their
+per-check work arrays are temporaries sized by the pairs of a check and the tests' grids, not
+by the model.
 """
 
 from __future__ import annotations
@@ -70,10 +71,20 @@ def test_audited_steps_allocate_nothing_of_the_canaries_size(mode: str, compiled
     batches = list(s.batches(9, batch=48))
     for x, y in batches[:3]:  # the first steps and check build what is built once
         s.step(x, y)
-    spy = _Allocations()
+    # Python mode on the CPU: the auditor's part of each step runs on its host thread
+    # (dpaudit_torch/_host_thread.py); a dispatch mode is per thread, so one watches each
+    thread = aud._host_thread
+    assert (thread is None) == compiled
+    spy, spy_host = _Allocations(), _Allocations()
+    if thread is not None:
+        thread.call(spy_host.__enter__)
     with spy:
         for x, y in batches[3:]:  # six audited steps, two checks
             s.step(x, y)
+    if thread is not None:
+        thread.call(lambda: spy_host.__exit__(None, None, None))
+        assert spy_host.seen  # it saw the auditor's work there
+    spy.seen += spy_host.seen
     assert aud.engine.step == 9 and aud.tap.reader.compiled_reads == 9
     u = aud.tap.reader._buffers().n_noise
     assert u >= 2048  # (so that the bound below means something)
