@@ -125,9 +125,14 @@ class Switch:
     """Turns a live auditor's hooks off and on again (benchmark only): with them off, the very
     same model, optimizer and data stream run exactly as unaudited; the auditor's state is kept
     for the next audited block. Also accumulates the CPU time (this thread) of the auditor's
-    pre-hook and of its injection wrapper without the Opacus clipping calls it makes."""
+    pre-hook and of its injection wrapper without the Opacus clipping calls it makes.
 
-    def __init__(self, aud: PrivacyAuditor) -> None:
+    ``clock``: the CPU clock (default: this thread's); where the auditor runs its per-step work
+    on its host thread (large models on the CPU, ``dpaudit_torch/_host_thread.py``) the
+    training thread only waits for it, and ``time.process_time`` (every thread of the process)
+    is the clock that counts that work."""
+
+    def __init__(self, aud: PrivacyAuditor, clock: Any = time.thread_time) -> None:
         self.aud = aud
         self.acc = {"hook": 0.0, "inject": 0.0}
         self.opt = aud.optimizer
@@ -136,31 +141,31 @@ class Switch:
         acc = self.acc
 
         def timed_hook(*a: Any) -> Any:
-            t = time.thread_time()
+            t = clock()
             try:
                 return hook(*a)
             finally:
-                acc["hook"] += time.thread_time() - t
+                acc["hook"] += clock() - t
 
         def timed(wrapped: Any) -> Any:
             def timed_inject() -> Any:
-                t = time.thread_time()
+                t = clock()
                 orig = inj.original_method()
                 t_orig = [0.0]
 
                 def counted() -> Any:
-                    t1 = time.thread_time()
+                    t1 = clock()
                     try:
                         return orig()
                     finally:
-                        t_orig[0] += time.thread_time() - t1
+                        t_orig[0] += clock() - t1
 
                 inj.original_method = lambda: counted  # type: ignore[method-assign]
                 try:
                     return wrapped()
                 finally:
                     del inj.original_method
-                    acc["inject"] += time.thread_time() - t - t_orig[0]
+                    acc["inject"] += clock() - t - t_orig[0]
 
             return timed_inject
 
@@ -172,7 +177,8 @@ class Switch:
     def turn_on(self) -> None:
         if not self.on:
             self.aud.tap.attach(self.aud, self.timed_hook, wrap=self.timed,
-                                post_hook=self.aud.engine.after_release)
+                                post_hook=self.aud._after_release)
+            self.aud._start_host_thread()  # as attach() does (large models on the CPU)
             self.on = True
 
     def turn_off(self) -> None:

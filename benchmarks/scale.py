@@ -27,11 +27,13 @@ Each (size, mode) runs two fresh subprocesses with the same seed:
   them, phase 2 audited, phase 3 without them again.
 
 *Step time* (figure of merit): in the **with** process, for each timed step i, the CPU time of
-the training thread at step i of phase 2 over the mean of steps i of phases 1 and 3 (the phases
+the process (``time.process_time``: the training thread and, for the models whose auditor
+runs its per-step work on a host thread of its own, that thread, which works only while
+training waits for it) at step i of phase 2 over the mean of steps i of phases 1 and 3 (the phases
 replay the same batches, so each ratio compares the same batch; a drift of the shared machine
 cancels to first order), median over i (phase 2 starts with ``--warm`` audited steps that
 include the auditor's first decision, where its compiled kernels are loaded). Everything runs
-on that thread (one torch thread, no loader workers), so its CPU time is robust to the other
+on those threads (one torch thread, no loader workers), so their CPU time is robust to the other
 load of a shared machine (as in ``benchmarks/overhead.py``); the wall-time ratio is reported
 beside it. The same ratio in the **without** process (no auditor in
 any phase) is the noise floor. Beside it, the auditor's own CPU time per audited step (its step
@@ -192,7 +194,7 @@ def child(size: str, mode: str, audit: bool, warm: int, timed: int, seed: int,
                 break
 
     def step(x: torch.Tensor, y: torch.Tensor) -> tuple[float, float]:
-        t, c = time.perf_counter(), time.thread_time()
+        t, c = time.perf_counter(), time.process_time()
         opt.zero_grad(set_to_none=True)
         logits = model(x)
         if mode == "ghost":
@@ -201,7 +203,7 @@ def child(size: str, mode: str, audit: bool, warm: int, timed: int, seed: int,
             loss = crit(logits.reshape(-1, vocab), y.reshape(-1))
         loss.backward()
         opt.step()
-        return time.perf_counter() - t, time.thread_time() - c
+        return time.perf_counter() - t, time.process_time() - c
 
     base = proc_status()
     times: list[list[float]] = [[], [], []]
@@ -228,7 +230,7 @@ def child(size: str, mode: str, audit: bool, warm: int, timed: int, seed: int,
         attach_s = time.perf_counter() - t
         # times the auditor's own code (its step pre-hook, and its injection wrapper without
         # the Opacus clipping calls it makes), as benchmarks/overhead.py does
-        switch = Switch(aud)
+        switch = Switch(aud, clock=time.process_time)
         switch.turn_off()
         after_attach = proc_status()
     status: list[dict[str, int]] = []
@@ -524,8 +526,10 @@ def main() -> None:
         "right after make_private) with its hooks switched off, runs the first phase "
         "unaudited, switches the hooks on for the second phase (its warm-up includes the first "
         "decision) and off again for the third. Step time = median CPU "
-        "time of the training thread over the timed steps (everything runs on it: one torch "
-        "thread, no loader workers; robust to the other load of a shared machine, as in "
+        "time of the process over the timed steps (the training thread, and the auditor's host "
+        "thread where it has one: large models on the CPU, which runs only while training "
+        "waits for it; one torch thread, no loader workers; robust to the other load of a "
+        "shared machine, as in "
         "benchmarks/overhead.py; the wall-time ratio is shown beside it); the ratio is, per "
         "timed step, the audited phase's step over the mean of the same step (same batch) of "
         "the two unaudited phases around it in the *with* process (same process and setup, "
