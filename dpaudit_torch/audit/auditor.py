@@ -231,7 +231,10 @@ class PrivacyAuditor:
                 eng.unobserved()
                 return
             eng.before_step()
-            self._run_host(lambda: eng.on_step(self.tap.read(plan, step)))
+            # the reading, the monitors and a check on the host thread where there is one; the
+            # user's callbacks and the action on a violation here, on the training thread
+            self._run_host(lambda: eng.observe_step(self.tap.read(plan, step)))
+            eng.finish_step()
         except (PrivacyViolationError, StepRefused):
             raise  # decisions and refused observations: the audit state is consistent
         except Exception as e:

@@ -180,7 +180,14 @@ class AuditEngine:
             raise PrivacyViolationError(self.violation_message(), self.decision.violation_step)
 
     def on_step(self, rec: StepRecord) -> None:
-        """Observe one audited step (see the module docstring)."""
+        """Observe one audited step (see the module docstring): :meth:`observe_step`, then
+        :meth:`finish_step`."""
+        self.observe_step(rec)
+        self.finish_step()
+
+    def observe_step(self, rec: StepRecord) -> None:
+        """The monitors' observation of one audited step and, at a check step, the check (the
+        auditor's host thread runs this part where it has one)."""
         cfg = self.config
         skip = cfg.on_nonfinite == "skip"
         if rec.finite is False and not skip:  # refused before any state changes
@@ -202,6 +209,10 @@ class AuditEngine:
             self.check()
         if step % cfg.claimed_every == 0 or step == 1:
             self.read_claim()
+
+    def finish_step(self) -> None:
+        """After :meth:`observe_step`, on the training thread: the ``on_step`` callbacks with
+        the latest metrics, then the action on a proven violation."""
         if self.callbacks:
             metrics = self.metrics()
             for fn in self.callbacks:

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import math
+import threading
 
 import numpy as np
 import pytest
@@ -218,6 +219,36 @@ def test_raise_mode_keeps_last_good_parameters():
         s.step(*next(s.batches(1)))
     rep = aud.finalize()
     assert rep.violation and rep.violation_step == err.value.step and rep.stopped_early
+
+
+@pytest.mark.parametrize("mode", ["hooks", "ghost"])
+def test_host_thread_keeps_the_training_threads_view(mode):
+    """Python-mode kernels on the CPU (the default for large models) run the auditor's part of
+    each step on its host thread: the ``on_step`` callbacks still run on the training thread,
+    a proven violation with ``on_violation="raise"`` raises there before the update (the
+    parameters of the last good step kept), the decision step is the one of the in-place run,
+    and the thread ends with ``finalize()``."""
+    runs = []
+    for compiled in (True, False):
+        s = make_private_setup(seed=1, mode=mode)
+        bugs.apply_bug(s.optimizer, "no-noise")
+        where: list[threading.Thread] = []
+        aud = PrivacyAuditor(s.engine, s.optimizer, s.loader, seed=0, m_canaries=64,
+                             on_violation="raise", compiled_kernels=compiled,
+                             on_step=lambda _m, w=where: w.append(threading.current_thread()))
+        thread = aud._host_thread
+        assert (thread is None) == compiled
+        params = list(s.model.parameters())
+        with pytest.raises(PrivacyViolationError) as err:
+            for x, y in s.batches(40):
+                before = [p.detach().clone() for p in params]
+                s.step(x, y)
+        assert all(torch.equal(p, q) for p, q in zip(params, before))
+        assert where and set(where) == {threading.current_thread()}
+        rep = aud.finalize()
+        assert aud._host_thread is None and (thread is None or not thread.alive)
+        runs.append((err.value.step, rep.violation_step, len(where)))
+    assert runs[0] == runs[1]
 
 
 def test_warn_mode_logs_and_continues(caplog):
