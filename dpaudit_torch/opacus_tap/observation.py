@@ -41,6 +41,9 @@ __all__ = ["GradientReader", "host_views"]
 
 #: gradient dtypes the compiled CPU path reads (NumPy has no bfloat16)
 _NUMPY_FLOATS = (np.dtype(np.float32), np.dtype(np.float64), np.dtype(np.float16))
+#: the NumPy dtype of each of those torch dtypes
+_NUMPY_OF = {torch.float32: np.dtype(np.float32), torch.float64: np.dtype(np.float64),
+             torch.float16: np.dtype(np.float16)}
 
 
 def host_views(tensors: list[torch.Tensor | None]) -> tuple[np.ndarray, ...] | None:
@@ -99,11 +102,14 @@ class _HostBuffers:
 
         self._vector: _VectorPass | None = None
 
-    def vector(self, n_params: int) -> _VectorPass:
+    def vector(self, n_params: int, dtype: torch.dtype | None = None) -> _VectorPass:
         """The NumPy version of the one-pass reads (Python mode): built with the reader in
-        Python mode (before training, like every long-lived buffer), else at its first use."""
+        Python mode (before training, like every long-lived buffer, its scratch for the
+        gradients' ``dtype`` too), else at its first use."""
         if self._vector is None:
             self._vector = _VectorPass(self, n_params)
+        if dtype is not None:
+            self._vector.scratch(_NUMPY_OF.get(dtype))
         return self._vector
 
 
@@ -160,14 +166,21 @@ class _VectorPass:
         n = self.tm64.shape[0]
         if not n:
             return self.tm64
-        dt = grads[self.groups[0][0]].dtype
-        s = self._scratch.get(dt)
-        if s is None:
-            s = self._scratch[dt] = host_zeros(n, dt)
+        s = self.scratch(grads[self.groups[0][0]].dtype)
+        assert s is not None
         for p, a, e, flat in self.groups:
             np.take(grads[p], flat, out=s[a:e], mode="clip")  # (indices are in range)
         np.multiply(s, factor, out=self.tm64)
         return self.tm64
+
+    def scratch(self, dt: np.dtype | None) -> np.ndarray | None:
+        """The tensor-major scratch array for gradients of NumPy dtype ``dt`` (made once)."""
+        if dt is None:
+            return None
+        s = self._scratch.get(dt)
+        if s is None:
+            s = self._scratch[dt] = host_zeros(self.tm64.shape[0], dt)
+        return s
 
     def snapshot(self, grads: tuple[np.ndarray, ...], inv_clip: np.ndarray,
                  out: np.ndarray) -> None:
@@ -322,8 +335,9 @@ class GradientReader:
         self._bufs: _HostBuffers | None = (
             _HostBuffers(self._coords, self._noise, self.k)
             if compiled and self._host and self.host_path else None)
-        if self._bufs is not None and not kernels_compiled():
-            self._bufs.vector(len(params))  # now, not among training's blocks at the first step
+        if self._bufs is not None and not kernels_compiled() and params:
+            # now, not among training's blocks at the first step
+            self._bufs.vector(len(params), params[0].dtype)
         sa, sb = (np.ascontiguousarray(v, dtype=np.int64) for v in (self._side_a, self._side_b))
         width = sa.shape[1] if sa.ndim == 2 and sa.shape[0] else 1
         self._side_a_2d = sa.reshape(-1, width)
