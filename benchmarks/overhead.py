@@ -177,8 +177,7 @@ class Switch:
     def turn_on(self) -> None:
         if not self.on:
             self.aud.tap.attach(self.aud, self.timed_hook, wrap=self.timed,
-                                post_hook=self.aud._after_release)
-            self.aud._start_host_thread()  # as attach() does (large models on the CPU)
+                                post_hook=self.aud.engine.after_release)
             self.on = True
 
     def turn_off(self) -> None:

@@ -18,12 +18,13 @@ decision), the report (:mod:`.assemble`) and the checkpoint layout (:mod:`.check
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from typing import Any
 
 import torch
 
-from .._host_thread import HostThread, run_here
+from .._compiled import compiled as kernels_compiled
+from .._compiled import set_compiled
 from ..canaries import SecretCoins, derive_seeds, draw_audit_canaries
 from ..contract import StepRefused
 from . import checkpoint
@@ -81,8 +82,7 @@ class PrivacyAuditor:
                  model: torch.nn.Module | None = None, config: AuditConfig | None = None,
                  on_step: StepCallback | Sequence[StepCallback] | None = None,
                  **settings: Any) -> None:
-        from .._compiled import COMPILED_BELOW, set_compiled
-        from .._compiled import compiled as kernels_compiled
+        from .._compiled import COMPILED_BELOW  # (read now: tests patch it)
         from ..opacus_tap import OpacusTap
 
         if delta is not None:
@@ -124,11 +124,7 @@ class PrivacyAuditor:
 
             # compile (once; later: load from Numba's cache) every kernel before the first step
             warm_up(tap.params, host=self.device.type == "cpu")
-        #: the auditor's own thread for its per-step work (large models on the CPU: Python-mode
-        #: kernels, one process), None where it runs on the training thread
-        self._host_thread: HostThread | None = None
-        tap.attach(self, self.observe_hook, post_hook=self._after_release)
-        self._start_host_thread()
+        tap.attach(self, self.observe_hook, post_hook=self.engine.after_release)
         logger.info("PrivacyAuditor attached: %d pairs, %d one-run canaries, sample rate %.4g, "
                     "noise multiplier %.4g, %s; monitors %s", cfg.k_pairs, cfg.m_canaries,
                     tap.sample_rate, tap.noise_multiplier(),
@@ -193,33 +189,6 @@ class PrivacyAuditor:
         self.warn(self.engine.stop_auditing(exc, step, go_on, how))
         return go_on
 
-    # ------------------------------------------------------------------ the host thread
-    def _start_host_thread(self) -> None:
-        """Where steps are long (the kernels run as Python: 2^25 coordinates or more by
-        default) and the model trains on the CPU in one process, the auditor's per-step work
-        runs on a thread of its own, the training thread waiting for it, so that its
-        allocations come from that thread's malloc arena rather than the heap training
-        allocates from (:mod:`dpaudit_torch._host_thread`; docs/auditor.md, "Memory")."""
-        if self._host_thread is None and not self.config.compiled_kernels \
-                and self.tap.host_thread_fits():
-            self._host_thread = HostThread()
-            self.tap.use_host_thread(self._host_thread.call)
-
-    def _stop_host_thread(self) -> None:
-        thread, self._host_thread = self._host_thread, None
-        if thread is not None:
-            self.tap.use_host_thread(run_here)
-            thread.close()
-
-    def _run_host(self, fn: Callable[[], Any]) -> Any:
-        thread = self._host_thread
-        return fn() if thread is None else thread.call(fn)
-
-    def _after_release(self, applied: bool) -> None:
-        """The post-update hook: :meth:`AuditEngine.after_release` (on the host thread where
-        there is one)."""
-        self._run_host(lambda: self.engine.after_release(applied))
-
     def observe_hook(self, _opt: Any, _args: Any, _kwargs: Any) -> None:
         """The step pre-hook the adapter registers on ``optimizer.original_optimizer``: observes
         the released step before its update (not for direct calls)."""
@@ -231,10 +200,7 @@ class PrivacyAuditor:
                 eng.unobserved()
                 return
             eng.before_step()
-            # the reading, the monitors and a check on the host thread where there is one; the
-            # user's callbacks and the action on a violation here, on the training thread
-            self._run_host(lambda: eng.observe_step(self.tap.read(plan, step)))
-            eng.finish_step()
+            eng.observe(lambda: self.tap.read(plan, step), self.tap.run_host)
         except (PrivacyViolationError, StepRefused):
             raise  # decisions and refused observations: the audit state is consistent
         except Exception as e:
@@ -247,9 +213,9 @@ class PrivacyAuditor:
         while detached are not audited). ValueError if another auditor holds the optimizer."""
         if self._report is not None:
             raise RuntimeError("attach() of a finalized auditor")
-        if not self.attached:
-            self.tap.attach(self, self.observe_hook, post_hook=self._after_release)
-            self._start_host_thread()
+        if not self.attached:  # the kernels' mode is this audit's again while attached
+            set_compiled(bool(self.config.compiled_kernels))
+            self.tap.attach(self, self.observe_hook, post_hook=self.engine.after_release)
 
     def detach(self) -> None:
         """Restore every wrapped optimizer attribute and remove the step pre-hook (idempotent).
@@ -258,9 +224,6 @@ class PrivacyAuditor:
         if self.attached:
             self.tap.detach()
             logger.info("PrivacyAuditor detached after %d audited steps", self.engine.step)
-        self._stop_host_thread()
-        from .._compiled import set_compiled
-
         set_compiled(getattr(self, "_kernels_before", True))
 
     def finalize(self, detach: bool = True) -> Any:
@@ -272,7 +235,6 @@ class PrivacyAuditor:
             return self._report
         if detach and self.attached:  # the kernel mode stays this audit's until the end
             self.tap.detach()
-            self._stop_host_thread()
         claimed = self.engine.finalize()
         from .assemble import assemble_report
 

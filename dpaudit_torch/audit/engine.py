@@ -30,6 +30,7 @@ from typing import Any
 import numpy as np
 import torch
 
+from .._host_thread import run_here
 from ..contract import StepRecord, StepRefused
 from .config import AuditConfig
 from .decision import Decision
@@ -183,6 +184,15 @@ class AuditEngine:
         """Observe one audited step (see the module docstring): :meth:`observe_step`, then
         :meth:`finish_step`."""
         self.observe_step(rec)
+        self.finish_step()
+
+    def observe(self, read: Callable[[], StepRecord],
+                run: Callable[[Callable[[], Any]], Any] = run_here) -> None:
+        """One audited step whose record ``read()`` returns: the reading and
+        :meth:`observe_step` through ``run`` (the auditor's host thread where it has one:
+        large models on the CPU, docs/auditor.md "Memory"), then :meth:`finish_step` here, on
+        the training thread (the user's callbacks, the action on a violation)."""
+        run(lambda: self.observe_step(read()))
         self.finish_step()
 
     def observe_step(self, rec: StepRecord) -> None:

@@ -311,8 +311,8 @@ class Injector:
         self.steps_injected = 0
         self._param_ids = [id(p) for p in params]
         #: runs the auditor's part of a step (a function of no arguments) and returns its
-        #: result: in place, or on the auditor's host thread (:mod:`dpaudit_torch._host_thread`,
-        #: set by the adapter)
+        #: result: in place, or on the auditor's host thread (:mod:`dpaudit_torch._host_thread`;
+        #: the adapter sets its ``run_host``)
         self.run_host: Callable[[Callable[[], Any]], Any] = run_here
         #: reads the real examples' clipped sum at the canary coordinates (set by the adapter:
         #: GradientReader.snapshot), right after the optimizer clipped and summed them

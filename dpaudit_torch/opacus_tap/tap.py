@@ -26,7 +26,8 @@ from typing import Any
 import torch
 
 from .. import contract as facts
-from .._host_thread import run_here
+from .._compiled import compiled as kernels_compiled
+from .._host_thread import HostThread
 from ..canaries import CanaryDesign, SecretCoins
 from ..contract import Fact, FactUnavailable, StepRecord
 from .accountant import AccountantView
@@ -110,9 +111,9 @@ class OpacusTap:
         self.params = params
         self.rank = int(getattr(optimizer, "rank", 0))
         self.world_size = int(getattr(optimizer, "world_size", 1))
-        #: runs the auditor's part of a step in place, or on its host thread
-        #: (:meth:`use_host_thread`)
-        self.run_host: Callable[[Callable[[], Any]], Any] = run_here
+        #: the host thread of the auditor's per-step work while attached in Python-kernel mode
+        #: (large models) where :meth:`host_thread_fits`, else None
+        self.host_thread: HostThread | None = None
         self.ghost = is_ghost(optimizer)
         from .fsdp import detect_layout
 
@@ -313,12 +314,11 @@ class OpacusTap:
         return (self.world_size == 1 and self.layout is None
                 and all(p.device.type == "cpu" for p in self.params))
 
-    def use_host_thread(self, run: Callable[[Callable[[], Any]], Any]) -> None:
-        """Run the injector's part of each step through ``run`` (a host thread's ``call``,
-        or :func:`~dpaudit_torch._host_thread.run_here`)."""
-        self.run_host = run
-        if self.injector is not None:
-            self.injector.run_host = run
+    def run_host(self, fn: Callable[[], Any]) -> Any:
+        """``fn()`` on the host thread while attached with one (the caller waits), else in
+        place: the injector's part of a step, the observation, the post-update hook."""
+        thread = self.host_thread
+        return fn() if thread is None else thread.call(fn)
 
     def attach(self, owner: Any, pre_hook: Callable[..., Any],
                wrap: Callable[[Callable[[], Any]], Callable[[], Any]] | None = None,
@@ -342,6 +342,8 @@ class OpacusTap:
                 post_hook(False)
             setattr(self.optimizer, OWNER_ATTR, owner)
             self._owner = owner
+            if not kernels_compiled() and self.host_thread_fits() and self.host_thread is None:
+                self.host_thread = HostThread()
         except BaseException:
             self.detach()
             raise
@@ -352,7 +354,7 @@ class OpacusTap:
 
         def hook(_opt: Any, _args: Any, _kwargs: Any) -> None:
             try:
-                post_hook(True)
+                self.run_host(lambda: post_hook(True))
             except Exception as e:
                 inj = self.injector
                 if inj is None or inj.on_failure is None or inj.on_failure(e) is not True:
@@ -373,6 +375,9 @@ class OpacusTap:
         if self._owner is not None and getattr(self.optimizer, OWNER_ATTR, None) is self._owner:
             delattr(self.optimizer, OWNER_ATTR)
         self._owner = None
+        thread, self.host_thread = self.host_thread, None
+        if thread is not None:
+            thread.close()
 
     def pop_plan(self) -> StepPlan | None:
         """The plan of the step being released, or None if no step passed the clipping."""

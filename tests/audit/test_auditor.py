@@ -236,7 +236,7 @@ def test_host_thread_keeps_the_training_threads_view(mode):
         aud = PrivacyAuditor(s.engine, s.optimizer, s.loader, seed=0, m_canaries=64,
                              on_violation="raise", compiled_kernels=compiled,
                              on_step=lambda _m, w=where: w.append(threading.current_thread()))
-        thread = aud._host_thread
+        thread = aud.tap.host_thread
         assert (thread is None) == compiled
         params = list(s.model.parameters())
         with pytest.raises(PrivacyViolationError) as err:
@@ -246,9 +246,32 @@ def test_host_thread_keeps_the_training_threads_view(mode):
         assert all(torch.equal(p, q) for p, q in zip(params, before))
         assert where and set(where) == {threading.current_thread()}
         rep = aud.finalize()
-        assert aud._host_thread is None and (thread is None or not thread.alive)
+        assert aud.tap.host_thread is None and (thread is None or not thread.alive)
         runs.append((err.value.step, rep.violation_step, len(where)))
     assert runs[0] == runs[1]
+
+
+def test_detach_and_attach_again_restore_the_audits_kernel_mode_and_host_thread():
+    """detach() gives the process its kernel mode back and ends the host thread; attach() makes
+    the mode this audit's again (here Python mode) and starts a new host thread."""
+    from dpaudit_torch._compiled import compiled
+
+    s = make_private_setup(seed=2)
+    aud = PrivacyAuditor(s.engine, s.optimizer, s.loader, seed=0, m_canaries=64,
+                         compiled_kernels=False)
+    first = aud.tap.host_thread
+    assert first is not None and first.alive and not compiled()
+    s.train(2)
+    aud.detach()
+    assert aud.tap.host_thread is None and not first.alive and compiled()
+    s.train(1)
+    aud.attach()
+    assert aud.tap.host_thread is not None and aud.tap.host_thread is not first
+    assert not compiled()
+    s.train(2)
+    assert aud.step == 4
+    aud.finalize()
+    assert aud.tap.host_thread is None and compiled()
 
 
 def test_warn_mode_logs_and_continues(caplog):

@@ -308,18 +308,20 @@ def test_internal_failure_continue_python_mode_host_thread(monkeypatch, where, m
     canaries are added by torch operations and read by the vectorised NumPy pass. A failure
     there comes back to the training thread and is handled as in place; the thread ends with
     the detach."""
+    import dpaudit_torch.opacus_tap.tap as tap_module
+
     threads = []
-    real_start = PrivacyAuditor._start_host_thread
 
-    def start(self):
-        real_start(self)
-        threads.append(self._host_thread)
+    class Recorded(tap_module.HostThread):
+        def __init__(self) -> None:
+            super().__init__()
+            threads.append(self)
 
-    monkeypatch.setattr(PrivacyAuditor, "_start_host_thread", start)
+    monkeypatch.setattr(tap_module, "HostThread", Recorded)
     aud, diffs = _continue_run(monkeypatch, where, 1.0, mode=mode,
                                audit={"compiled_kernels": False})
-    assert len(threads) == 1 and threads[0] is not None and not threads[0].alive
-    assert aud._host_thread is None
+    assert len(threads) == 1 and not threads[0].alive
+    assert aud.tap.host_thread is None
     assert diffs == [0.0] * len(diffs)
     _incomplete_report(aud, where)
 

@@ -73,7 +73,7 @@ def test_audited_steps_allocate_nothing_of_the_canaries_size(mode: str, compiled
         s.step(x, y)
     # Python mode on the CPU: the auditor's part of each step runs on its host thread
     # (dpaudit_torch/_host_thread.py); a dispatch mode is per thread, so one watches each
-    thread = aud._host_thread
+    thread = aud.tap.host_thread
     assert (thread is None) == compiled
     spy, spy_host = _Allocations(), _Allocations()
     if thread is not None:
