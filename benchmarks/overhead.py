@@ -43,6 +43,7 @@ from _common import (  # noqa: E402
     write_section,
 )
 
+from dpaudit_torch._compiled import set_compiled  # noqa: E402
 from dpaudit_torch.audit import PrivacyAuditor  # noqa: E402
 
 
@@ -176,6 +177,10 @@ class Switch:
 
     def turn_on(self) -> None:
         if not self.on:
+            # as PrivacyAuditor.attach() does: the kernels' mode is this audit's while attached
+            # (its __init__'s detach() put back the process's; a large model runs them as
+            # Python, with the host thread the tap starts at attach)
+            set_compiled(bool(self.aud.config.compiled_kernels))
             self.aud.tap.attach(self.aud, self.timed_hook, wrap=self.timed,
                                 post_hook=self.aud.engine.after_release)
             self.on = True

@@ -274,6 +274,39 @@ def test_detach_and_attach_again_restore_the_audits_kernel_mode_and_host_thread(
     assert aud.tap.host_thread is None and compiled()
 
 
+def test_benchmarks_switch_runs_the_audit_as_attach_does():
+    """benchmarks/overhead.py's Switch (also benchmarks/scale.py's) turns the hooks on through
+    the tap: the audited blocks must run as a user's attached auditor does, in the audit's
+    kernel mode with its host thread. (It once re-attached in the process's compiled mode, so
+    the 100M rows of the scale table loaded Numba in the middle of the audited steps.)"""
+    import sys
+    from pathlib import Path
+
+    from dpaudit_torch._compiled import compiled
+
+    sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "benchmarks"))
+    try:
+        from overhead import Switch
+    finally:
+        sys.path.pop(0)
+    s = make_private_setup(seed=2)
+    aud = PrivacyAuditor(s.engine, s.optimizer, s.loader, seed=0, m_canaries=64,
+                         compiled_kernels=False)
+    sw = Switch(aud)  # detaches the auditor (the process's mode back), then turns on
+    assert sw.on and not compiled() and aud.tap.host_thread is not None
+    s.train(2)
+    sw.turn_off()
+    assert aud.tap.host_thread is None
+    s.train(1)
+    sw.turn_on()
+    assert not compiled() and aud.tap.host_thread is not None and aud.tap.host_thread.alive
+    s.train(2)
+    assert aud.step == 4
+    sw.turn_off()
+    aud.finalize()
+    assert compiled()
+
+
 def test_warn_mode_logs_and_continues(caplog):
     s = make_private_setup(seed=1)
     bugs.apply_bug(s.optimizer, "no-noise")
