@@ -196,12 +196,27 @@ def one_trial(mode: str, batch: int, trial: int, args: argparse.Namespace) -> di
     between the auditor switched on and off (same model, optimizer, data stream and memory
     placement), after warm-up in both states."""
     s = make(mode, trial, args.n, batch, args.model)
-    aud = PrivacyAuditor(s["engine"], s["opt"], s["dl"], seed=trial)
+    every = getattr(args, "every", None)  # the --check-every sweep: one value per call
+    aud = PrivacyAuditor(s["engine"], s["opt"], s["dl"], seed=trial,
+                         **({} if every is None else {"check_every": every}))
     sw = Switch(aud)
+    # the CPU time (this thread) of the engine's checks, amortised per audited step below
+    eng, check, in_check, n_checks = aud.engine, aud.engine.check, [0.0], [0]
+
+    def timed_check(*a: Any, **k: Any) -> Any:
+        t = time.thread_time()
+        try:
+            return check(*a, **k)
+        finally:
+            in_check[0] += time.thread_time() - t
+            n_checks[0] += sw.on
+
+    eng.check = timed_check  # type: ignore[method-assign]
     run_block(s, args.warmup)  # audited: fills the MMD witness, first refreshes
     sw.turn_off()
     run_block(s, args.block)
     sw.acc["hook"] = sw.acc["inject"] = 0.0
+    in_check[0] = n_checks[0] = 0
     w_base, w_aud, c_base, c_aud, o_base, o_aud = [], [], [], [], [], []
     for r in range(args.reps):
         for on in ((False, True) if r % 2 == 0 else (True, False)):
@@ -220,6 +235,7 @@ def one_trial(mode: str, batch: int, trial: int, args: argparse.Namespace) -> di
         "opt_base": mean(o_base), "opt_aud": mean(o_aud),
         "wall_ratio": mean(w_aud) / mean(w_base),
         "inject": sw.acc["inject"] / steps, "hook": sw.acc["hook"] / steps,
+        "check": in_check[0] / steps, "checks": n_checks[0],
     }
     # everything the auditor does happens inside optimizer.step(): its extra time there over
     # the whole unaudited step is the same ratio without the noise of forward and backward
@@ -366,6 +382,61 @@ def run_fsdp(args: argparse.Namespace) -> None:
         write_section("overhead_fsdp", body)
 
 
+def run_check_every(args: argparse.Namespace) -> None:
+    """``--check-every``: the optimizer.step() ratio of the first of ``--modes`` and
+    ``--batches`` at each check interval, and what the checks cost per step and per check; a
+    least-squares fit of the auditor's extra time per step, F + B / check_every, splits it into
+    a per-step part F and a per-check part B."""
+    mode, batch = args.modes.split(",")[0], int(args.batches.split(",")[0])
+    rows, fit = [], []
+    for every in [int(v) for v in args.check_every.split(",")]:
+        args.every = every
+        res = [one_trial(mode, batch, t, args) for t in range(args.trials)]
+        med = {k: statistics.median(r[k] for r in res) for k in res[0]}
+        per_check = statistics.median(r["check"] * args.reps * args.block / max(r["checks"], 1)
+                                      for r in res)
+        fit.append((every, med["opt_aud"] - med["opt_base"], med["cpu_base"]))
+        rows.append([every, res[0]["audited_steps"], 1e3 * med["cpu_base"], med["step_ratio"],
+                     ", ".join(f"{r['step_ratio']:.3f}" for r in res), 1e3 * med["check"],
+                     1e3 * per_check, med["checks"]])
+        print(f"check_every {every}: optimizer.step() ratio {med['step_ratio']:.3f}; checks "
+              f"{1e3 * med['check']:.3f} ms/step, {1e3 * per_check:.2f} ms per check",
+              flush=True)
+    # extra(ce) = F + B / ce by least squares over the intervals (medians of the trials)
+    x = [1.0 / e for e, _, _ in fit]
+    y = [d for _, d, _ in fit]
+    mx, my = statistics.fmean(x), statistics.fmean(y)
+    b = sum((a - mx) * (c - my) for a, c in zip(x, y)) / sum((a - mx) ** 2 for a in x)
+    f = my - b * mx
+    base = statistics.median(c for _, _, c in fit)
+    table = markdown_table(
+        ["check_every", "audited steps at end", "CPU ms/step, auditor off",
+         "ratio from optimizer.step() (median)", "per trial", "checks' CPU ms per step",
+         "CPU ms per check", "checks timed"], rows)
+    reading = (
+        f"Fit of the auditor's extra CPU time per step: {1e3 * f:.2f} ms per step + "
+        f"{1e3 * b:.2f} ms per check / check_every. The per-step part is the floor that no "
+        f"check interval removes: 1 + {1e3 * f:.2f} / {1e3 * base:.2f} = {1 + f / base:.3f} for "
+        f"an unaudited step of {1e3 * base:.2f} ms ({mode}, batch {batch}); it holds the "
+        "injection (the step's plan, the snapshot, the canaries' clipping), the release read "
+        "and the monitors' observations, and the checks' work per observed value (the one-run "
+        "scores, the testers' payoffs of each pair, the noise tests' cells).")
+    print(table)
+    print(reading)
+    if not args.no_write:
+        body = ("## Overhead against the check interval (benchmarks/overhead.py "
+                "--check-every)\n\n"
+                + f"Command: `{command()}`  \nMachine: {machine()}\n\n"
+                + f"The setting of the overhead table above ({mode}, expected batch {batch}, the "
+                "small CNN, every monitor at its defaults) with `check_every` set to each value; "
+                f"{args.trials} trials (seeds) of {args.reps} pairs of interleaved blocks of "
+                f"{args.block} steps after {args.warmup} audited warm-up steps, as there. The "
+                "checks' CPU time is the engine's `check` timed on the training thread "
+                "(everything runs on it here) over the audited blocks.\n\n"
+                + table + "\n\n" + reading + "\n")
+        write_section("overhead_check_every", body)
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--trials", type=int, default=3)
@@ -381,8 +452,14 @@ def main() -> None:
     ap.add_argument("--no-write", action="store_true")
     ap.add_argument("--fsdp", action="store_true",
                     help="FSDP2 + ghost_fsdp over 2 CPU processes (first of --batches, global)")
+    ap.add_argument("--check-every", default=None,
+                    help="comma-separated check intervals: the overhead at each (first of "
+                         "--modes and --batches), written as its own section")
     args = ap.parse_args()
     torch.set_num_threads(1)
+    if args.check_every:
+        run_check_every(args)
+        return
     if args.fsdp:
         run_fsdp(args)
         return

@@ -324,6 +324,14 @@ def _overhead(s: str, cifar: str) -> list[str]:
             f"The target of 1.05 at batch 64 in hooks mode is {met}"]
 
 
+def _overhead_check_every(s: str) -> list[str]:
+    col = "ratio from optimizer.step() (median)"
+    t = table_with(s, col)
+    first, last = t[0], t[-1]
+    return [f"{float(first[col]):.3f} at `check_every` {first['check_every']}, "
+            f"{float(last[col]):.3f} at {last['check_every']};"]
+
+
 def _scale(s: str) -> list[str]:
     col = "peak RSS ratio: median of pairs (min-max)"
     t = table_with(s, col)
@@ -356,6 +364,7 @@ QUOTES: dict[str, Callable[[dict[str, str]], list[str]]] = {
     "one_run_tightness": lambda d: _one_run_tightness(d["one_run_tightness"]),
     "throughput": lambda d: _throughput(d["throughput"]),
     "overhead": lambda d: _overhead(d["overhead"], d["overhead_cifar"]),
+    "overhead_check_every": lambda d: _overhead_check_every(d["overhead_check_every"]),
     "scale": lambda d: _scale(d["scale"]),
 }
 
