@@ -157,9 +157,11 @@ def proc_status() -> dict[str, int]:
 # child: one process, one setting
 # ------------------------------------------------------------------------------------------------
 def child(size: str, mode: str, audit: bool, warm: int, timed: int, seed: int,
-          memory_only: bool = False) -> dict[str, Any]:
+          memory_only: bool = False, host_thread: bool = True) -> dict[str, Any]:
     """One process of a pair; ``memory_only``: phases 1 and 2 only (the peak is read at the end
-    of phase 2; phase 3 serves the step time alone)."""
+    of phase 2; phase 3 serves the step time alone); ``host_thread`` False: the auditor keeps
+    its per-step work on the training thread even where it would use its host thread (a
+    diagnostic of docs/benchmarks.md, section "scale", not a row of the table)."""
     from opacus import PrivacyEngine
 
     torch.set_num_threads(1)
@@ -228,6 +230,8 @@ def child(size: str, mode: str, audit: bool, warm: int, timed: int, seed: int,
         t = time.perf_counter()
         aud = PrivacyAuditor(engine, opt, dl, delta=1e-5, seed=seed)
         attach_s = time.perf_counter() - t
+        if not host_thread:  # before the switch attaches (the tap starts the thread there)
+            aud.tap.host_thread_fits = lambda: False  # type: ignore[method-assign]
         # times the auditor's own code (its step pre-hook, and its injection wrapper without
         # the Opacus clipping calls it makes), as benchmarks/overhead.py does
         switch = Switch(aud, clock=time.process_time)
@@ -382,11 +386,12 @@ def main() -> None:
     ap.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
     ap.add_argument("--memory-only", action="store_true", help=argparse.SUPPRESS)
     ap.add_argument("--audit", action="store_true", help=argparse.SUPPRESS)
+    ap.add_argument("--no-host-thread", action="store_true", help=argparse.SUPPRESS)
     ap.add_argument("--quick", action="store_true", help="1M, 2 + 3 steps; writes nothing")
     args = ap.parse_args()
     if args.child:
         print(json.dumps(child(args.sizes, args.modes, args.audit, args.warm, int(args.timed),
-                               args.seed, args.memory_only)))
+                               args.seed, args.memory_only, not args.no_host_thread)))
         return
     if args.quick:
         args.sizes, args.warm, args.timed, args.repeats = "1M", 2, "3", 2

@@ -5,10 +5,10 @@ the CPU are carved from the main thread's heap (its mmap threshold rises to 32 M
 frees), and the auditor's own small allocations of a step (a step's plan, index and value
 arrays, the testers' state at a check) land among them: blocks that outlive a training tensor
 keep the heap from reusing and returning the memory around them, and the process's resident
-memory grows by far more than the auditor allocates (measured: about 500 MB more at the peak
-for a 100M-parameter model in ghost clipping on the CPU, docs/benchmarks.md, "scale"). Run on
-another thread, the same work allocates from that thread's arena and leaves the training
-thread's heap as training alone shapes it.
+memory grows by far more than the auditor allocates (measured for a 100M-parameter model in
+per-sample mode on the CPU: up to 1 GB more resident between steps, docs/benchmarks.md,
+"scale"). Run on another thread, the same work allocates from that thread's arena and leaves
+the training thread's heap as training alone shapes it.
 
 The training thread hands each piece of work over and waits for it (:meth:`HostThread.call`):
 nothing runs concurrently with training, results and exceptions come back as if the call were
