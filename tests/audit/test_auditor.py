@@ -284,11 +284,12 @@ def test_benchmarks_switch_runs_the_audit_as_attach_does():
 
     from dpaudit_torch._compiled import compiled
 
-    sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "benchmarks"))
+    where = str(Path(__file__).resolve().parents[2] / "benchmarks")
+    sys.path.insert(0, where)
     try:
         from overhead import Switch
     finally:
-        sys.path.pop(0)
+        sys.path.remove(where)
     s = make_private_setup(seed=2)
     aud = PrivacyAuditor(s.engine, s.optimizer, s.loader, seed=0, m_canaries=64,
                          compiled_kernels=False)
