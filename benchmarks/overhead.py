@@ -13,8 +13,10 @@ measured by timing its step pre-hook (observation + decisions) and its injection
 
     python benchmarks/overhead.py [--trials 3] [--reps 15] [--block 15] [--warmup 100]
                                   [--modes hooks,ghost] [--batches 64,256]
-                                  [--model small|cifar] [--fsdp]
+                                  [--model small|cifar] [--fsdp] [--check-every 5,10,...]
 
+``--check-every``: the first mode and batch at each check interval, with the checks' own CPU
+time and a fit of the auditor's time per step and per check (section "overhead_check_every").
 ``--fsdp``: the same CNN sharded with Opacus's FSDP2 wrapper (``grad_sample_mode="ghost_fsdp"``)
 over 2 gloo processes on the CPU, one thread each, the auditor's hooks switched on and off
 between interleaved blocks on both ranks at the same steps (section "overhead_fsdp").
