@@ -16,8 +16,14 @@ from __future__ import annotations
 import mmap
 
 import numpy as np
+import torch
 
-__all__ = ["host_empty", "host_zeros", "host_copy", "MAPPED_FROM"]
+__all__ = ["host_empty", "host_zeros", "host_copy", "MAPPED_FROM", "NUMPY_FLOAT_OF"]
+
+#: the NumPy dtype of a host copy of each floating-point torch dtype NumPy has (not bfloat16)
+NUMPY_FLOAT_OF: dict[torch.dtype, np.dtype] = {
+    torch.float16: np.dtype(np.float16), torch.float32: np.dtype(np.float32),
+    torch.float64: np.dtype(np.float64)}
 
 #: buffers of at least this many bytes get their own mapping
 MAPPED_FROM = 64 * 1024

@@ -1,7 +1,8 @@
 """The audit engine: the step loop, the checks and the decision over every registered monitor.
 
 Framework-free: it is fed :class:`~dpaudit_torch.contract.StepRecord` by an adapter (the Opacus
-tap, or a test) and never names a monitor. Per audited step (:meth:`AuditEngine.on_step`):
+tap, or a test) and never names a monitor. Per audited step (:meth:`AuditEngine.observe`:
+:meth:`~AuditEngine.observe_step`, then :meth:`~AuditEngine.finish_step`):
 
 1. the record's finiteness is checked (a non-finite observation is refused before the update,
    or dropped with ``on_nonfinite="skip"``);
@@ -179,12 +180,6 @@ class AuditEngine:
         """With ``on_violation="raise"``, a step after a proven violation is refused."""
         if self.decision.violation and self.config.on_violation == "raise":
             raise PrivacyViolationError(self.violation_message(), self.decision.violation_step)
-
-    def on_step(self, rec: StepRecord) -> None:
-        """Observe one audited step (see the module docstring): :meth:`observe_step`, then
-        :meth:`finish_step`."""
-        self.observe_step(rec)
-        self.finish_step()
 
     def observe(self, read: Callable[[], StepRecord],
                 run: Callable[[Callable[[], Any]], Any] = run_here) -> None:

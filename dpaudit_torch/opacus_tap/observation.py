@@ -30,7 +30,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from .._buffers import host_copy, host_zeros
+from .._buffers import NUMPY_FLOAT_OF, host_copy, host_zeros
 from .._compiled import compiled as kernels_compiled
 from ..canaries import CanaryDesign
 from ..contract import StepRecord
@@ -40,10 +40,7 @@ from .plan import StepPlan
 __all__ = ["GradientReader", "host_views"]
 
 #: gradient dtypes the compiled CPU path reads (NumPy has no bfloat16)
-_NUMPY_FLOATS = (np.dtype(np.float32), np.dtype(np.float64), np.dtype(np.float16))
-#: the NumPy dtype of each of those torch dtypes
-_NUMPY_OF = {torch.float32: np.dtype(np.float32), torch.float64: np.dtype(np.float64),
-             torch.float16: np.dtype(np.float16)}
+_NUMPY_FLOATS = tuple(NUMPY_FLOAT_OF.values())
 
 
 def host_views(tensors: list[torch.Tensor | None]) -> tuple[np.ndarray, ...] | None:
@@ -109,7 +106,7 @@ class _HostBuffers:
         if self._vector is None:
             self._vector = _VectorPass(self, n_params)
         if dtype is not None:
-            self._vector.scratch(_NUMPY_OF.get(dtype))
+            self._vector.scratch(NUMPY_FLOAT_OF.get(dtype))
         return self._vector
 
 

@@ -31,7 +31,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from ..._buffers import host_copy, host_zeros
+from ..._buffers import NUMPY_FLOAT_OF, host_copy, host_zeros
 from ...contract import GROUP_NAMES, OPTIMIZER_PARAMS, TENSOR_GROUPS, TENSOR_NAMES, StepRecord
 from .base import (
     Contribution,
@@ -50,8 +50,6 @@ __all__ = ["NoiseMonitor"]
 
 #: steps whose raw noise is kept for the floating-point check
 PRECISION_STEPS = 8
-#: the NumPy type of a noise tensor's host copy (the engine's copies are float64: exact)
-_NUMPY = {torch.float16: np.float16, torch.float32: np.float32, torch.float64: np.float64}
 #: at most this many values per step are kept for it (a fixed subset spread over U): a few
 #: hundred suffice for the check, and U holds thousands per tensor
 PRECISION_VALUES = 4096
@@ -320,8 +318,9 @@ class NoiseMonitor(Monitor):
         it = iter(arrays)
 
         def back(v: np.ndarray | torch.Tensor) -> np.ndarray:  # in the tensor's own dtype
-            return v if isinstance(v, np.ndarray) else next(it).astype(_NUMPY.get(v.dtype,
-                                                                                   np.float64))
+            # (the engine's copies are float64: exact in the tensor's dtype)
+            return v if isinstance(v, np.ndarray) else next(it).astype(
+                NUMPY_FLOAT_OF.get(v.dtype, np.dtype(np.float64)))
 
         self._precision = [(back(a), back(b)) for a, b in self._precision]
         self._buffer.take_host_copies(it)
