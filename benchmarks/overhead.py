@@ -45,7 +45,6 @@ from _common import (  # noqa: E402
     write_section,
 )
 
-from dpaudit_torch._compiled import set_compiled  # noqa: E402
 from dpaudit_torch.audit import PrivacyAuditor  # noqa: E402
 
 
@@ -179,12 +178,11 @@ class Switch:
 
     def turn_on(self) -> None:
         if not self.on:
-            # as PrivacyAuditor.attach() does: the kernels' mode is this audit's while attached
-            # (its __init__'s detach() put back the process's; a large model runs them as
-            # Python, with the host thread the tap starts at attach)
-            set_compiled(bool(self.aud.config.compiled_kernels))
+            # in the audit's kernel mode, as PrivacyAuditor.attach() does (a large model runs
+            # them as Python, with the host thread the tap starts there)
             self.aud.tap.attach(self.aud, self.timed_hook, wrap=self.timed,
-                                post_hook=self.aud.engine.after_release)
+                                post_hook=self.aud.engine.after_release,
+                                compiled=bool(self.aud.config.compiled_kernels))
             self.on = True
 
     def turn_off(self) -> None:

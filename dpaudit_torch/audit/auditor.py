@@ -124,7 +124,7 @@ class PrivacyAuditor:
 
             # compile (once; later: load from Numba's cache) every kernel before the first step
             warm_up(tap.params, host=self.device.type == "cpu")
-        tap.attach(self, self.observe_hook, post_hook=self.engine.after_release)
+        self.attach()
         logger.info("PrivacyAuditor attached: %d pairs, %d one-run canaries, sample rate %.4g, "
                     "noise multiplier %.4g, %s; monitors %s", cfg.k_pairs, cfg.m_canaries,
                     tap.sample_rate, tap.noise_multiplier(),
@@ -214,8 +214,8 @@ class PrivacyAuditor:
         if self._report is not None:
             raise RuntimeError("attach() of a finalized auditor")
         if not self.attached:  # the kernels' mode is this audit's again while attached
-            set_compiled(bool(self.config.compiled_kernels))
-            self.tap.attach(self, self.observe_hook, post_hook=self.engine.after_release)
+            self.tap.attach(self, self.observe_hook, post_hook=self.engine.after_release,
+                            compiled=bool(self.config.compiled_kernels))
 
     def detach(self) -> None:
         """Restore every wrapped optimizer attribute and remove the step pre-hook (idempotent).

@@ -180,7 +180,8 @@ def load_state(aud: PrivacyAuditor, sd: dict[str, Any]) -> None:
                   aud.on_internal_failure, noise_coords)
     aud.tap.load_state_dict(sd["tap"], draws_per_step=config.k_pairs + config.m_canaries)
     if was_attached:
-        aud.tap.attach(aud, aud.observe_hook, post_hook=aud.engine.after_release)
+        aud.tap.attach(aud, aud.observe_hook, post_hook=aud.engine.after_release,
+                       compiled=bool(aud.config.compiled_kernels))
     aud.warnings = list(sd["warnings"])
     for note in notes:
         aud.warn(note)

@@ -26,7 +26,7 @@ from typing import Any
 import torch
 
 from .. import contract as facts
-from .._compiled import compiled as kernels_compiled
+from .._compiled import set_compiled
 from .._host_thread import HostThread
 from ..canaries import CanaryDesign, SecretCoins
 from ..contract import Fact, FactUnavailable, StepRecord
@@ -322,8 +322,11 @@ class OpacusTap:
 
     def attach(self, owner: Any, pre_hook: Callable[..., Any],
                wrap: Callable[[Callable[[], Any]], Callable[[], Any]] | None = None,
-               post_hook: Callable[[bool], Any] | None = None) -> None:
-        """Wrap the clipping and register the observation pre-hook; all or nothing. ``wrap``
+               post_hook: Callable[[bool], Any] | None = None, *, compiled: bool) -> None:
+        """Wrap the clipping and register the observation pre-hook; all or nothing. ``compiled``:
+        the audit's kernel mode, set process-wide here (``set_compiled``; in Python mode, where
+        :meth:`host_thread_fits`, the host thread starts here too); every attach passes it, so
+        no caller attaches in the process's mode instead of the audit's. ``wrap``
         wraps the injection wrapper (benchmarks time it). ``post_hook``: called with True after
         every update of ``original_optimizer`` (its step post-hook; a failure there goes to the
         injector's ``on_failure`` like any failure of the auditor inside a step) and once with
@@ -334,6 +337,7 @@ class OpacusTap:
             raise ValueError("this optimizer already has a PrivacyAuditor attached; call its "
                              "detach() (or finalize()) before attaching another")
         try:
+            set_compiled(bool(compiled))
             self.injector.attach(wrap)
             self._handle = self.optimizer.original_optimizer.register_step_pre_hook(pre_hook)
             if post_hook is not None:
@@ -342,7 +346,7 @@ class OpacusTap:
                 post_hook(False)
             setattr(self.optimizer, OWNER_ATTR, owner)
             self._owner = owner
-            if not kernels_compiled() and self.host_thread_fits() and self.host_thread is None:
+            if not compiled and self.host_thread_fits() and self.host_thread is None:
                 self.host_thread = HostThread()
         except BaseException:
             self.detach()

@@ -339,6 +339,6 @@ def test_the_auditor_owns_the_optimizer_while_attached() -> None:
     tap.detach()
     assert not tap.attached and optimizer_untouched(s.optimizer)
     tap.detach()  # idempotent
-    tap.attach(aud, aud.observe_hook)
+    tap.attach(aud, aud.observe_hook, compiled=bool(aud.config.compiled_kernels))
     assert tap.attached and getattr(s.optimizer, OWNER_ATTR) is aud
     aud.detach()
