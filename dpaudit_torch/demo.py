@@ -135,24 +135,31 @@ def run_demo(
     model = DigitsCNN().to(device)
     optimizer = torch.optim.SGD(model.parameters(), lr=config.lr, momentum=0.0)
     loader = DataLoader(train, batch_size=config.batch_size, shuffle=True)
+    criterion: Callable[[torch.Tensor, torch.Tensor], torch.Tensor] = nn.CrossEntropyLoss()
+    ghost = config.grad_sample_mode == "ghost"
     with warnings.catch_warnings():
         # Opacus warns that secure_mode is off; the demo does not need a cryptographic RNG
         warnings.simplefilter("ignore")
         engine = PrivacyEngine(accountant="prv")
-        model, optimizer, loader = engine.make_private(
+        made = engine.make_private(
             module=model,
             optimizer=optimizer,
             data_loader=loader,
             noise_multiplier=config.noise_multiplier,
             max_grad_norm=config.max_grad_norm,
             grad_sample_mode=config.grad_sample_mode,
+            criterion=criterion,
         )
+    # ghost clipping wraps the loss too: its backward runs the second (clipped) pass
+    if ghost:
+        model, optimizer, criterion, loader = made
+    else:
+        model, optimizer, loader = made
     if config.bug is not None:  # an optimizer bug, or a setup bug (new optimizer / loader)
         optimizer, loader = bugs.apply_to_training(engine, optimizer, loader, config.bug)
         logger.info("applied bug %r", config.bug)
 
     auditor = PrivacyAuditor(engine, optimizer, loader, model=model, config=audit_config)
-    criterion = nn.CrossEntropyLoss()
     step = 0
     stopped_early = False
     model.train()
@@ -163,7 +170,7 @@ def run_demo(
             xb, yb = xb.to(device), yb.to(device)
             optimizer.zero_grad(set_to_none=True)
             logits = model(xb)
-            if len(yb):
+            if len(yb) or ghost:  # (ghost's loss takes an empty batch: noise only, loss nan)
                 loss = criterion(logits, yb)
             else:  # an empty Poisson batch: zero per-sample rows; Opacus still noises the step
                 loss = logits.sum() * 0.0

@@ -59,3 +59,20 @@ def test_demo_progress_bar_shows_loss_and_wealth(tmp_path: Path) -> None:
     assert proc.returncode == 0, proc.stderr
     assert "loss=" in proc.stderr
     assert "logK=" in proc.stderr and "/3.00" in proc.stderr  # log(1/0.05) = 3.00
+
+
+def test_demo_trains_with_ghost_clipping(tmp_path: Path) -> None:
+    """`--grad-sample-mode ghost`: Opacus wraps the loss as well as the model, the optimizer and
+    the loader (make_private returns four objects); the demo trains through the wrapped loss, so
+    the clipped second backward runs, and the audit finds nothing on a correct run and proves the
+    no-noise bug."""
+    out = tmp_path / "ghost"
+    proc = _demo(["--grad-sample-mode", "ghost", "--steps", "25", "--out", str(out)])
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    report = AuditReport.load(out)
+    assert report.violation is False and report.training["steps"] == 25
+    assert report.training["grad_sample_mode"] == "ghost"
+    bug = _demo(["--grad-sample-mode", "ghost", "--bug", "no-noise", "--steps", "40",
+                 "--out", str(tmp_path / "ghost_bug")])
+    assert bug.returncode == 3, bug.stdout + bug.stderr
+    assert AuditReport.load(tmp_path / "ghost_bug").violation is True
