@@ -30,7 +30,9 @@ What it checks, on CUDA:
      (``.item()``, ``.cpu()``, a blocking copy, ...): the target is 0 between checks and at
      most 1 per check; the unaudited step's own count is given beside them;
    * the audited / unaudited step time (blocks of whole training steps with the auditor's hooks
-     detached and attached again, alternated; ``torch.cuda.synchronize()`` around each block)
+     detached and attached again, alternated; ``torch.cuda.synchronize()`` around each block;
+     a third block per round times the auditor with its gathers unpacked, one take per tensor,
+     against the packed gathers it runs on an accelerator, ``dpaudit_torch/_gather.py``)
      and peak memory (``torch.cuda.max_memory_allocated()`` over unaudited steps before the
      auditor exists, and over audited steps after a check);
    * ``finalize()`` and the report.
@@ -107,7 +109,7 @@ class Sizes:
     warmup: int  # unaudited steps before anything is measured
     mem_steps: int  # steps of each peak-memory block
     counted: int  # audited steps whose synchronisations are counted (from the first)
-    reps: int  # pairs of timing blocks (auditor detached / attached)
+    reps: int  # triples of timing blocks (auditor detached / attached / gathers unpacked)
     block: int  # steps per timing block
     stat_steps: int  # steps of pairs / records for the statistics comparison
     stat_k: int  # pairs per step there
@@ -518,13 +520,22 @@ def check_auditor(model_name: str, mode: str, batch: int, device: torch.device, 
             between.append(len(found))
             sites.update(found)
     peak_on = peak(s, sz.mem_steps)
-    off: list[float] = []
-    on: list[float] = []
-    for r in range(sz.reps):  # the same setup with the auditor's hooks detached / attached
-        for attached in ((False, True) if r % 2 == 0 else (True, False)):
-            (aud.attach if attached else aud.detach)()
-            (on if attached else off).append(timed(s, sz.block))
+    from dpaudit_torch.testing.host_sync import pack_gathers
+
+    times: dict[str, list[float]] = {"off": [], "on": [], "unpacked": []}
+    # the same setup with the auditor's hooks detached / attached (its gathers packed, as it
+    # runs on an accelerator) / attached with one take per tensor; the order alternates
+    for r in range(sz.reps):
+        for variant in (("off", "on", "unpacked") if r % 2 == 0 else ("unpacked", "on", "off")):
+            if variant == "off":
+                aud.detach()
+            else:
+                aud.attach()
+                pack_gathers(aud, variant == "on")
+            times[variant].append(timed(s, sz.block))
     aud.attach()
+    pack_gathers(aud, True)
+    off, on, unpacked = times["off"], times["on"], times["unpacked"]
     t0 = time.perf_counter()
     report = aud.finalize()
     t_final = time.perf_counter() - t0
@@ -542,13 +553,14 @@ def check_auditor(model_name: str, mode: str, batch: int, device: torch.device, 
         f"{max(base_syncs, default=0)}",
         "0 between checks, at most 1 per check",
         _yes(max(between, default=0) == 0 and max(at_check, default=0) <= 1))]
-    t_off, t_on = statistics.fmean(off), statistics.fmean(on)
+    t_off, t_on, t_un = statistics.fmean(off), statistics.fmean(on), statistics.fmean(unpacked)
     mem = ("memory not measured (CPU)" if peak_off is None or peak_on is None else
            f"peak memory x{peak_on / peak_off:.3f} ({peak_off / 2**20:,.0f} -> "
            f"{peak_on / 2**20:,.0f} MiB)")
     rows.append(Row("auditor: cost against the unaudited step", setting,
                     f"step time x{t_on / t_off:.3f} ({1e3 * t_off:.2f} -> {1e3 * t_on:.2f} ms, "
-                    f"{sz.reps} pairs of {sz.block}-step blocks); {mem}",
+                    f"{sz.reps} rounds of off / on / unpacked {sz.block}-step blocks; gathers "
+                    f"one take per tensor instead of packed: x{t_un / t_off:.3f}); {mem}",
                     "reported", "-", hard=False))
     aud.detach()
     return rows
@@ -599,6 +611,7 @@ def _guarded(rows: list[Row], what: str, setting: str, fn: Callable[[], Any],
         rows.append(Row(what, setting, "skipped: the time budget is spent", "-", "no"))
         return
     t0 = time.perf_counter()
+    n_before = len(rows)
     try:
         out = fn()
         rows.extend(out if isinstance(out, list) else [out])
@@ -611,6 +624,8 @@ def _guarded(rows: list[Row], what: str, setting: str, fn: Callable[[], Any],
             gc.collect()
             torch.cuda.empty_cache()
     print(f"{what} [{setting}]: {time.perf_counter() - t0:.1f} s", flush=True)
+    for r in rows[n_before:]:  # each part's rows as they come (the log keeps them if cut short)
+        print("  " + " | ".join(map(str, r.cells())), flush=True)
 
 
 def main(argv: list[str] | None = None) -> int:

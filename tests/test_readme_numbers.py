@@ -352,6 +352,27 @@ def _scale(s: str) -> list[str]:
             f"the auditor's own code is {100 * (own - 1):.1f}% of a step at 100M"]
 
 
+def _gpu_check(s: str) -> list[str]:
+    t = table_with(s, "met")
+    gpu = re.search(r"^Machine: .*?, ([^,]*(?:NVIDIA|GPU)[^,]*), Python", s, flags=re.M)
+    assert gpu is not None
+    checks = [r for r in t if r["met"] != "-"]
+    met = sum(r["met"] == "yes" for r in checks)
+    ratios: dict[str, list[float]] = {}
+    memory: list[float] = []
+    for r in t:
+        if r["check"] == "auditor: cost against the unaudited step":
+            step = re.search(r"step time x([\d.]+)", r["measured"])
+            peak = re.search(r"peak memory x([\d.]+)", r["measured"])
+            assert step is not None and peak is not None
+            ratios.setdefault(r["setting"].split(" ")[0], []).append(float(step[1]))
+            memory.append(float(peak[1]))
+    spans = [f"x{min(v):.3f}-{max(v):.3f} on {k}" for k, v in ratios.items()]
+    return [f"one {gpu[1]}", f"{met} of {len(checks)} checks met",
+            f"Step time with the auditor {' and '.join(spans)}",
+            f"peak device memory x{min(memory):.3f}-{max(memory):.3f}"]
+
+
 #: section -> what the README quotes from it (some read a second section)
 QUOTES: dict[str, Callable[[dict[str, str]], list[str]]] = {
     "detection": lambda d: _detection(d["detection"]),
@@ -366,6 +387,7 @@ QUOTES: dict[str, Callable[[dict[str, str]], list[str]]] = {
     "overhead": lambda d: _overhead(d["overhead"], d["overhead_cifar"]),
     "overhead_check_every": lambda d: _overhead_check_every(d["overhead_check_every"]),
     "scale": lambda d: _scale(d["scale"]),
+    "gpu_check": lambda d: _gpu_check(d["gpu_check"]),
 }
 
 

@@ -32,6 +32,7 @@ import torch
 
 from .._buffers import NUMPY_FLOAT_OF, host_copy, host_zeros
 from .._compiled import compiled as kernels_compiled
+from .._gather import PackedGather
 from ..canaries import CanaryDesign
 from ..contract import StepRecord
 from ._step_kernels import release_step, snapshot_step
@@ -229,6 +230,7 @@ class CoordinateSet:
                                                                  n_params, device)
         self.n = int(coord_param.numel())
         self._torch: tuple[list[int], list[torch.Tensor], torch.Tensor, torch.Tensor] | None = None
+        self._packed: tuple[bool, PackedGather] | None = None
 
     @property
     def param_np(self) -> np.ndarray:
@@ -280,6 +282,16 @@ class CoordinateSet:
         """The tensor of each coordinate, in the tensor-major order (device)."""
         return self._index()[3]
 
+    def gather(self, tensors: list[torch.Tensor], numels: list[int], pack: bool) -> torch.Tensor:
+        """The set's coordinates of ``tensors`` (one per tensor of :attr:`which`, of
+        ``numels`` elements), tensor-major: :class:`~dpaudit_torch._gather.PackedGather`, built
+        once (``pack``: few device operations; else one take per tensor)."""
+        hit = self._packed
+        if hit is None or hit[0] != pack:
+            hit = (pack, PackedGather(self.flat, numels, pack))
+            self._packed = hit
+        return hit[1](tensors)
+
 
 class GradientReader:
     """Reads the real data's sum and the released gradient at every canary coordinate.
@@ -317,6 +329,10 @@ class GradientReader:
                                            device))
         # the compiled CPU path reads every coordinate in design order directly
         self._host = device.type == "cpu" and all(p.device.type == "cpu" for p in params)
+        #: the torch path's gathers packed (few launches; :mod:`dpaudit_torch._gather`) on an
+        #: accelerator, one take per tensor on the CPU (tests switch it on there)
+        self.pack_gathers = any(p.device.type != "cpu" for p in params)
+        self._numels = [p.numel() for p in params]
         self._n_coords = self._coords.n
         # spread pairs: x and y are sums over their sides' coordinates / sqrt(L)
         self._spread_pair = design.spread_pair.numpy().astype(np.int64)
@@ -388,14 +404,14 @@ class GradientReader:
     def _gather(self, get: Callable[[int], torch.Tensor | None], scale: torch.Tensor,
                 what: str, cs: CoordinateSet | None = None) -> torch.Tensor:
         cs = self._coords if cs is None else cs
-        parts = []
-        for i, flat in zip(cs.which, cs.flat):
+        tensors = []
+        for i in cs.which:
             g = get(i)
             if g is None:
                 raise ValueError(f"parameter tensor {i} has no {what} at the optimizer step; "
                                  f"the audit cannot observe it")
-            parts.append(torch.take(g, flat if flat.device == g.device else flat.to(g.device)))
-        raw = torch.cat(parts) if len(parts) > 1 else parts[0]
+            tensors.append(g)
+        raw = cs.gather(tensors, [self._numels[i] for i in cs.which], self.pack_gathers)
         return (raw.to(self.device, torch.float64) * scale)[cs.perm]
 
     # ------------------------------------------------------------------ the two reads

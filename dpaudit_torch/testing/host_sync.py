@@ -41,7 +41,7 @@ from typing import Any
 import torch
 
 __all__ = ["HOST_READS", "HOST_SIDE", "HOST_SIDE_CALLS", "HostRead", "HostReadCounter",
-           "force_device_path"]
+           "force_device_path", "pack_gathers"]
 
 #: the ``torch.Tensor`` methods that read a value on the host (a synchronisation on a device)
 HOST_READS = ("item", "cpu", "tolist", "numpy", "__bool__", "__float__", "__int__",
@@ -175,7 +175,8 @@ def force_device_path(auditor: Any) -> None:
     """Make ``auditor`` (a :class:`~dpaudit_torch.audit.PrivacyAuditor` on the CPU, before its
     first step) run the code an accelerator runs, with the same statistics:
 
-    * the reader gathers with torch and keeps a step's finiteness as a tensor flag, checked at
+    * the reader gathers with torch, packed (``pack_gathers``, :mod:`dpaudit_torch._gather`;
+      so does the coverage watch) and keeps a step's finiteness as a tensor flag, checked at
       the next check (``check_finite_every_step=False``, ``compiled=False``: an accelerator's
       reader never has NumPy views of the gradients);
     * the canaries' rows are written, clipped by the optimizer's own code and added to the
@@ -204,3 +205,16 @@ def force_device_path(auditor: Any) -> None:
     for monitor in auditor.monitors.values():
         if hasattr(monitor, "host_rows"):
             monitor.host_rows = False
+    pack_gathers(auditor, True)
+
+
+def pack_gathers(auditor: Any, pack: bool) -> None:
+    """Switch the packed gathers (:mod:`dpaudit_torch._gather`) of ``auditor``'s reader and of
+    every monitor that watches tensors on (what an accelerator runs) or off (one take per
+    tensor, the CPU's way): the same values either way. For force_device_path and
+    ``benchmarks/gpu_check.py``, which times both on a GPU."""
+    auditor.tap.reader.pack_gathers = pack
+    for monitor in auditor.monitors.values():
+        watch = getattr(monitor, "watch", None)
+        if watch is not None and hasattr(watch, "set_pack"):
+            watch.set_pack(pack)

@@ -25,6 +25,8 @@ from typing import Any
 
 import torch
 
+from ..._gather import PackedGather
+
 logger = logging.getLogger(__name__)
 
 __all__ = ["WatchedTensor", "TensorWatch", "Fingerprint", "module_path"]
@@ -80,7 +82,7 @@ class _Group:
     """The tensors of one device: how a fingerprint is laid out, and the change counters."""
 
     def __init__(self, idx: list[int], tensors: list[torch.Tensor], held: list[bool],
-                 sample: int, gen: torch.Generator) -> None:
+                 sample: int, gen: torch.Generator, pack: bool | None = None) -> None:
         dev = tensors[0].device
         self.idx = idx
         by_norm: dict[torch.dtype, list[int]] = {}
@@ -100,6 +102,9 @@ class _Group:
             self.take.append(pick.to(dev))
         self.norm_parts = list(by_norm.values())
         self.sample_parts = list(by_sample.values())
+        self.numels = [t.numel() for t in tensors]
+        self.gathers: list[PackedGather] = []
+        self.set_pack(dev.type != "cpu" if pack is None else pack)
         seg = [j for part in self.norm_parts for j in part]
         seg += [j for part in self.sample_parts for j in part
                 for _ in range(int(self.take[j].numel()))]
@@ -110,12 +115,18 @@ class _Group:
         self.first = torch.full((n,), -1, dtype=torch.long, device=dev)
         self.last = torch.full((n,), -1, dtype=torch.long, device=dev)
 
+    def set_pack(self, pack: bool) -> None:
+        """One gather per dtype of the sampled coordinates, packed (few launches, for an
+        accelerator) or one take per tensor; the same values either way."""
+        self.gathers = [PackedGather([self.take[j] for j in part],
+                                     [self.numels[j] for j in part], pack)
+                        for part in self.sample_parts]
+
     def fingerprint(self, tensors: list[torch.Tensor]) -> torch.Tensor:
         parts = [torch.stack(torch._foreach_norm([tensors[j] for j in part])).double()
                  for part in self.norm_parts]
-        for part in self.sample_parts:
-            taken = [torch.take(tensors[j], self.take[j]) for j in part]
-            parts.append((torch.cat(taken) if len(taken) > 1 else taken[0]).double())
+        for part, gather in zip(self.sample_parts, self.gathers):
+            parts.append(gather([tensors[j] for j in part]).double())
         return torch.cat(parts)
 
     def compare(self, now: torch.Tensor, before: torch.Tensor, step: int,
@@ -163,6 +174,15 @@ class TensorWatch:
         #: tensor index -> first step at which it was replaced by another shape or removed
         self.reshaped: dict[int, int] = {}
         self._gen = torch.Generator().manual_seed(20240717)
+        #: pack the sampled coordinates' gathers (None: on an accelerator only; :meth:`set_pack`)
+        self.pack: bool | None = None
+
+    def set_pack(self, pack: bool) -> None:
+        """Pack the sampled coordinates' gathers on every device (True; tests run the
+        accelerator's way on the CPU) or on none (False)."""
+        self.pack = pack
+        for g in self._groups:
+            g.set_pack(pack)
 
     # ------------------------------------------------------------------ points
     def fingerprint(self, step: int | None) -> Fingerprint:
@@ -206,7 +226,7 @@ class TensorWatch:
                 by_dev.setdefault(t.device, []).append(i)
         self._groups = [
             _Group(idx, [cur[i] for i in idx], [self.tensors[i].held for i in idx],
-                   self.sample, self._gen)
+                   self.sample, self._gen, self.pack)
             for idx in by_dev.values()]
         self._keys = keys
         self._layout += 1
