@@ -35,7 +35,14 @@ __all__ = ["StepRecord", "StepRefused", "Fact", "FactUnavailable", "FactSource",
            "FACTS", "SETUP_CHECK", "SAMPLE_RATE", "N_RECORDS", "NOISE_MULTIPLIER", "TENSOR_NAMES",
            "TENSOR_GROUPS", "GROUP_NAMES", "EPSILON_OF_SIGMA", "ACCOUNTANT_HISTORY",
            "EPSILON_OF_HISTORY", "MODEL", "OPTIMIZER_PARAMS", "PARAM_GROUPS", "DATA_LOADER",
-           "ACCOUNTANT_NAME"]
+           "ACCOUNTANT_NAME", "N_REAL_NOT_OBSERVED"]
+
+
+#: why a step record's ``n_real`` is None (the Opacus adapter counts the per-sample rows, or under
+#: ghost clipping the per-sample norms, of every micro-batch; under sharded ghost clipping Opacus
+#: keeps the norms on the modules, where the adapter does not look)
+N_REAL_NOT_OBSERVED = ("the real batch sizes were not observed (sharded ghost clipping keeps its "
+                       "per-sample norms on the modules, not on the parameters)")
 
 
 @dataclass
@@ -68,7 +75,8 @@ class StepRecord:
     sigma_claimed: float
     finite: bool | torch.Tensor = True
     real_sums: torch.Tensor | None = None
-    #: real examples clipped in this logical step (None where the adapter cannot see them)
+    #: real examples clipped in this logical step (None where the adapter cannot see them:
+    #: :data:`N_REAL_NOT_OBSERVED` says where)
     n_real: int | None = None
     #: micro-batches that made up this logical step
     micro_steps: int = 1

@@ -5,7 +5,9 @@ subclasses): the strategy object :class:`GhostInjection`, whose wrapper the
 There are no per-sample gradients in the optimizer (clipping happens in the loss's second
 backward), so after Opacus's accumulation the real examples' sum is read and the *already
 clipped* canary, ``raw * min(1, C / (raw + 1e-6))`` exactly as Opacus's flat clipping would
-produce it, is added to the summed gradient. Clipping is then not exercised. On sharded
+produce it, is added to the summed gradient. Clipping is then not exercised. The real examples
+of each micro-batch are counted from the per-sample gradient norms Opacus computed for the
+clipping (``p._norm_sample``), for the sampling and accounting monitors. On sharded
 parameters (FSDP2, tensor parallelism) every rank adds the canaries whose coordinates its shard
 holds (:class:`~.fsdp.ShardedInjection`); otherwise rank 0 adds them all (DDP: the ranks' sums
 are all-reduced afterwards). On the CPU with compiled kernels the additions are one compiled
@@ -77,6 +79,9 @@ class GhostInjection:
         self._values: dict[tuple[float, torch.dtype, torch.device], torch.Tensor] = {}
         self._values_np: tuple[Any, np.ndarray] | None = None  # (bounds and dtype, values)
         self._micro_pending = 0  # micro-batches since the last logical step
+        # real examples since the last logical step (None: a micro-batch whose rows were not
+        # seen), counted from the per-sample norms of the clipping (:meth:`_rows_now`)
+        self._rows_pending: int | None = 0
 
     def wrapper(self) -> Any:
         """Stands in front of the optimizer's ``accumulate``: Opacus accumulates the real
@@ -94,6 +99,9 @@ class GhostInjection:
 
         try:
             self._micro_pending += 1
+            rows = self._rows_now()
+            self._rows_pending = (None if rows is None or self._rows_pending is None
+                                  else self._rows_pending + rows)
             if not ends_logical_step(self.optimizer):
                 return result
             host.run_host(plan_and_inject)  # (on the auditor's host thread where it has one)
@@ -102,7 +110,7 @@ class GhostInjection:
             # the auditor's own part failed: what the canaries changed is put back (bit for
             # bit, :mod:`.recovery`), the auditor detaches; "continue": the step goes on
             # unaudited, "raise": it raises before any noise or update
-            self._micro_pending = 0
+            self._micro_pending, self._rows_pending = 0, 0
             if rec is not None and rec.added is not None:
                 rec.added.restore()
             if host.report_failure(e):
@@ -110,10 +118,26 @@ class GhostInjection:
             raise
         return result
 
+    def _rows_now(self) -> int | None:
+        """The real examples of the micro-batch just accumulated: the length of the per-sample
+        gradient norms Opacus's ghost clipping computed in the backward pass (``_norm_sample``
+        of a trainable parameter, one entry per example; empty for an empty Poisson batch), a
+        shape, so no read of the device. None where no parameter has them (nothing to count),
+        and on sharded parameters: Opacus's FSDP clipping keeps the norms on the modules, not
+        on the parameters the optimizer holds (a rank under DDP counts its own examples; the
+        adapter sums the counts over the ranks)."""
+        if self.sharded is not None:
+            return None
+        for p in self.params:
+            ns = getattr(p, "_norm_sample", None)
+            if isinstance(ns, torch.Tensor):
+                return int(ns.shape[0]) if ns.dim() else None
+        return None
+
     def _inject(self, rec: StepPlan) -> None:
         host = self._host
-        rec.n_real, rec.micro_steps = None, max(1, self._micro_pending)
-        self._micro_pending = 0
+        rec.n_real, rec.micro_steps = self._rows_pending, max(1, self._micro_pending)
+        self._micro_pending, self._rows_pending = 0, 0
         read = host.read_real_sum
         rec.real_sum = read(rec) if read else None
         if self.sharded is not None:

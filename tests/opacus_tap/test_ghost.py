@@ -48,8 +48,8 @@ def test_canary_value_is_opacus_flat_clipping_in_the_gradient_dtype(dtype):
 
 def test_ghost_step_adds_the_clipped_canary_after_the_real_sum():
     """sigma = 0, twin optimizers: the audited one releases the twin's value plus the clipped
-    canary at every placed canary coordinate; the plan has no real-example count (ghost
-    clipping never sees the rows) and one micro-batch."""
+    canary at every placed canary coordinate; the plan counts the real examples (the length of
+    Opacus's per-sample norms) and one micro-batch."""
     a = make_private_setup(mode="ghost", sigma=0.0, lr=0.0)
     b = make_private_setup(mode="ghost", sigma=0.0, lr=0.0)
     inj = _injector(a)
@@ -66,7 +66,7 @@ def test_ghost_step_adds_the_clipped_canary_after_the_real_sum():
     assert read == recs and len(recs) == 3
     value = float(inj.strategy.canary_value(1.0, torch.zeros(())))
     for rec, va, vb in zip(recs, cap_a, cap_b):
-        assert rec.n_real is None and rec.micro_steps == 1 and rec.injected
+        assert rec.n_real == 20 and rec.micro_steps == 1 and rec.injected
         torch.testing.assert_close(va - vb, expected_presence(rec, inj.design) * value,
                                    atol=1e-5, rtol=0)
     assert inj.counters()["steps_injected"] == 3
@@ -136,8 +136,38 @@ def test_sharded_strategy_composed_on_a_layout():
     b.step(x, y)
     rec = inj.pop_plan()
     assert rec is not None and inj.steps_injected == 1
+    assert rec.n_real is None  # FSDP keeps the per-sample norms on the modules: not counted
     value = float(inj.strategy.canary_value(1.0, torch.zeros(())))
     torch.testing.assert_close(cap_a[0] - cap_b[0],
                                expected_presence(rec, inj.design) * value / 2,
                                atol=1e-5, rtol=0)
+    inj.detach()
+
+
+def test_real_examples_counted_over_micro_batches_and_empty_batches():
+    """The real-example count of a logical step is the sum over its micro-batches (as
+    BatchMemoryManager splits a Poisson batch) of the per-sample norms' length, 0 for an empty
+    batch; a micro-batch without norms to count (none computed) leaves the step uncounted."""
+    a = make_private_setup(mode="ghost", sigma=0.0, lr=0.0)
+    inj = _injector(a)
+    recs = []
+    inj.on_inject = recs.append
+    inj.attach()
+    x, y = next(a.batches(1, batch=20, seed=5))
+    a.optimizer.zero_grad()
+    a.criterion(a.model(x[:8]), y[:8]).backward()
+    a.optimizer.signal_skip_step(True)
+    a.optimizer.step()
+    assert not recs
+    a.optimizer.zero_grad()  # as BatchMemoryManager's loop: the summed gradient is kept
+    a.criterion(a.model(x[8:]), y[8:]).backward()
+    a.optimizer.step()
+    assert inj.pop_plan() is recs[-1] and recs[-1].n_real == 20 and recs[-1].micro_steps == 2
+    a.step(x[:0], y[:0])  # an empty Poisson batch: noise only
+    assert inj.pop_plan() is recs[-1] and recs[-1].n_real == 0
+    for p in a.optimizer.params:
+        p._norm_sample = None  # nothing to count
+    a.optimizer.zero_grad()
+    a.optimizer.step()
+    assert inj.pop_plan() is recs[-1] and recs[-1].n_real is None and len(recs) == 3
     inj.detach()

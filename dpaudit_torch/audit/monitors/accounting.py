@@ -26,6 +26,7 @@ import torch
 from ...contract import (
     ACCOUNTANT_HISTORY,
     EPSILON_OF_HISTORY,
+    N_REAL_NOT_OBSERVED,
     N_RECORDS,
     SAMPLE_RATE,
     StepRecord,
@@ -125,8 +126,7 @@ class AccountingMonitor(Monitor):
         # the intervals, Bonferroni over the two (total level alpha)
         q_ci = None
         if not self.examples_known:
-            not_run.append("sample rate: ghost clipping keeps no per-sample rows in the "
-                           "optimizer, so the real batch sizes are not observed")
+            not_run.append(f"sample rate: {N_REAL_NOT_OBSERVED}")
         elif self.n_records is None:
             not_run.append(f"sample rate: N is unknown ({self._n_reason})")
         elif self.releases:

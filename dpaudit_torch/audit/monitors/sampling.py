@@ -9,9 +9,9 @@ Under Poisson sampling the number of real examples of a logical step is n_t ~ Bi
 (anytime-valid), so fixed-size batches are decided within tens of steps; its e-process is
 averaged with the other monitors' in the decision.
 
-It needs N (the loader's dataset length) and the real batch sizes (per-sample clipping modes;
-ghost clipping keeps no per-sample rows in the optimizer): without them it says which and why,
-and does not bet.
+It needs N (the loader's dataset length) and the real batch sizes (the per-sample rows, or
+under ghost clipping the per-sample norms, of every micro-batch; not observed under ghost
+clipping on sharded parameters): without them it says which and why, and does not bet.
 """
 
 from __future__ import annotations
@@ -22,7 +22,7 @@ from typing import Any
 
 import numpy as np
 
-from ...contract import N_RECORDS, SAMPLE_RATE, StepRecord
+from ...contract import N_REAL_NOT_OBSERVED, N_RECORDS, SAMPLE_RATE, StepRecord
 from .base import (
     Contribution,
     Evidence,
@@ -79,8 +79,7 @@ class SamplingMonitor(Monitor):
             self._first = False
             if record.n_real is None and self.test is not None:
                 self.test = None
-                self.reason_off = ("ghost clipping keeps no per-sample rows in the optimizer, "
-                                   "so the real batch sizes are not observed")
+                self.reason_off = N_REAL_NOT_OBSERVED
         if self.test is not None:
             self._buffer.append((record.step, int(record.n_real or 0)))
             self._flags.append(record.finite)

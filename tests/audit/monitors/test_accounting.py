@@ -16,6 +16,7 @@ from dpaudit_torch.audit.monitors import AccountingMonitor
 from dpaudit_torch.contract import (
     ACCOUNTANT_HISTORY,
     EPSILON_OF_HISTORY,
+    N_REAL_NOT_OBSERVED,
     N_RECORDS,
     SAMPLE_RATE,
 )
@@ -47,7 +48,7 @@ def _monitor(facts: dict | None = None, **options: Any) -> AccountingMonitor:
 
 
 def _records(seed: int, steps: int = T, rate: float = Q, std: float = 1.0, sigma: float = 1.0,
-             ghost: bool = False, noise: bool = True, sumsq: bool = False,
+             uncounted: bool = False, noise: bool = True, sumsq: bool = False,
              finite: Any = True) -> list[StepRecord]:
     """Steps of a run whose real batches are Binomial(N, rate) and whose standardized noise has
     standard deviation ``std`` (1: the noise the optimizer claims)."""
@@ -60,7 +61,7 @@ def _records(seed: int, steps: int = T, rate: float = Q, std: float = 1.0, sigma
         out.append(StepRecord(
             step=t, values=v, x=v[:K], y=v[K:2 * K], coins=torch.tensor([True, False]),
             sigma=sigma, sigma_claimed=sigma,
-            n_real=None if ghost else int(rng.binomial(N, rate)),
+            n_real=None if uncounted else int(rng.binomial(N, rate)),
             noise=xi if noise else None,
             noise_sumsq=float((xi * xi).sum()) if sumsq else None,
             finite=finite() if callable(finite) else finite))
@@ -177,10 +178,9 @@ def test_without_the_dataset_size_the_rate_is_not_checked() -> None:
 
 
 def test_without_batch_sizes_or_noise_those_checks_are_not_run() -> None:
-    ghost = _run(ghost=True)
-    assert ghost.result["examples"] is None and not ghost.examples_known
-    assert _notes(ghost) == ["check not run: sample rate: ghost clipping keeps no per-sample "
-                             "rows in the optimizer, so the real batch sizes are not observed"]
+    uncounted = _run(uncounted=True)
+    assert uncounted.result["examples"] is None and not uncounted.examples_known
+    assert _notes(uncounted) == [f"check not run: sample rate: {N_REAL_NOT_OBSERVED}"]
     quiet = _run(noise=False)
     assert _notes(quiet) == ["check not run: noise multiplier: no noise was read (noise audit "
                              "off or no steps)"]

@@ -13,7 +13,7 @@ import torch
 from dpaudit_torch.audit import AuditConfig, MonitorContext, StepRecord, build_monitors
 from dpaudit_torch.audit.monitors import SamplingMonitor
 from dpaudit_torch.canaries import SecretCoins
-from dpaudit_torch.contract import N_RECORDS, SAMPLE_RATE
+from dpaudit_torch.contract import N_REAL_NOT_OBSERVED, N_RECORDS, SAMPLE_RATE
 from dpaudit_torch.stats.sampling import rate_interval
 
 K, M = 2, 4
@@ -178,11 +178,11 @@ def test_without_the_dataset_size_it_does_not_run_and_says_why() -> None:
 
 def test_without_batch_sizes_it_does_not_run_and_says_why() -> None:
     mon = _monitor()
-    mon.observe(_rec(1, None))  # ghost clipping: the adapter cannot count the real examples
+    mon.observe(_rec(1, None))  # sharded ghost clipping: no per-example count
     mon.observe(_rec(2, 32))
     assert mon.test is None and mon.advance() is None and mon.findings() == []
     sec = mon.contribution().section
-    assert sec["run"] is False and "ghost clipping" in sec["reason_not_run"]
+    assert sec["run"] is False and sec["reason_not_run"] == N_REAL_NOT_OBSERVED
 
 
 def test_state_round_trip_gives_the_same_later_results() -> None:
