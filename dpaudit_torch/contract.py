@@ -39,10 +39,11 @@ __all__ = ["StepRecord", "StepRefused", "Fact", "FactUnavailable", "FactSource",
 
 
 #: why a step record's ``n_real`` is None (the Opacus adapter counts the per-sample rows, or under
-#: ghost clipping the per-sample norms, of every micro-batch; sharded ghost clipping keeps the
-#: norms on the modules, where the adapter does not look, and another clipping may keep none)
+#: ghost clipping the per-sample norms, of every micro-batch: on the parameters, or under sharded
+#: ghost clipping on the wrapped model, which the audit then needs)
 N_REAL_NOT_OBSERVED = ("the real batch sizes were not observed (no per-sample norms on the "
-                       "optimizer's parameters: sharded ghost clipping keeps them on the modules)")
+                       "optimizer's parameters; sharded ghost clipping keeps them on the model: "
+                       "pass model=... to PrivacyAuditor)")
 
 
 @dataclass

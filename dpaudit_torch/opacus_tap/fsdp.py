@@ -306,7 +306,15 @@ class ShardedGradientReader(GradientReader):
             assert self._loc_noise is not None and plan.noise_real_sum is not None
             parts += [plan.noise_real_sum.to(real.device),
                       self._loc_noise.gather(grads, "gradient").to(real.device)]
+        if plan.n_real is not None:  # this rank's real examples (None on every rank or none)
+            parts.append(torch.tensor([float(plan.n_real)], dtype=real.dtype,
+                                      device=real.device))
         total = all_reduce_sum(torch.cat(parts), self.device)
+        if plan.n_real is not None:
+            # every rank of a data-parallel replica clipped the replica's batch: the sum over
+            # the world counts each replica's examples world / D times (FSDP: D = world, once)
+            layout = self.layout
+            plan.n_real = int(round(float(total[-1]) * layout.data_parallel / layout.world))
         n, off = self._loc.n, 0
         plan.real_sum, off = total[:n], n
         self._stash[id(self._coords)], off = total[off:off + n], off + n

@@ -7,7 +7,8 @@ backward), so after Opacus's accumulation the real examples' sum is read and the
 clipped* canary, ``raw * min(1, C / (raw + 1e-6))`` exactly as Opacus's flat clipping would
 produce it, is added to the summed gradient. Clipping is then not exercised. The real examples
 of each micro-batch are counted from the per-sample gradient norms Opacus computed for the
-clipping (``p._norm_sample``), for the sampling and accounting monitors. On sharded
+clipping (``p._norm_sample``; on sharded parameters the wrapped model's), for the sampling and
+accounting monitors. On sharded
 parameters (FSDP2, tensor parallelism) every rank adds the canaries whose coordinates its shard
 holds (:class:`~.fsdp.ShardedInjection`); otherwise rank 0 adds them all (DDP: the ranks' sums
 are all-reduced afterwards). On the CPU with compiled kernels the additions are one compiled
@@ -17,6 +18,7 @@ the gradient's dtype, as the torch path's ``index_add_`` per tensor).
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
@@ -82,6 +84,10 @@ class GhostInjection:
         # real examples since the last logical step (None: a micro-batch whose rows were not
         # seen), counted from the per-sample norms of the clipping (:meth:`_rows_now`)
         self._rows_pending: int | None = 0
+        #: the per-sample norms Opacus's wrapped model kept of its last backward pass, where
+        #: the model was handed to the audit (set by the tap): the count under sharded ghost
+        #: clipping, which keeps them on the modules, not on the parameters
+        self.model_norms: Callable[[], Any] | None = None
 
     def wrapper(self) -> Any:
         """Stands in front of the optimizer's ``accumulate``: Opacus accumulates the real
@@ -122,17 +128,17 @@ class GhostInjection:
         """The real examples of the micro-batch just accumulated: the length of the per-sample
         gradient norms Opacus's ghost clipping computed in the backward pass (``_norm_sample``
         of a trainable parameter, one entry per example; empty for an empty Poisson batch), a
-        shape, so no read of the device. None where no parameter has them (nothing to count),
-        and on sharded parameters: Opacus's FSDP clipping keeps the norms on the modules, not
-        on the parameters the optimizer holds (a rank under DDP counts its own examples; the
-        adapter sums the counts over the ranks)."""
-        if self.sharded is not None:
-            return None
-        for p in self.params:
-            ns = getattr(p, "_norm_sample", None)
-            if isinstance(ns, torch.Tensor):
-                return int(ns.shape[0]) if ns.dim() else None
-        return None
+        shape, so no read of the device. On sharded parameters (Opacus's FSDP clipping keeps the
+        norms on the modules) the wrapped model's norms of the pass (:attr:`model_norms`). None
+        where neither is there. A rank counts its own examples; under DDP the adapter, on
+        sharded parameters the sharded reader, sums the counts over the ranks."""
+        if self.sharded is None:
+            for p in self.params:
+                ns = getattr(p, "_norm_sample", None)
+                if isinstance(ns, torch.Tensor):
+                    return int(ns.shape[0]) if ns.dim() else None
+        ns = self.model_norms() if self.model_norms is not None else None
+        return int(ns.shape[0]) if isinstance(ns, torch.Tensor) and ns.dim() else None
 
     def _inject(self, rec: StepPlan) -> None:
         host = self._host

@@ -285,6 +285,11 @@ class OpacusTap:
                        canary_norm, device, layout=self.layout)
         inj.on_failure = on_failure
         inj.run_host = self.run_host
+        model = self.model
+        if model is not None and hasattr(inj.strategy, "model_norms"):
+            # ghost clipping: Opacus's wrapped model keeps the per-sample norms of its last
+            # backward pass (the real examples' count where the parameters carry none)
+            inj.strategy.model_norms = lambda: getattr(model, "_per_sample_gradient_norms", None)
         old = self.reader  # a rebuild (resume) keeps how the reader was set to read
         self.injector = inj
         finite = old.check_finite_every_step if old is not None else device.type == "cpu"

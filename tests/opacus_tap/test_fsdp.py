@@ -49,34 +49,22 @@ from torch import nn
 from torch.utils.data import DataLoader, TensorDataset
 
 from dpaudit_torch.audit import PrivacyAuditor, PrivacyViolationError
-from dpaudit_torch.contract import N_REAL_NOT_OBSERVED
 from dpaudit_torch.testing import bugs
 
 N, GLOBAL_BATCH, WORLD = 256, 32, 2
-#: the sampling monitor off: it needs the real batch sizes, which one process counts (from the
-#: parameters' per-sample norms) and FSDP does not (Opacus keeps them on the modules), and its
-#: evidence would enter one process's decision only
 CONFIG: dict[str, Any] = dict(k_pairs=8, m_canaries=40, check_every=2, claimed_every=4, seed=5,
-                              noise_coordinates_per_tensor=64, disable_monitors=("sampling",))
+                              noise_coordinates_per_tensor=64)
 #: (name, bug, steps, on_violation)
 RUNS = [("correct", None, 6, "stop"), ("no-noise", "no-noise", 6, "stop"),
         ("no-noise-raise", "no-noise", 6, "raise"), ("noise-halved-warn", "noise-halved", 6,
                                                      "warn")]
-UNCOUNTED_PATHS = ("audits.accounting.checks_not_run", "audits.accounting.examples",
-                   "audits.accounting.rate_estimate", "audits.accounting.rate_interval",
-                   "audits.accounting.recomputed_epsilon",
-                   "audits.accounting.recomputed_from.sample_rate")
 #: report paths that differ between FSDP and one process by construction (the world size, the
 #: optimizer class, the per-rank expected batch size, the sharding, who injects, how the seed
 #: reached every rank), or that are timestamps
 SHARDING_PATHS = ("training.world_size", "training.sharding", "training.optimizer",
                   "training.expected_batch_size", "audits.setup.expected_batch_size",
                   "created_at", "configuration.optimizer",
-                  "canaries.injecting_rank", "canaries.seed_policy", "seed_policy",
-                  # one process counts the real examples from the parameters' per-sample norms;
-                  # Opacus's FSDP clipping keeps them on the modules, so the sharded run does not
-                  # (asserted below), and the accounting's rate check runs in one process only
-                  *UNCOUNTED_PATHS)
+                  "canaries.injecting_rank", "canaries.seed_policy", "seed_policy")
 #: absolute tolerances of report values that count float32 coincidences: the share of noise
 #: values that happen to lie on a low-precision grid moves by a value or two when the summation
 #: order changes (a few in a thousand here, against the 99% a finding needs)
@@ -201,7 +189,8 @@ def _run(name: str, bug: str | None, steps: int, on_violation: str, rank: int, w
     engine, model, opt, dl, X, Y, crit = _build(sharded=world > 1)
     if bug:
         bugs.apply_bug(opt, bug)
-    aud = PrivacyAuditor(engine, opt, dl, on_violation=on_violation, **CONFIG)
+    # the model too: under FSDP the real examples are counted from its per-sample norms
+    aud = PrivacyAuditor(engine, opt, dl, on_violation=on_violation, model=model, **CONFIG)
     rows: list[int] = []
     aud.tap.injector.on_inject = lambda rec: rows.append(rec.n_rows)
     stops: list[bool] = []
@@ -435,10 +424,7 @@ def _free_port() -> int:
 
 
 def _monitors(report: dict[str, Any]) -> list[tuple[str, str]]:
-    """(monitor, level) of every finding, but FSDP's note that the batch sizes were not observed
-    (UNCOUNTED_PATHS)."""
-    return sorted((f["monitor"], f["level"]) for f in report["findings"]
-                  if N_REAL_NOT_OBSERVED not in f["message"])
+    return sorted((f["monitor"], f["level"]) for f in report["findings"])
 
 
 def _report_diff(a: Any, b: Any, path: str = "", tol: float = 1e-4) -> list[str]:
@@ -515,23 +501,12 @@ def test_fsdp_two_ranks_match_single_process(tmp_path):
             assert _monitors(a["report"]) == _monitors(single["report"]), name
         else:
             # the whole report equals one process's, number by number within the tolerance
-            # (but for FSDP's note that the batch sizes were not observed, and the accounting's
-            # words, which quote the epsilon recomputed with or without the rate interval:
-            # UNCOUNTED_PATHS)
-            rep_a, rep_1 = dict(a["report"]), dict(single["report"])
-            note = [f for f in rep_a["findings"] if N_REAL_NOT_OBSERVED in f["message"]]
-            assert [f["level"] for f in note] == ["note"], rep_a["findings"]
-            rep_a["findings"] = [f for f in rep_a["findings"] if f not in note]
-            for r in (rep_a, rep_1):
-                r["findings"] = [{k: v for k, v in f.items()
-                                  if f["monitor"] != "accounting" or k != "message"}
-                                 for f in r["findings"]]
-            diff = _report_diff(rep_a, rep_1)
+            diff = _report_diff(a["report"], single["report"])
             assert not diff, (name, diff[:10])
-            acc = a["report"]["audits"]["accounting"]
-            assert acc["examples"] is None
-            assert single["report"]["audits"]["accounting"]["examples"] > 0
-            assert acc["checks_not_run"] == [f"sample rate: {N_REAL_NOT_OBSERVED}"]
+            # the real examples counted on both sides (FSDP: the model's per-sample norms, summed
+            # over the ranks), so the sampling and accounting checks ran on both
+            audits = a["report"]["audits"]
+            assert audits["accounting"]["examples"] > 0 and audits["sampling"]["run"] is True
             for key in ("stops", "violation", "violation_step", "crossed_at", "verdict"):
                 assert a[key] == single[key], (name, key)
             for key in single["history"]:

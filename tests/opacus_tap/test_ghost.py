@@ -136,7 +136,12 @@ def test_sharded_strategy_composed_on_a_layout():
     b.step(x, y)
     rec = inj.pop_plan()
     assert rec is not None and inj.steps_injected == 1
-    assert rec.n_real is None  # FSDP keeps the per-sample norms on the modules: not counted
+    # FSDP keeps the per-sample norms on the model: without it nothing is counted, with it
+    # (the tap hands it over where the audit has the model) its norms of the pass are
+    assert rec.n_real is None
+    inj.strategy.model_norms = lambda: torch.ones(17)
+    a.step(x, y)
+    assert inj.pop_plan().n_real == 17
     value = float(inj.strategy.canary_value(1.0, torch.zeros(())))
     torch.testing.assert_close(cap_a[0] - cap_b[0],
                                expected_presence(rec, inj.design) * value / 2,

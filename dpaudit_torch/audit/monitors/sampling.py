@@ -10,8 +10,9 @@ Under Poisson sampling the number of real examples of a logical step is n_t ~ Bi
 averaged with the other monitors' in the decision.
 
 It needs N (the loader's dataset length) and the real batch sizes (the per-sample rows, or
-under ghost clipping the per-sample norms, of every micro-batch; not observed under ghost
-clipping on sharded parameters): without them it says which and why, and does not bet.
+under ghost clipping the per-sample norms, of every micro-batch; under sharded ghost clipping
+only where the model was handed to the audit): without them it says which and why, and does
+not bet.
 """
 
 from __future__ import annotations
