@@ -282,13 +282,15 @@ class CoordinateSet:
         """The tensor of each coordinate, in the tensor-major order (device)."""
         return self._index()[3]
 
-    def gather(self, tensors: list[torch.Tensor], numels: list[int], pack: bool) -> torch.Tensor:
-        """The set's coordinates of ``tensors`` (one per tensor of :attr:`which`, of
-        ``numels`` elements), tensor-major: :class:`~dpaudit_torch._gather.PackedGather`, built
-        once (``pack``: few device operations; else one take per tensor)."""
+    def gather(self, tensors: list[torch.Tensor], pack: bool,
+               numels: list[int]) -> torch.Tensor:
+        """The set's coordinates of ``tensors`` (one per tensor of :attr:`which`),
+        tensor-major: :class:`~dpaudit_torch._gather.PackedGather`, built at the first call
+        (``pack``: few device operations; else one take per tensor; ``numels``: every
+        parameter tensor's size, read then)."""
         hit = self._packed
         if hit is None or hit[0] != pack:
-            hit = (pack, PackedGather(self.flat, numels, pack))
+            hit = (pack, PackedGather(self.flat, [numels[i] for i in self.which], pack))
             self._packed = hit
         return hit[1](tensors)
 
@@ -411,7 +413,7 @@ class GradientReader:
                 raise ValueError(f"parameter tensor {i} has no {what} at the optimizer step; "
                                  f"the audit cannot observe it")
             tensors.append(g)
-        raw = cs.gather(tensors, [self._numels[i] for i in cs.which], self.pack_gathers)
+        raw = cs.gather(tensors, self.pack_gathers, self._numels)
         return (raw.to(self.device, torch.float64) * scale)[cs.perm]
 
     # ------------------------------------------------------------------ the two reads

@@ -306,6 +306,8 @@ class OpacusTap:
             self.reader = ShardedGradientReader(
                 self.params, design, device, finite, compiled, noise_coords, self.layout,
                 lambda p: summed_grad_of(opt, p))
+        if old is not None:
+            self.reader.pack_gathers = old.pack_gathers
         inj.read_real_sum = self.reader.snapshot
 
     @property

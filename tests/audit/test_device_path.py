@@ -178,3 +178,13 @@ def test_a_nonfinite_step_is_refused_at_the_check() -> None:
     # the steps up to the check were discarded; the next ones are buffered on the device again
     seq = aud.monitors["sequential_pairs"]
     assert seq.pending_steps == [CHECK_EVERY + 1, CHECK_EVERY + 2] and seq.pending_tensors()
+
+
+def test_a_resume_keeps_the_readers_packed_gathers() -> None:
+    """A checkpoint resume rebuilds the reader: it keeps how the reader was set to read
+    (packed gathers, as the finiteness check and the compiled pass)."""
+    aud, _ = _run("hooks", steps=3)
+    assert aud.tap.reader.pack_gathers is True
+    before = aud.tap.reader
+    aud.load_state_dict(aud.state_dict())
+    assert aud.tap.reader is not before and aud.tap.reader.pack_gathers is True
