@@ -15,14 +15,22 @@ computes nothing), so every statistic downstream is bit for bit the same; the te
 at most ``budget`` elements of device memory at a time.
 
 On the CPU, where a launch is a function call and the flattening a real copy of the model, the
-per-tensor takes are kept (``pack=False``); tests pack on the CPU to compare the two.
+per-tensor takes are kept (``pack=False``); tests pack on the CPU to compare the two. There
+:class:`HostGather` reads every tensor's coordinates with no dispatcher operation at all:
+NumPy views of the tensors (:func:`~dpaudit_torch._host_view.host_views`) and one compiled pass
+(:func:`take_columns`), so that the per-step work does not grow with the number of tensors
+(docs/auditor.md, "Cost").
 """
 
 from __future__ import annotations
 
+import numpy as np
 import torch
 
-__all__ = ["PackedGather", "DEFAULT_BUDGET"]
+from ._compiled import compiled, kernel
+from ._host_view import host_views
+
+__all__ = ["PackedGather", "HostGather", "DEFAULT_BUDGET", "take_columns"]
 
 #: elements per packed chunk (16 MiB of float32): a bound on the temporaries' memory
 DEFAULT_BUDGET = 1 << 22
@@ -118,3 +126,53 @@ class PackedGather:
                     pass
             parts.extend(torch.take(t, self.flat[j].to(t.device)) for j, t in zip(members, got))
         return torch.cat(parts) if len(parts) > 1 else parts[0]
+
+
+@kernel(nogil=True)
+def take_columns(dst: tuple, counts: np.ndarray, col_flat: np.ndarray, out: np.ndarray) -> None:
+    """``out[o] = dst[p][col_flat[o]]`` for the columns o of every tensor p (tensor p's
+    ``counts[p]`` columns follow those of the tensors before it), in float64 (exact for every
+    float dtype): one pass over many tensors' coordinates. The injector keeps so the values the
+    canaries' additions are about to change (to put them back bit for bit); the coverage watch
+    reads its sampled coordinates so."""
+    off = 0
+    for p in range(counts.shape[0]):
+        d = dst[p]
+        for j in range(counts[p]):
+            out[off + j] = float(d[col_flat[off + j]])
+        off += counts[p]
+
+
+class HostGather:
+    """Gathers ``flat[j]`` from the ``j``-th of a fixed list of CPU tensors, concatenated, in
+    float64, without a dispatcher operation: :func:`host_views` of the tensors and one
+    :func:`take_columns` pass (compiled mode), or one NumPy gather per tensor (Python mode,
+    where the kernel's loop would run in the interpreter). The values are those of one
+    ``take`` per tensor converted to float64 (exact). Returns None where the tensors have no
+    NumPy views (not all on the CPU, one float dtype, contiguous): the caller then gathers
+    with torch.
+
+    Args:
+        flat: per tensor, the flat (row-major) indices to read (int64, any device).
+    """
+
+    def __init__(self, flat: list[torch.Tensor]) -> None:
+        idx = [f.detach().to("cpu", torch.int64).numpy() for f in flat]
+        self.counts = np.asarray([a.shape[0] for a in idx], dtype=np.int64)
+        self.flat = (np.ascontiguousarray(np.concatenate(idx)) if idx
+                     else np.empty(0, dtype=np.int64))
+        self._bounds = np.concatenate([[0], np.cumsum(self.counts)]).tolist()
+        self._idx = idx
+
+    def __call__(self, tensors: list[torch.Tensor]) -> torch.Tensor | None:
+        views = host_views(tensors)
+        if views is None:
+            return None
+        out = np.empty(self.flat.shape[0], dtype=np.float64)
+        if compiled():
+            take_columns(views, self.counts, self.flat, out)
+        else:
+            b = self._bounds
+            for j, (v, ix) in enumerate(zip(views, self._idx)):
+                out[b[j]:b[j + 1]] = v[ix]
+        return torch.from_numpy(out)

@@ -14,6 +14,7 @@ import math
 import numpy as np
 
 from .._compiled import kernel
+from .._gather import take_columns
 
 __all__ = ["plan_step", "snapshot_step", "release_step", "add_columns", "add_joint", "take_columns",
            "write_rows", "clip_joint"]
@@ -234,19 +235,6 @@ def add_joint(dst: tuple, src: np.ndarray, counts: np.ndarray, col_flat: np.ndar
         d = dst[p]
         for j in range(counts[p]):
             d[col_flat[off + j]] += src[off + j]
-        off += counts[p]
-
-
-@kernel(nogil=True)
-def take_columns(dst: tuple, counts: np.ndarray, col_flat: np.ndarray, out: np.ndarray) -> None:
-    """``out[o] = dst[p][col_flat[o]]`` for the columns o of every tensor p (as
-    :func:`add_joint` walks them), in float64 (exact for every float dtype): the values the
-    canaries' additions are about to change, kept so that they can be put back bit for bit."""
-    off = 0
-    for p in range(counts.shape[0]):
-        d = dst[p]
-        for j in range(counts[p]):
-            out[off + j] = float(d[col_flat[off + j]])
         off += counts[p]
 
 

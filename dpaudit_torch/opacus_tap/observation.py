@@ -33,41 +33,13 @@ import torch
 from .._buffers import NUMPY_FLOAT_OF, host_copy, host_zeros
 from .._compiled import compiled as kernels_compiled
 from .._gather import PackedGather
+from .._host_view import host_views
 from ..canaries import CanaryDesign
 from ..contract import StepRecord
 from ._step_kernels import release_step, snapshot_step
 from .plan import StepPlan
 
 __all__ = ["GradientReader", "host_views"]
-
-#: gradient dtypes the compiled CPU path reads (NumPy has no bfloat16)
-_NUMPY_FLOATS = tuple(NUMPY_FLOAT_OF.values())
-
-
-def host_views(tensors: list[torch.Tensor | None]) -> tuple[np.ndarray, ...] | None:
-    """The flat NumPy views of ``tensors`` if a compiled pass can use them (CPU, one NumPy
-    float dtype, contiguous, none missing), else None. They share memory with the tensors, so a
-    kernel can also write through them. (One ``Tensor.numpy()`` per tensor, which refuses what
-    is not on the CPU or has no NumPy dtype, and NumPy's checks and reshape: far cheaper than
-    torch's attribute reads, detach and reshape right after a backward pass, when the caches
-    are cold.)"""
-    try:
-        arrs = [t.numpy() if not t.requires_grad else t.detach().numpy()  # type: ignore[union-attr]
-                for t in tensors]
-    except (AttributeError, TypeError, RuntimeError, NotImplementedError):
-        return None  # a missing tensor, not on the CPU, or no NumPy dtype (bfloat16)
-    if not arrs:
-        return ()
-    dt = arrs[0].dtype
-    if dt not in _NUMPY_FLOATS:
-        return None
-    out = []
-    for a in arrs:
-        if a.dtype != dt or not a.flags.c_contiguous:
-            return None
-        out.append(a.reshape(-1))
-    return tuple(out)
-
 
 class _HostBuffers:
     """The compiled CPU path's coordinates and output arrays, allocated once.

@@ -25,7 +25,7 @@ from typing import Any
 
 import torch
 
-from ..._gather import PackedGather
+from ..._gather import HostGather, PackedGather
 
 logger = logging.getLogger(__name__)
 
@@ -104,7 +104,10 @@ class _Group:
         self.sample_parts = list(by_sample.values())
         self.numels = [t.numel() for t in tensors]
         self.gathers: list[PackedGather] = []
-        self.set_pack(dev.type != "cpu" if pack is None else pack)
+        #: on the CPU, unpacked: per sampled part, its dispatch-free host gather
+        self.host: list[HostGather] | None = None
+        self._cpu = dev.type == "cpu"
+        self.set_pack(not self._cpu if pack is None else pack)
         seg = [j for part in self.norm_parts for j in part]
         seg += [j for part in self.sample_parts for j in part
                 for _ in range(int(self.take[j].numel()))]
@@ -121,12 +124,17 @@ class _Group:
         self.gathers = [PackedGather([self.take[j] for j in part],
                                      [self.numels[j] for j in part], pack)
                         for part in self.sample_parts]
+        self.host = ([HostGather([self.take[j] for j in part]) for part in self.sample_parts]
+                     if self._cpu and not pack else None)
 
     def fingerprint(self, tensors: list[torch.Tensor]) -> torch.Tensor:
         parts = [torch.stack(torch._foreach_norm([tensors[j] for j in part])).double()
                  for part in self.norm_parts]
-        for part, gather in zip(self.sample_parts, self.gathers):
-            parts.append(gather([tensors[j] for j in part]).double())
+        for k, (part, gather) in enumerate(zip(self.sample_parts, self.gathers)):
+            got = [tensors[j] for j in part]
+            # the CPU's dispatch-free read where the part has NumPy views, else torch's takes
+            read = None if self.host is None else self.host[k](got)
+            parts.append(gather(got).double() if read is None else read)
         return torch.cat(parts)
 
     def compare(self, now: torch.Tensor, before: torch.Tensor, step: int,
