@@ -1,8 +1,9 @@
 """Writes ``auditor_state_v2.pt`` and ``report_v2.json``: a checkpoint of a run audited by the
 release whose state layout is version 2 (one checkpoint entry per monitor, five monitors), and
 the report that run ends with when it goes on uninterrupted. Kept so that later releases are
-tested to resume it (tests/audit/test_checkpoint.py). Run from the repository root with that
-release installed: ``python tests/data/make_state_v2.py``."""
+tested to resume it (tests/audit/test_checkpoint.py, which compares the report's floats within
+the tolerances of tests/float_tolerance.py: another CPU computes them to other last digits). Run
+from the repository root with that release installed: ``python tests/data/make_state_v2.py``."""
 
 from __future__ import annotations
 
