@@ -44,6 +44,7 @@ import torch
 from ..canaries import CanaryDesign
 from .observation import CoordinateSet, GradientReader
 from .plan import StepPlan
+from .recovery import add_at
 
 logger = logging.getLogger(__name__)
 
@@ -383,6 +384,5 @@ class ShardedInjection:
             if rec.entry_weight is not None:  # spread canaries: 1 / sqrt(L) per coordinate
                 vals = vals * torch.from_numpy(rec.entry_weight[sel]).to(sg.device, sg.dtype)
             index = torch.from_numpy(local[sel]).to(sg.device)
-            if rec.added is not None:  # the values changed, kept to be put back on a failure
-                rec.added.keep(i, sg.view(-1), index)
-            sg.view(-1).index_add_(0, index, vals)
+            # the values changed kept first, to be put back on a failure
+            add_at(sg, index, vals, rec.added, i)

@@ -28,7 +28,7 @@ from .._compiled import compiled
 from ._step_kernels import add_joint
 from .errors import call_theirs
 from .plan import OPACUS_NORM_EPS, InjectionHost, StepPlan, StepPlanner, ends_logical_step
-from .recovery import Added
+from .recovery import Added, add_at
 
 if TYPE_CHECKING:
     from .fsdp import ShardedInjection, ShardLayout
@@ -167,8 +167,10 @@ class GhostInjection:
         w_sorted = (None if rec.entry_weight is None
                     else torch.from_numpy(rec.entry_weight[order]).to(self.device,
                                                                        non_blocking=True))
-        start = 0
-        for i, cnt in enumerate(counts.tolist()):
+        sizes = counts.tolist()
+        f_parts = flat_sorted.split(sizes)  # split once, not sliced per tensor
+        w_parts = None if w_sorted is None else w_sorted.split(sizes)
+        for i, cnt in enumerate(sizes):
             if not cnt:
                 continue
             p = self.params[i]
@@ -177,15 +179,11 @@ class GhostInjection:
                 sg = torch.zeros_like(p)
                 p.summed_grad = sg
                 rec.added.created(p)
-            f = flat_sorted[start:start + cnt]
-            if f.device != sg.device:
-                f = f.to(sg.device)
+            f = f_parts[i] if f_parts[i].device == sg.device else f_parts[i].to(sg.device)
             val = self.canary_value(rec.clip[i], sg).expand(cnt)
-            if w_sorted is not None:  # a spread canary: 1 / sqrt(L) of it per coordinate
-                val = val * w_sorted[start:start + cnt].to(device=sg.device, dtype=sg.dtype)
-            start += cnt
-            rec.added.keep(i, sg.view(-1), f)
-            sg.view(-1).index_add_(0, f, val)
+            if w_parts is not None:  # a spread canary: 1 / sqrt(L) of it per coordinate
+                val = val * w_parts[i].to(device=sg.device, dtype=sg.dtype)
+            add_at(sg, f, val, rec.added, i)
         host.finish_step(rec, True)
 
     def _add_compiled(self, rec: StepPlan, order: np.ndarray) -> bool:

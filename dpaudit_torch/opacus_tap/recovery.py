@@ -46,7 +46,7 @@ if TYPE_CHECKING:
 
 logger = logging.getLogger(__name__)
 
-__all__ = ["Added", "noise_state", "replayable", "take_out"]
+__all__ = ["Added", "add_at", "noise_state", "replayable", "take_out"]
 
 
 class Added:
@@ -71,9 +71,10 @@ class Added:
         self._host = (dst, counts, col_flat, old)
 
     @torch.no_grad()
-    def keep(self, i: int, flat: torch.Tensor, index: torch.Tensor) -> None:
-        """Before adding at ``index`` of ``flat``, the flat summed gradient of tensor ``i``."""
-        self._parts.append((i, flat, index, flat.index_select(0, index)))
+    def keep(self, i: int, target: torch.Tensor, index: torch.Tensor) -> None:
+        """Before adding at the flat (row-major) ``index`` of ``target``, the summed gradient
+        of tensor ``i``: one ``take``."""
+        self._parts.append((i, target, index, target.take(index)))
 
     def created(self, owner: Any) -> None:
         """``owner.summed_grad`` was created for the canaries (set back to None)."""
@@ -89,8 +90,8 @@ class Added:
                 if c:
                     dst[p][col_flat[off:off + c]] = old[off:off + c]
                 off += c
-        for _, flat, index, old in self._parts:
-            flat.index_copy_(0, index, old)
+        for _, target, index, old in self._parts:
+            target.put_(index, old)
         for owner in self._created:
             owner.summed_grad = None
 
@@ -107,6 +108,20 @@ class Added:
                 off += c
         out += [(i, index, old) for i, _, index, old in self._parts]
         return out
+
+
+@torch.no_grad()
+def add_at(target: torch.Tensor, index: torch.Tensor, values: torch.Tensor,
+           added: Added | None, i: int) -> None:
+    """``target`` (the summed gradient of tensor ``i``) plus ``values`` at its flat (row-major)
+    ``index``, the old values kept in ``added`` first: one ``take`` and one accumulating
+    ``put_`` on the tensor as it is (no flattening view, no copy where the dtypes agree), the
+    same additions in the same dtype as an ``index_add_`` into its flat view."""
+    if values.dtype != target.dtype:
+        values = values.to(target.dtype)
+    if added is not None:
+        added.keep(i, target, index)
+    target.put_(index, values, accumulate=True)
 
 
 def replayable(optimizer: Any) -> bool:

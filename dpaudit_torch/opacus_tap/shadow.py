@@ -26,6 +26,7 @@ from ._step_kernels import write_rows as write_rows_kernel
 from .forms import ClippingNotRunError
 from .observation import host_views
 from .plan import OPACUS_NORM_EPS, StepPlan, joint_norm_clipping
+from .recovery import add_at
 
 __all__ = ["ShadowClipper", "WrappedClipping", "REPLICA_CHECK_EVERY"]
 
@@ -410,14 +411,15 @@ class ShadowClipper:
 
     def _add_torch(self, adds: list[torch.Tensor | None], counts: np.ndarray,
                    col_flat: np.ndarray, added: Any = None) -> None:
-        """The clipped column sums of every tensor added to ``p.summed_grad`` (torch)."""
+        """The clipped column sums of every tensor added to ``p.summed_grad`` (torch): the
+        step's flat indices copied to the device and split once, then per tensor holding
+        canaries one ``put_`` (and, where ``added`` keeps the old values, one ``take``)."""
         flats = torch.from_numpy(col_flat)
         if flats.device != self.device:  # one small copy per step, not one per tensor
             flats = flats.to(self.device, non_blocking=True)
-        off = 0
+        parts = flats.split(counts.tolist())
         for i, (p, add) in enumerate(zip(self.params, adds)):
-            c = int(counts[i])
-            if not c:
+            if not counts[i]:
                 continue
             if add is None:
                 raise RuntimeError("the optimizer's clipping left no summed_grad on a canary "
@@ -428,12 +430,8 @@ class ShadowClipper:
                 p.summed_grad = sg
                 if added is not None:
                     added.created(p)
-            flat = flats[off:off + c]
-            off += c
-            target, index = sg.view(-1), flat if flat.device == sg.device else flat.to(sg.device)
-            if added is not None:
-                added.keep(i, target, index)
-            target.index_add_(0, index, add.reshape(-1).to(sg.dtype))
+            index = parts[i] if parts[i].device == sg.device else parts[i].to(sg.device)
+            add_at(sg, index, add, added, i)
 
     def _add_compiled(self, rec: StepPlan, adds: list[torch.Tensor], counts: np.ndarray,
                       col_flat: np.ndarray, joint: bool = False) -> bool:

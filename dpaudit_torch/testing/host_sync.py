@@ -43,9 +43,12 @@ import torch
 __all__ = ["HOST_READS", "HOST_SIDE", "HOST_SIDE_CALLS", "HostRead", "HostReadCounter",
            "force_device_path", "pack_gathers"]
 
-#: the ``torch.Tensor`` methods that read a value on the host (a synchronisation on a device)
+#: the ``torch.Tensor`` methods that read a value on the host (a synchronisation on a device),
+#: and ``data_ptr``: the address the package's NumPy views of CPU tensors are built from
+#: (:mod:`dpaudit_torch._host_view`, which never calls it on a device tensor), so that the
+#: CPU's host path, which reads the gradients through such views, is seen like ``numpy()``
 HOST_READS = ("item", "cpu", "tolist", "numpy", "__bool__", "__float__", "__int__",
-              "__index__")
+              "__index__", "data_ptr")
 
 #: (module path in the package, function) whose tensors are host tensors on every device: the
 #: blocks of uniforms drawn from the auditor's CPU generator (``StepPlanner``, every 65,536

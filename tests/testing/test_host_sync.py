@@ -30,6 +30,7 @@ def test_every_host_read_is_counted_and_the_methods_are_restored() -> None:
             float(t)
             int(t)
             _ = [0, 1][i]
+            t.data_ptr()
         t.item()  # no longer counting
     assert [r.method for r in reads] == list(HOST_READS)
     assert all(not r.host_side for r in reads)
