@@ -13,7 +13,13 @@ measured by timing its step pre-hook (observation + decisions) and its injection
 
     python benchmarks/overhead.py [--trials 3] [--reps 15] [--block 15] [--warmup 100]
                                   [--modes hooks,ghost] [--batches 64,256]
-                                  [--model small|cifar] [--fsdp] [--check-every 5,10,...]
+                                  [--model small|cifar|lora] [--fsdp] [--check-every 5,10,...]
+
+``--model lora``: the DP LoRA fine-tuning of ``examples/llm_lora_dp.py`` (its builders: a
+4-block GPT-2-style LM from a config, LoRA on c_attn/c_proj/c_fc, 32 trainable tensors, base
+frozen; sequences of 32 synthetic tokens, the per-sequence loss), e.g. ``--model lora
+--batches 32 --reps 6 --block 5 --warmup 20`` (a lighter run: its step at batch 32 takes two to
+three times the small CNN's at batch 64 on the CPU).
 
 ``--check-every``: the first mode and batch at each check interval, with the checks' own CPU
 time and a fit of the auditor's time per step and per check (section "overhead_check_every").
@@ -86,7 +92,44 @@ MODELS: dict[str, tuple[Any, tuple[int, ...]]] = {
 }
 
 
+#: --model lora: tokens per sequence
+LORA_SEQ_LEN = 32
+
+
+class _Pairs:
+    """The Poisson loader's dict batches as (input_ids, labels) pairs for :func:`run_block` (the
+    auditor is given the loader itself)."""
+
+    def __init__(self, loader: DataLoader) -> None:
+        self.loader = loader
+
+    def __iter__(self) -> Any:
+        return ((b["input_ids"], b["labels"]) for b in self.loader)
+
+
+def make_lora(mode: str, seed: int, n: int, batch: int) -> dict[str, Any]:
+    """The private setup of examples/llm_lora_dp.py (its own builders), RDP accountant."""
+    import importlib.util
+
+    path = Path(__file__).resolve().parent.parent / "examples" / "llm_lora_dp.py"
+    spec = importlib.util.spec_from_file_location("llm_lora_dp", path)
+    assert spec is not None and spec.loader is not None
+    ex = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(ex)
+    data = ex.token_dataset(n, LORA_SEQ_LEN, seed=seed)
+    engine, model, opt, dl, crit = ex.make_private_lora(
+        ex.build_model(seed=seed), data, batch_size=batch, grad_sample_mode=mode, lr=0.05,
+        accountant="rdp", seed=seed)
+    pairs = _Pairs(dl)
+    return {"engine": engine, "model": lambda ids: model(input_ids=ids).logits, "opt": opt,
+            "dl": dl, "batches": pairs, "it": iter(pairs),
+            "crit": lambda logits, ids: ex.causal_lm_loss(logits, ids, crit),
+            "n_params": sum(p.numel() for p in model.parameters())}
+
+
 def make(mode: str, seed: int, n: int, batch: int, model_name: str = "small") -> dict[str, Any]:
+    if model_name == "lora":
+        return make_lora(mode, seed, n, batch)
     torch.manual_seed(seed)
     g = torch.Generator().manual_seed(seed)
     ctor, shape = MODELS[model_name]
@@ -109,7 +152,7 @@ def run_block(s: dict[str, Any], steps: int) -> tuple[float, float, float]:
         try:
             x, y = next(s["it"])
         except StopIteration:
-            s["it"] = iter(s["dl"])
+            s["it"] = iter(s.get("batches", s["dl"]))
             x, y = next(s["it"])
         s["opt"].zero_grad()
         with warnings.catch_warnings():
@@ -446,9 +489,10 @@ def main() -> None:
     ap.add_argument("--modes", default="hooks,ghost")
     ap.add_argument("--n", type=int, default=6400)
     ap.add_argument("--batches", default="64,256", help="expected batch sizes")
-    ap.add_argument("--model", default="small", choices=sorted(MODELS),
+    ap.add_argument("--model", default="small", choices=sorted([*MODELS, "lora"]),
                     help="small: the 2-conv CNN on 28x28 inputs (the hard case: the smallest "
-                         "step); cifar: the CNN of Opacus's CIFAR-10 example on 32x32x3 inputs")
+                         "step); cifar: the CNN of Opacus's CIFAR-10 example on 32x32x3 inputs; "
+                         "lora: examples/llm_lora_dp.py's GPT-2-style LM with LoRA adapters")
     ap.add_argument("--no-write", action="store_true")
     ap.add_argument("--fsdp", action="store_true",
                     help="FSDP2 + ghost_fsdp over 2 CPU processes (first of --batches, global)")
@@ -519,10 +563,13 @@ def main() -> None:
              else f"## Overhead of the auditor, {args.model} model (benchmarks/overhead.py "
                   f"--model {args.model})\n\n")
             + f"Command: `{command()}`  \nMachine: {machine()}\n\n"
-            + ("Small CNN (2 conv + 2 linear), synthetic 28x28 inputs"
-               if args.model == "small" else
-               "The CNN of Opacus's CIFAR-10 example (4 conv + 1 linear), synthetic 32x32x3 "
-               "inputs") + ", sigma 1, C 1, expected batch "
+            + {"small": "Small CNN (2 conv + 2 linear), synthetic 28x28 inputs",
+               "cifar": "The CNN of Opacus's CIFAR-10 example (4 conv + 1 linear), synthetic "
+                        "32x32x3 inputs",
+               "lora": "examples/llm_lora_dp.py's DP LoRA fine-tuning (4-block GPT-2-style LM "
+                       "from a config, LoRA rank 4 on c_attn/c_proj/c_fc: 32 trainable tensors, "
+                       f"base frozen), {LORA_SEQ_LEN} synthetic tokens per sequence, "
+                       "per-sequence loss"}[args.model] + ", sigma 1, C 1, expected batch "
             + f"{args.batches} (Poisson, n = {args.n}), one thread; auditor with default settings "
             "(every monitor: 16 canary pairs, each a spread canary over 4 tensors, the default "
             "one-run canaries, canary norm 25, both sequential tests, the noise audit at up to "
