@@ -39,6 +39,14 @@ What it checks, on CUDA:
 3. **Detection**: the ``no-noise`` and ``noise-halved`` bugs (``dpaudit_torch.testing.bugs``)
    are proven at the first check (step ``check_every``), on both models and modes at the first
    batch size.
+4. **Tester placement** (``tester_placement``, ``dpaudit_torch/audit/placement.py``): the
+   sequential monitor fed the same seeded pairs (a correct stream, sigma 1) with its testers on
+   the host (the check's one transfer brings the pairs) and on CUDA (fed the device tensors),
+   at ``check_every`` 5 and 50 with 16 and 64 pairs per step (``k_pairs``): the same log
+   e-values (within 1e-9), decision and bound (hard), and the check's median time and host
+   synchronisations for each placement (reported). The faster placement of each setting is
+   printed as the entries of ``MEASURED_PLACEMENTS``, the table ``tester_placement="auto"``
+   reads (copy them there to re-derive the rule; a few seconds of the budget).
 
 Exit code 0 when every hard check holds (1 and 3, no synchronisation between checks and at
 most 1 per check: a check copies everything buffered on the device since the last one to the
@@ -48,7 +56,9 @@ device" and exits 0.
 ``--smoke`` runs the same code on the CPU at tiny sizes and writes nothing (about 20 s;
 tests/test_gpu_check.py runs it): batch 8, check_every 2, 200 one-run canaries, a few steps,
 data sets of 64 images, and a WideResNet-10-1 in place of the larger model, whose builder it
-checks with one unaudited DP-SGD step per mode (a ResNet-18 step takes seconds on a CPU).
+checks with one unaudited DP-SGD step per mode (a ResNet-18 step takes seconds on a CPU);
+the placement part runs at check_every 2 and 5 with 4 pairs per step, the "device"
+placement's testers running their accelerator code on the CPU (``TESTER_DEVICE_CODE``).
 "CUDA" is then the accelerator's code path forced on the CPU (the testers' torch code,
 ``force_torch`` / ``force_vectorised``; the monitors fed device flags; the auditor through
 ``dpaudit_torch.testing.host_sync.force_device_path``), and the synchronisation count is the CPU
@@ -87,14 +97,14 @@ from _common import (  # noqa: E402
 )
 
 ROOT = Path(__file__).resolve().parent.parent
+from dpaudit_torch.testing.host_sync import TESTER_DEVICE_CODE  # noqa: E402
 
 #: tolerances of the CUDA = CPU comparisons (float64)
 TOL_WEALTH = 1e-9  # absolute, on a tester's log-wealth after each pair
 TOL_MONITOR = 1e-12  # absolute, on the noise and sampling monitors' log e-values
 TOL_SCORES = 1e-9  # relative, on the one-run scores
 #: per tester: the options that make it run, on the CPU, the code an accelerator runs (--smoke)
-DEVICE_PATH_OPTIONS: dict[str, dict[str, Any]] = {"mmd": {"force_torch": True},
-                                                  "hockey_stick": {"force_vectorised": True}}
+DEVICE_PATH_OPTIONS: dict[str, dict[str, Any]] = TESTER_DEVICE_CODE
 BUGS = ("no-noise", "noise-halved")
 HEADERS = ["check", "setting", "measured", "criterion", "met"]
 
@@ -114,12 +124,17 @@ class Sizes:
     stat_steps: int  # steps of pairs / records for the statistics comparison
     stat_k: int  # pairs per step there
     m_canaries: int | None  # the auditor's one-run canaries (None: its default)
+    placement_every: tuple[int, ...]  # check periods of the tester-placement timing
+    placement_k: tuple[int, ...]  # pairs per step (k_pairs) there
+    placement_checks: int  # checks per setting: 1 warm-up, 1 counted, the rest timed
 
 
 GPU = Sizes(batches=(256, 1024), n_images=8192, check_every=5, warmup=3, mem_steps=5,
-            counted=15, reps=3, block=10, stat_steps=60, stat_k=16, m_canaries=None)
+            counted=15, reps=3, block=10, stat_steps=60, stat_k=16, m_canaries=None,
+            placement_every=(5, 50), placement_k=(16, 64), placement_checks=10)
 SMOKE = Sizes(batches=(8,), n_images=64, check_every=2, warmup=1, mem_steps=1, counted=6,
-              reps=1, block=1, stat_steps=20, stat_k=8, m_canaries=200)
+              reps=1, block=1, stat_steps=20, stat_k=8, m_canaries=200,
+              placement_every=(2, 5), placement_k=(4,), placement_checks=3)
 #: --smoke trains this small WideResNet in place of the larger model
 SMOKE_STAND_IN = "wrn10-1"
 
@@ -330,6 +345,98 @@ def check_monitors(device: torch.device, smoke: bool, sz: Sizes) -> list[Row]:
                     f"{sz.stat_steps} steps, {m} canaries, sum and likelihood-ratio scores",
                     f"max relative diff {rel:.2e}", f"<= {TOL_SCORES:g}",
                     _yes(rel <= TOL_SCORES)))
+    return rows
+
+
+# ------------------------------------------------------------------------------ tester placement
+def _pair_records(device: torch.device, steps: int, k: int) -> list[Any]:
+    """Step records of a correct per-step Gaussian mechanism (sigma 1) on ``device``, with
+    finiteness as a device flag (the accelerator's form)."""
+    from dpaudit_torch.contract import StepRecord
+
+    x, y = _pair_stream(steps, k, 1.0, seed=13)
+    coins = torch.ones(k, dtype=torch.bool, device=device)
+    return [StepRecord(step=t + 1, values=torch.cat((x[t], y[t])).to(device), x=x[t].to(device),
+                       y=y[t].to(device), coins=coins, sigma=1.0, sigma_claimed=1.0,
+                       finite=torch.tensor(True, device=device)) for t in range(steps)]
+
+
+def _time_placement(placement: str, device: torch.device, smoke: bool, every: int, k: int,
+                    sz: Sizes, counter: SyncCounter) -> dict[str, Any]:
+    """The sequential monitor with its testers at ``placement``, fed the same records: its
+    check (the engine's transfer of what it buffered, then ``advance``) timed after one
+    warm-up check and one counted check (host synchronisations, or host reads in --smoke)."""
+    from dpaudit_torch.audit import AuditConfig, MonitorContext
+    from dpaudit_torch.audit.monitors import SequentialPairsMonitor
+    from dpaudit_torch.contract import NOISE_MULTIPLIER
+
+    cfg = AuditConfig(k_pairs=k, m_canaries=0, check_every=every, tester_placement=placement)
+    ctx = MonitorContext(config=cfg, k_pairs=k, m_canaries=0, device=device,
+                         warn=lambda _m: None, facts={NOISE_MULTIPLIER: 1.0})
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        mon = SequentialPairsMonitor(ctx)
+    if smoke:  # the testers' accelerator code, on the CPU (force_device_path does this)
+        mon.force_device_code(TESTER_DEVICE_CODE)
+    records = _pair_records(device, every * sz.placement_checks, k)
+    log_e: list[np.ndarray] = []
+
+    def check() -> None:
+        mon.fetch_pending()  # the engine's one transfer (flags; with the testers on the
+        ev = mon.advance()  # host, the pairs too), then the testers
+        if ev is not None:
+            log_e.append(np.asarray(ev.log_e, dtype=np.float64))
+
+    times: list[float] = []
+    reads = 0
+    for c in range(sz.placement_checks):
+        for rec in records[c * every:(c + 1) * every]:
+            mon.observe(rec)
+        if c == 1:
+            reads = len(counter.run(check))
+            continue
+        _sync(device)
+        t0 = time.perf_counter()
+        check()
+        _sync(device)
+        if c:
+            times.append(time.perf_counter() - t0)
+    return {"time": statistics.median(times), "reads": reads, "log_e": np.concatenate(log_e),
+            "bound": mon.sequential_bound(), "max": mon.max_log_wealth,
+            "rejected": {n: t.rejected_at for n, t in mon.segment.testers.items()},
+            "where": mon.report_section()["sequential"]["tester_placement"]}
+
+
+def check_placement(device: torch.device, smoke: bool, sz: Sizes, counter: SyncCounter,
+                    measured: dict[tuple[str, int, int], str]) -> list[Row]:
+    """Where the sequential testers are fastest (``tester_placement``,
+    ``dpaudit_torch/audit/placement.py``): their check with the testers on the host and on the
+    device side by side, at each check period and pairs per step, with the same numbers either
+    way; ``measured`` gets the faster placement of each setting (the rule's table)."""
+    rows = []
+    for every in sz.placement_every:
+        for k in sz.placement_k:
+            r = {p: _time_placement(p, device, smoke, every, k, sz, counter)
+                 for p in ("host", "device")}
+            h, d = r["host"], r["device"]
+            setting = f"check_every {every}, {k} pairs per step ({every * k} pairs per check)"
+            diff = float(np.max(np.abs(h["log_e"] - d["log_e"])))
+            same = (h["rejected"] == d["rejected"] and abs(h["bound"] - d["bound"]) <= TOL_WEALTH
+                    and abs(h["max"] - d["max"]) <= TOL_WEALTH)
+            rows.append(Row(
+                "tester placement: device = host", setting,
+                f"max abs diff of log e-values {diff:.2e}; rejected at {d['rejected']} / "
+                f"{h['rejected']}; testers ran on {d['where']['device']} / "
+                f"{h['where']['device']}", f"<= {TOL_WEALTH:g}, same decision and bound",
+                _yes(diff <= TOL_WEALTH and same)))
+            faster = "device" if d["time"] < h["time"] else "host"
+            measured[(device.type, every, k)] = faster
+            what = "host reads of tensors" if smoke else "host synchronisations"
+            rows.append(Row(
+                "tester placement: time per check, host / device", setting,
+                f"{1e3 * h['time']:.3f} / {1e3 * d['time']:.3f} ms (median of "
+                f"{sz.placement_checks - 2} checks); faster: {faster}; {what} per check "
+                f"{h['reads']} / {d['reads']}", "reported", "-", hard=False))
     return rows
 
 
@@ -655,12 +762,15 @@ def main(argv: list[str] | None = None) -> int:
     deadline = None if args.smoke else time.monotonic() + args.budget_s
     counter = SyncCounter(device)
     rows: list[Row] = []
+    measured: dict[tuple[str, int, int], str] = {}  # the tester placement's table
     t_start = time.perf_counter()
     try:
         _guarded(rows, "statistics: testers", device.type,
                  lambda: check_testers(device, args.smoke, sz), deadline)
         _guarded(rows, "statistics: monitors", device.type,
                  lambda: check_monitors(device, args.smoke, sz), deadline)
+        _guarded(rows, "tester placement", device.type,
+                 lambda: check_placement(device, args.smoke, sz, counter, measured), deadline)
         if args.smoke:
             _guarded(rows, "model", args.model,
                      lambda: check_model(args.model, modes, device, sz), deadline)
@@ -682,6 +792,9 @@ def main(argv: list[str] | None = None) -> int:
     table = markdown_table(HEADERS, [r.cells() for r in rows])
     failed = [r for r in rows if r.hard and not r.met.startswith("yes")]
     print(table)
+    if measured:  # the stored rule's table (dpaudit_torch/audit/placement.py)
+        print("MEASURED_PLACEMENTS entries (dpaudit_torch/audit/placement.py): "
+              + ", ".join(f"{key!r}: {p!r}" for key, p in sorted(measured.items())))
     print(f"{len(rows) - len(failed)} of {len(rows)} rows pass ({elapsed:.0f} s)"
           + ("" if not failed else "; failing: " + "; ".join(
               f"{r.check} [{r.setting}]" for r in failed)))
@@ -700,7 +813,14 @@ def main(argv: list[str] | None = None) -> int:
             "synchronisations inside optimizer.step() at each of its first "
             f"{sz.counted} audited steps (torch.cuda.set_sync_debug_mode(\"warn\")), step "
             "time and peak memory against the unaudited step; the no-noise and noise-halved "
-            f"bugs proven at the first check. Total {elapsed:.0f} s.\n\n" + table + "\n")
+            f"bugs proven at the first check; the sequential testers' check with the testers on "
+            f"the host and on the device (tester_placement) side by side at check_every "
+            f"{', '.join(map(str, sz.placement_every))} with "
+            f"{', '.join(map(str, sz.placement_k))} pairs per step (the same numbers either "
+            f"way; the faster one per setting is the table of "
+            f"dpaudit_torch/audit/placement.py, which tester_placement=\"auto\" reads: "
+            + ", ".join(f"{key!r}: {p!r}" for key, p in sorted(measured.items()))
+            + f"). Total {elapsed:.0f} s.\n\n" + table + "\n")
         write_section("gpu_check", body)
     return 1 if failed else 0
 

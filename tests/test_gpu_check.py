@@ -52,6 +52,16 @@ def test_smoke_runs_the_whole_logic_on_the_cpu() -> None:
     assert sorted({r[0] for r in detections}) == ["detection: no-noise",
                                                   "detection: noise-halved"]
     assert len(detections) == 4 and all("violation at step 2" in r[2] for r in detections)
+    # the tester placement: host and device side by side, the same numbers, per setting
+    same = [r for r in rows if r[0] == "tester placement: device = host"]
+    timed = [r for r in rows if r[0] == "tester placement: time per check, host / device"]
+    settings = ["check_every 2, 4 pairs per step (8 pairs per check)",
+                "check_every 5, 4 pairs per step (20 pairs per check)"]
+    assert [r[1] for r in same] == [r[1] for r in timed] == settings
+    assert all(r[4] == "yes" and "testers ran on cpu / cpu" in r[2] for r in same)
+    assert all("faster: " in r[2] and r[4] == "-" for r in timed)
+    entries = [ln for ln in out.stdout.splitlines() if ln.startswith("MEASURED_PLACEMENTS")]
+    assert len(entries) == 1 and "('cpu', 2, 4): " in entries[0]
     assert all(r[4] in ("yes", "-") for r in rows), [r for r in rows if r[4] not in ("yes", "-")]
     assert f"{len(rows)} of {len(rows)} rows pass" in out.stdout
     assert (DOC.read_bytes() if DOC.exists() else None) == before  # nothing written

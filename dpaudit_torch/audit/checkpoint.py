@@ -27,13 +27,14 @@ e-process over the same monitors. Each case gets a note in the report's warnings
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 from typing import TYPE_CHECKING, Any
 
 from ..canaries import CanaryDesign, SecretCoins
 from .config import DEFAULT_NOISE_COORDINATES_TOTAL, AuditConfig
 from .engine import AuditEngine
-from .monitors import build_monitors
+from .monitors import Monitor, build_monitors
 
 if TYPE_CHECKING:  # pragma: no cover
     from .auditor import PrivacyAuditor
@@ -112,6 +113,27 @@ def _config_of_state(cfg: AuditConfig, theirs: dict[str, Any]) -> AuditConfig:
     return cfg
 
 
+def _settings_of_state(theirs: dict[str, Any], m: Monitor) -> dict[str, Any]:
+    """A checkpoint's settings of monitor ``m`` as this auditor compares them with its own: a
+    setting the checkpoint lacks (written before the setting existed, e.g. the sequential
+    monitor's ``tester_placement``) is taken as this auditor's where this auditor has the
+    setting's default, so that a new setting does not orphan the checkpoints of an earlier
+    release; one set to another value is compared as any other."""
+    out = dict(theirs)
+    for f in dataclasses.fields(m.settings):
+        if f.name in out:
+            continue
+        if f.default is not dataclasses.MISSING:
+            default = f.default
+        elif f.default_factory is not dataclasses.MISSING:
+            default = f.default_factory()
+        else:
+            continue
+        if getattr(m.settings, f.name) == default:
+            out[f.name] = m.settings.to_dict()[f.name]
+    return out
+
+
 def load_state(aud: PrivacyAuditor, sd: dict[str, Any]) -> None:
     """Resume ``aud`` from ``sd``: validates and builds everything first (an error leaves the
     auditor as it was), then swaps the parts in."""
@@ -145,7 +167,8 @@ def load_state(aud: PrivacyAuditor, sd: dict[str, Any]) -> None:
         for name, m in monitors.items():
             if name not in saved:
                 continue
-            if name in settings and settings[name] != m.settings.to_dict():
+            if name in settings and _settings_of_state(settings[name], m) != \
+                    m.settings.to_dict():
                 raise ValueError(f"PrivacyAuditor state_dict: monitor {name!r} was run with "
                                  f"settings {settings[name]}, this auditor's are "
                                  f"{m.settings.to_dict()}")

@@ -21,7 +21,7 @@ from ..registry import TESTERS
 
 __all__ = ["AuditConfig", "ON_VIOLATION", "ON_NONFINITE", "ON_INTERNAL_ERROR",
            "DEFAULT_TEST_OPTIONS", "DEFAULT_NULL_GRID", "DEFAULT_M_CANARIES", "default_m_canaries",
-           "DEFAULT_NOISE_COORDINATES_TOTAL"]
+           "DEFAULT_NOISE_COORDINATES_TOTAL", "TESTER_PLACEMENTS"]
 
 #: what the auditor does once a violation is proven
 ON_VIOLATION = ("stop", "raise", "warn")
@@ -31,6 +31,12 @@ ON_NONFINITE = ("raise", "skip")
 #: "Faults"): detach and let the step go on exactly as without the auditor, or detach and raise
 #: before the step's update
 ON_INTERNAL_ERROR = ("continue", "raise")
+#: where the sequential testers the hook feeds run (docs/auditor.md, "On a GPU"): "host" (on the
+#: CPU, fed the check's one host copy of the pairs), "device" (on the audit's device, fed the
+#: buffered device tensors; on a CPU-only run the same as "host"), or "auto" (the stored rule of
+#: :func:`dpaudit_torch.audit.placement.auto_placement`, by device type, ``check_every`` and
+#: ``k_pairs``)
+TESTER_PLACEMENTS = ("auto", "host", "device")
 
 #: one-run canaries by default, where the model has room (see :func:`default_m_canaries`). The
 #: white-box bound has no ceiling below its noise-free value and tightens as 1 / sqrt(m): in the
@@ -122,9 +128,11 @@ class AuditConfig:
     """The settings of one audit (see :class:`~dpaudit_torch.audit.auditor.PrivacyAuditor` for
     the meaning of each). Validated at construction: TypeError / ValueError naming the value.
 
-    ``seed``, ``device`` and ``compiled_kernels`` are part of the configuration but not of
-    :meth:`fingerprint` (a resumed audit takes its streams from the checkpoint and may live on
-    another device; the kernels' implementation never changes a result), and neither is the set
+    ``seed``, ``device``, ``compiled_kernels`` and ``tester_placement`` are part of the
+    configuration but not of :meth:`fingerprint` (a resumed audit takes its streams from the
+    checkpoint and may live on another device; the kernels' implementation and the testers'
+    placement never change a result; the placement is one of the sequential monitor's settings,
+    which a checkpoint stores and a resume compares), and neither is the set
     of monitors (``monitors``: None for every default one, or the names to run;
     ``disable_monitors``; ``monitor_options``: per monitor name, its own settings): a checkpoint
     resumes the monitors both sets share, each checked against its own settings, and starts the
@@ -164,6 +172,7 @@ class AuditConfig:
     monitor_options: dict[str, dict[str, Any]] = field(default_factory=dict)
     model_name: str | None = None
     dataset_name: str | None = None
+    tester_placement: str = "auto"
 
     def __post_init__(self) -> None:
         put = object.__setattr__  # frozen: normalise the values once, here
@@ -204,6 +213,9 @@ class AuditConfig:
         if self.on_internal_error not in ON_INTERNAL_ERROR:
             raise ValueError(f"on_internal_error must be one of {ON_INTERNAL_ERROR}, got "
                              f"{self.on_internal_error!r}")
+        if self.tester_placement not in TESTER_PLACEMENTS:
+            raise ValueError(f"tester_placement must be one of {TESTER_PLACEMENTS}, got "
+                             f"{self.tester_placement!r}")
         if self.seed is not None and (isinstance(self.seed, bool)
                                       or not isinstance(self.seed, int)):
             raise TypeError(f"seed must be an int or None, got {self.seed!r}")
@@ -332,5 +344,6 @@ class AuditConfig:
             "disable_monitors": list(self.disable_monitors),
             "monitor_options": {k: dict(v) for k, v in self.monitor_options.items()},
             "model_name": self.model_name, "dataset_name": self.dataset_name,
+            "tester_placement": self.tester_placement,
         }
 

@@ -71,7 +71,7 @@ def sequential_section(v: ReportView) -> str:
         )
     others = {k: val for k, val in seq.items()
               if k not in ("tests", "combined_log_wealth", "decision_threshold_log",
-                           "per_step_null")}
+                           "per_step_null", "tester_placement")}
     extra = (
         f"<details><summary>Other sequential settings</summary>{generic(others)}</details>"
         if others else ""
@@ -84,8 +84,24 @@ def sequential_section(v: ReportView) -> str:
     counts = f'<p id="pair-counts">Canary pairs: {pairs}</p>' if pairs and rows else ""
     return (
         '<section id="sequential"><h2>Sequential tests (during training)</h2>'
-        f"<p>{v.per_step_null_text()}</p>{decision}{table}{counts}{extra}{full}</section>"
+        f"<p>{v.per_step_null_text()}</p>{decision}{table}{counts}"
+        f"{_placement(seq.get('tester_placement'))}{extra}{full}</section>"
     )
+
+
+def _placement(p: object) -> str:
+    """Where the sequential testers ran (``sequential.tester_placement``), in one sentence;
+    nothing for a report that does not record it."""
+    if not isinstance(p, dict) or not isinstance(p.get("device"), str):
+        return ""
+    how = {"host": "on the host, fed the check's one copy of the pairs",
+           "device": "on the audit's device, fed its tensors"}.get(str(p.get("placement")), "")
+    setting = p.get("setting")
+    reason = p.get("reason")
+    return (f'<p id="tester-placement">The sequential tests ran on <code>{esc(p["device"])}'
+            f"</code>{' (' + esc(how) + ')' if how else ''}; setting "
+            f"<code>tester_placement={esc(repr(setting))}</code>"
+            f"{': ' + esc(str(reason)) if reason else ''}.</p>")
 
 
 def plots_section(v: ReportView) -> str:

@@ -21,8 +21,9 @@ on CUDA too), which are no-ops on the CPU; the auditor's step path makes its cop
 ``non_blocking``, and ``benchmarks/gpu_check.py`` counts every synchronisation on a GPU. Calls on
 tensors that are host tensors on every device are recorded with ``host_side=True``: the uniforms
 of the auditor's own CPU generator (:data:`HOST_SIDE`), and everything done inside the calls of
-:data:`HOST_SIDE_CALLS` (the sequential testers the hook feeds: built on the host on every
-device, and fed the check's host copies).
+:data:`HOST_SIDE_CALLS` (the sequential testers the hook feeds with ``tester_placement`` on the
+host: built on the host on every device, and fed the check's host copies; with the testers on
+the device their reads are counted as the device's).
 
 Used by tests/audit/test_device_path.py and ``benchmarks/gpu_check.py --smoke``.
 """
@@ -41,7 +42,7 @@ from typing import Any
 import torch
 
 __all__ = ["HOST_READS", "HOST_SIDE", "HOST_SIDE_CALLS", "HostRead", "HostReadCounter",
-           "force_device_path", "pack_gathers"]
+           "TESTER_DEVICE_CODE", "force_device_path", "pack_gathers"]
 
 #: the ``torch.Tensor`` methods that read a value on the host (a synchronisation on a device),
 #: and ``data_ptr``: the address the package's NumPy views of CPU tensors are built from
@@ -57,9 +58,14 @@ HOST_SIDE = frozenset({("opacus_tap/plan.py", "_uniforms"),
                        ("opacus_tap/plan.py", "_more_uniforms")})
 
 #: (module path in the package, function) inside whose calls every tensor is a host tensor on
-#: every device: the monitor's feed of the hook's sequential testers (built with
-#: ``device="cpu"``, fed host tensors made from the check's one host copy)
-HOST_SIDE_CALLS = frozenset({("audit/monitors/sequential_pairs.py", "_feed")})
+#: every device: the monitor's feed of the hook's sequential testers placed on the host (built
+#: with ``device="cpu"``, fed host tensors made from the check's one host copy)
+HOST_SIDE_CALLS = frozenset({("audit/monitors/sequential_pairs.py", "_feed_host")})
+
+#: per sequential tester: the options that make it run, on the CPU, the code an accelerator runs
+#: (its torch code instead of the compiled host passes; the same statistics within 1e-9)
+TESTER_DEVICE_CODE: dict[str, dict[str, Any]] = {"mmd": {"force_torch": True},
+                                                 "hockey_stick": {"force_vectorised": True}}
 
 _PACKAGE = Path(__file__).resolve().parent.parent
 _TORCH = Path(torch.__file__).resolve().parent
@@ -186,6 +192,9 @@ def force_device_path(auditor: Any) -> None:
       summed gradient by torch (the shadow's ``replica_clip``, ``host_rows`` and
       ``compiled_add`` switched off; ghost clipping: the strategy's ``compiled_add``);
     * monitors with a ``host_rows`` switch (the noise monitor) keep their rows as tensor copies;
+    * monitors with a ``force_device_code`` method (the sequential pairs) build testers placed
+      on the device (``tester_placement="device"``) with :data:`TESTER_DEVICE_CODE`, the torch
+      code an accelerator runs (testers placed on the host keep their host code, as there);
     * so, with the reader's records, every monitor keeps device tensors until the check, whose
       one transfer brings them to the host (``Monitor.pending_tensors``).
 
@@ -208,6 +217,8 @@ def force_device_path(auditor: Any) -> None:
     for monitor in auditor.monitors.values():
         if hasattr(monitor, "host_rows"):
             monitor.host_rows = False
+        if hasattr(monitor, "force_device_code"):
+            monitor.force_device_code(TESTER_DEVICE_CODE)
     pack_gathers(auditor, True)
 
 

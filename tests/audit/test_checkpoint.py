@@ -280,8 +280,9 @@ _SAMPLING_STEP = re.compile(r"\((?:anytime-valid test rejected after|its own any
 def _drop_new(d: Any, new: set[str]) -> Any:
     """A report dict without what this release adds to a run of the release that wrote the
     layout-2 checkpoint: the sections and findings of monitors it did not have, the labels,
-    the schema version, the fingerprint, the monitor settings, on_internal_error and the model
-    and dataset names in the config, and the training's audit_incomplete_from_step and
+    the schema version, the fingerprint, the monitor settings, on_internal_error, the model
+    and dataset names and the tester placement in the config, where the sequential testers
+    ran, and the training's audit_incomplete_from_step and
     architecture_hash, the white-box bound and the power statement."""
     d = _strip(d)
     d.pop("monitor_labels", None)
@@ -300,8 +301,9 @@ def _drop_new(d: Any, new: set[str]) -> Any:
         for k in ("rejected_group", "rejected_ratio"):
             d["audits"].get("noise", {}).get(test, {}).pop(k, None)
     for k in ("monitors", "disable_monitors", "monitor_options", "on_internal_error",
-              "model_name", "dataset_name"):
+              "model_name", "dataset_name", "tester_placement"):
         d["config"].pop(k, None)
+    d["sequential"].pop("tester_placement", None)
     d["training"].pop("audit_incomplete_from_step", None)
     d["training"].pop("architecture_hash", None)
     d.pop("fingerprint", None)

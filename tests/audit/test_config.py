@@ -92,6 +92,10 @@ _BAD: list[tuple[dict[str, Any], type[Exception], str]] = [
                                           "200 characters on one line, got '  '"),
     (dict(model_name="a\nb"), ValueError, "got 'a\\nb'"),
     (dict(model_name="x" * 201), ValueError, "model_name must be a non-empty name"),
+    (dict(tester_placement="gpu"), ValueError, "tester_placement must be one of ('auto', "
+                                               "'host', 'device'), got 'gpu'"),
+    (dict(tester_placement=None), ValueError, "tester_placement must be one of ('auto', "
+                                              "'host', 'device'), got None"),
 ]
 
 
@@ -108,6 +112,7 @@ def test_defaults() -> None:
     assert (cfg.delta, cfg.alpha, cfg.k_pairs, cfg.m_canaries) == (1e-5, 0.05, 16, None)
     assert cfg.tests == ("mmd", "hockey_stick") and cfg.spread_pairs == cfg.k_pairs == 16
     assert cfg.noise_coordinates_total == DEFAULT_NOISE_COORDINATES_TOTAL
+    assert cfg.tester_placement == "auto"  # the stored rule: the host until measured
     assert cfg.monitors is None and cfg.disable_monitors == () and cfg.monitor_options == {}
     assert cfg.test_options == {} and cfg.compiled_kernels is None and cfg.seed is None
     assert cfg.decision_threshold_log == pytest.approx(math.log(20.0))
@@ -235,7 +240,8 @@ def test_fingerprint_leaves_out_seed_device_kernels_and_the_monitor_set() -> Non
     other = base.replace(seed=7, device="cuda:1", compiled_kernels=False,
                          monitors=("noise",), disable_monitors=("sampling",),
                          monitor_options={"noise": {"alpha": 0.01}},
-                         model_name="resnet18-v3", dataset_name="cifar10-train")
+                         model_name="resnet18-v3", dataset_name="cifar10-train",
+                         tester_placement="device")
     assert other.fingerprint() == base.fingerprint()
 
 

@@ -12,7 +12,8 @@ made inside ``optimizer.step()`` (where everything the auditor does happens), to
 what a training loop reads after it (``should_stop``, ``latest_metrics``, an ``on_step``
 callback). Reads of tensors that are host tensors on every device are marked ``host_side`` and
 not counted: the auditor's CPU generator's uniforms, and the work of the sequential testers the
-hook feeds (built on the host, fed the check's host copies). Blocking host-to-device copies are
+hook feeds placed on the host (``tester_placement``: built on the host, fed the check's host
+copies; placed on the device, their reads are counted). Blocking host-to-device copies are
 no-ops on the CPU: ``benchmarks/gpu_check.py`` counts those on a GPU (CUDA's sync debug mode).
 """
 
@@ -40,8 +41,8 @@ AT_CHECK = 1
 SMALL = {"k_pairs": 4, "m_canaries": 50}
 
 
-def _run(mode: str, clipping: str = "flat", force: bool = True, steps: int = STEPS
-         ) -> tuple[PrivacyAuditor, list[list[HostRead]]]:
+def _run(mode: str, clipping: str = "flat", force: bool = True, steps: int = STEPS,
+         **settings: Any) -> tuple[PrivacyAuditor, list[list[HostRead]]]:
     """``steps`` audited steps (fixed-size batches, no violation to act on); per step, the host
     reads of ``optimizer.step()`` and of what a training loop reads after it."""
     s = make_private_setup(mode=mode, sigma=1.0, clipping=clipping,
@@ -49,7 +50,7 @@ def _run(mode: str, clipping: str = "flat", force: bool = True, steps: int = STE
                            else 1.0)
     seen: list[dict[str, Any]] = []
     aud = PrivacyAuditor(s.engine, s.optimizer, s.loader, seed=1, check_every=CHECK_EVERY,
-                         on_violation="warn", on_step=seen.append, **SMALL)
+                         on_violation="warn", on_step=seen.append, **SMALL, **settings)
     if force:
         force_device_path(aud)
     per_step: list[list[HostRead]] = []
@@ -188,3 +189,86 @@ def test_a_resume_keeps_the_readers_packed_gathers() -> None:
     before = aud.tap.reader
     aud.load_state_dict(aud.state_dict())
     assert aud.tap.reader is not before and aud.tap.reader.pack_gathers is True
+
+
+def _same_audit(a: Any, b: Any) -> None:
+    """Two reports with the same decision history, bounds, rejections (to 1e-9)."""
+    assert a.wealth_history.keys() == b.wealth_history.keys()
+    for key, values in a.wealth_history.items():
+        np.testing.assert_allclose(values, b.wealth_history[key], rtol=0, atol=1e-9,
+                                   err_msg=key)
+    assert a.epsilon_lower_bounds.keys() == b.epsilon_lower_bounds.keys()
+    for name, bound in a.epsilon_lower_bounds.items():
+        assert math.isclose(bound, b.epsilon_lower_bounds[name], rel_tol=0, abs_tol=1e-9)
+    ta, tb = a.sequential["tests"], b.sequential["tests"]
+    assert ta.keys() == tb.keys()
+    for name in ta:
+        for key in ("rejected", "rejected_at", "n_pairs"):
+            assert ta[name][key] == tb[name][key], (name, key)
+        assert math.isclose(ta[name]["combined_log_wealth"], tb[name]["combined_log_wealth"],
+                            rel_tol=0, abs_tol=1e-9)
+    assert math.isclose(a.sequential["combined_log_wealth"], b.sequential["combined_log_wealth"],
+                        rel_tol=0, abs_tol=1e-9)
+    assert (a.violation, a.violation_step) == (b.violation, b.violation_step)
+
+
+def test_the_testers_on_the_device_give_the_host_placements_audit() -> None:
+    """``tester_placement="device"`` on the accelerator's path: the testers are fed the buffered
+    device tensors (running the torch code an accelerator runs: ``TESTER_DEVICE_CODE``) and
+    the check's transfer brings the finiteness flags only; the audit is the host placement's
+    (log-wealth, rejections, bounds within 1e-9), and the report says where the testers ran.
+    A run where the noise is too small, so that the tests reject."""
+    reports, reads = {}, {}
+    for placement in ("host", "device"):
+        aud, per_step = _run("hooks", steps=3 * CHECK_EVERY, tester_placement=placement,
+                             per_step_null=(0.05, 0.0))
+        seq = aud.monitors["sequential_pairs"]
+        assert seq.placement == placement
+        if placement == "device":
+            assert all(t.force_torch if n == "mmd" else t.force_vectorised
+                       for n, t in seq.segment.testers.items())
+        reads[placement] = per_step
+        reports[placement] = aud.finalize()
+    h, d = reports["host"], reports["device"]
+    assert h.sequential["tests"]["hockey_stick"]["rejected"]  # the comparison is not vacuous
+    _same_audit(h, d)
+    assert h.sequential["tester_placement"] == {
+        "setting": "host", "placement": "host", "device": "cpu", "reason": "set by the user"}
+    assert d.sequential["tester_placement"]["placement"] == "device"
+    assert d.sequential["tester_placement"]["device"] == "cpu"  # a CPU run
+    assert h.config["tester_placement"] == "host" and d.config["tester_placement"] == "device"
+    html = d.to_html()
+    assert 'id="tester-placement"' in html and "tester_placement=&#x27;device&#x27;" in html
+    # between checks nothing is read either way; at a check the device placement's testers
+    # read their own results back (counted as the device's reads: not host-side)
+    for placement, per_step in reads.items():
+        between = [_device_reads(r) for i, r in enumerate(per_step, 1) if i % CHECK_EVERY]
+        assert not any(between), placement
+    at = {p: [len(_device_reads(r)) for i, r in enumerate(per_step, 1) if not i % CHECK_EVERY]
+          for p, per_step in reads.items()}
+    assert all(n == AT_CHECK for n in at["host"]) and all(n > AT_CHECK for n in at["device"])
+
+
+def test_the_placement_is_kept_in_checkpoints_and_compared_on_resume() -> None:
+    aud, _ = _run("hooks", steps=CHECK_EVERY + 3, tester_placement="device")
+    sd = aud.state_dict()
+    assert sd["engine"]["monitor_settings"]["sequential_pairs"]["tester_placement"] == "device"
+    before = aud.finalize()
+    # the same setting resumes (into a fresh auditor on the same training)
+    again, _ = _run("hooks", steps=0, tester_placement="device")
+    again.load_state_dict(sd)
+    assert again.monitors["sequential_pairs"].placement == "device"
+    resumed = again.finalize()
+    _same_audit(before, resumed)
+    # another setting is refused, naming it
+    other, _ = _run("hooks", steps=0, tester_placement="host")
+    with pytest.raises(ValueError, match=r"monitor 'sequential_pairs' was run with settings "
+                                         r".*'tester_placement': 'device'"):
+        other.load_state_dict(sd)
+    # a checkpoint written before the setting existed resumes into the default ("auto")
+    del sd["engine"]["monitor_settings"]["sequential_pairs"]["tester_placement"]
+    fresh, _ = _run("hooks", steps=0)
+    fresh.load_state_dict(sd)
+    assert fresh.config.tester_placement == "auto"
+    with pytest.raises(ValueError, match="tester_placement"):
+        other.load_state_dict(sd)  # but not into a setting that is not the default

@@ -9,6 +9,10 @@ optimizer's current noise multiplier at a grid of points of its privacy profile,
 (eps, delta). The monitor's e-process is the average of its testers' (one decision at level
 alpha); a change of the noise multiplier starts new testers whose wealth multiplies the old one.
 
+The testers run where ``tester_placement`` puts them (:mod:`dpaudit_torch.audit.placement`): on
+the host, fed the check's one host copy of the pairs, or on the audit's device, fed the buffered
+device tensors (docs/auditor.md, "On a GPU"); the numbers are the same either way.
+
 The monitor also keeps the interference diagnostic: the spread of the real data's gradient W at
 the pair coordinates (from the pre-noise sum, when the adapter reads it) and of the observation
 at the non-canary coordinate.
@@ -28,7 +32,8 @@ import torch
 
 from ...contract import NOISE_MULTIPLIER, StepRecord
 from ...registry import ONE_STEP, tester_class
-from ..config import DEFAULT_NULL_GRID, DEFAULT_TEST_OPTIONS
+from ..config import DEFAULT_NULL_GRID, DEFAULT_TEST_OPTIONS, TESTER_PLACEMENTS
+from ..placement import resolve_placement
 from .base import (
     Contribution,
     Evidence,
@@ -97,12 +102,20 @@ def _zero(dev: torch.device) -> torch.Tensor:
 class SequentialPairsConfig(MonitorConfig):
     """Settings of the sequential pairs: the level, the testers (names registered in
     :data:`dpaudit_torch.registry.TESTERS`) and their options, and the per-step null (None: the
-    Gaussian mechanism of the optimizer's noise multiplier, :func:`per_step_null_grid`)."""
+    Gaussian mechanism of the optimizer's noise multiplier, :func:`per_step_null_grid`), and
+    where the testers run (``tester_placement``, :data:`~dpaudit_torch.audit.config.
+    TESTER_PLACEMENTS`)."""
 
     alpha: float = 0.05
     tests: tuple[str, ...] = ("mmd", "hockey_stick")
     per_step_null: tuple[float, float] | None = None
     test_options: dict[str, dict[str, Any]] = field(default_factory=dict)
+    tester_placement: str = "auto"
+
+    def __post_init__(self) -> None:
+        if self.tester_placement not in TESTER_PLACEMENTS:
+            raise ValueError(f"tester_placement must be one of {TESTER_PLACEMENTS}, got "
+                             f"{self.tester_placement!r}")
 
     def tester_options(self, name: str) -> dict[str, Any]:
         """The keyword options tester ``name`` is built with (defaults, then the user's)."""
@@ -143,6 +156,13 @@ class SequentialPairsMonitor(Monitor):
         #: the buffered pairs are tensor copies, sent to the host by the engine's one transfer
         #: at the check (the accelerator's path; the host path buffers NumPy copies)
         self._copy_at_check = False
+        #: where the testers run: "host" or "device" (resolved from ``tester_placement``)
+        self.placement, self.placement_reason = resolve_placement(
+            self.config.tester_placement, self.device.type, int(ctx.config.check_every), self.k)
+        self.tester_device = self.device if self.placement == "device" else torch.device("cpu")
+        #: extra tester options of the device placement (``force_device_code``: the code an
+        #: accelerator runs, on the CPU)
+        self._device_code: dict[str, dict[str, Any]] = {}
         sigma = ctx.fact_or(NOISE_MULTIPLIER)
         if sigma is not None:  # else the owner starts it (tests feeding records by hand)
             self.start(float(sigma))
@@ -203,10 +223,10 @@ class SequentialPairsMonitor(Monitor):
         # so that the reported sequential bound (max over tests and grid) has level alpha
         per_test_alpha = self.config.alpha / len(self.tests)
         for name in self.tests:
-            # on the host on every device: fed the check's host copies of a few hundred pairs,
-            # whose per-chunk betting recursion runs on the host anyway
-            opts = {"simultaneous": True, "device": torch.device("cpu"),
-                    **self.config.tester_options(name)}
+            # "host": fed the check's host copies of a few hundred pairs, whose per-chunk
+            # betting recursion runs on the host anyway; "device": fed the device tensors
+            opts = {"simultaneous": True, "device": self.tester_device,
+                    **self.config.tester_options(name), **self._device_code.get(name, {})}
             if saved is not None and name in saved:
                 opts.update(self._defaults_of_state(name, saved[name]))
             with warnings.catch_warnings(record=True) as caught:
@@ -215,6 +235,18 @@ class SequentialPairsMonitor(Monitor):
             for w in caught:
                 self._warn(f"{name}: {w.message}")
         return Segment(sigma, start_step, testers, eps, dels, null)
+
+    def force_device_code(self, options: dict[str, dict[str, Any]]) -> None:
+        """With the device placement, build the testers with ``options`` per tester (the
+        options that make the CPU run the code an accelerator runs: ``force_torch``,
+        ``force_vectorised``; :func:`dpaudit_torch.testing.host_sync.force_device_path`), and
+        rebuild them where nothing was fed yet. Nothing changes with the host placement."""
+        if self.placement != "device":
+            return
+        self._device_code = {n: dict(o) for n, o in options.items()}
+        if self.segments and all(t.n_pairs == 0 for s in self.segments
+                                 for t in s.testers.values()):
+            self.segments = [self._new_segment(s.sigma, s.start_step) for s in self.segments]
 
     def _rotate(self, sigma: float, step: int) -> None:
         """The noise multiplier changed: freeze the current wealth as a factor, start anew."""
@@ -288,16 +320,22 @@ class SequentialPairsMonitor(Monitor):
         self.reset_buffers()
         return steps
 
+    @property
+    def _pairs_to_host(self) -> bool:
+        """Whether the check's transfer brings the buffered pairs to the host (the accelerator's
+        path with the testers on the host; with the device placement they stay there)."""
+        return self._copy_at_check and self.placement == "host"
+
     def pending_tensors(self) -> list[torch.Tensor]:
-        """The finiteness flags still on the device and, on the accelerator's path, the
-        buffered pairs."""
-        bufs = (self.buffer_x, self.buffer_y, self.buffer_ok) if self._copy_at_check else (
+        """The finiteness flags still on the device and, on the accelerator's path with the
+        testers on the host, the buffered pairs."""
+        bufs = (self.buffer_x, self.buffer_y, self.buffer_ok) if self._pairs_to_host else (
             self.buffer_ok,)
         return [v for b in bufs for v in b if isinstance(v, torch.Tensor)]
 
     def take_host_copies(self, arrays: list[np.ndarray]) -> None:
         it = iter(arrays)
-        for b in ((self.buffer_x, self.buffer_y) if self._copy_at_check else ()):
+        for b in ((self.buffer_x, self.buffer_y) if self._pairs_to_host else ()):
             b[:] = [next(it) if isinstance(v, torch.Tensor) else v for v in b]
         self.buffer_ok = [bool(next(it)) if isinstance(v, torch.Tensor) else v
                           for v in self.buffer_ok]
@@ -330,7 +368,9 @@ class SequentialPairsMonitor(Monitor):
             return empty, empty, [], [], 0
         if self._copy_at_check:
             self.fetch_pending()  # nothing left after the engine's check
-            return self._drain_host()
+            if self._pairs_to_host:
+                return self._drain_host()
+        # the host path's tensors, or the device placement's device tensors (flags on the host)
         x, y = torch.stack(self.buffer_x), torch.stack(self.buffer_y)
         steps, sig, oks = self.buffer_steps, self.buffer_sigma, self.buffer_ok
         self.reset_buffers()
@@ -339,8 +379,8 @@ class SequentialPairsMonitor(Monitor):
             keep = torch.stack([torch.as_tensor(ok) for ok in oks]).cpu()
             if not bool(keep.all()):
                 dropped = int((~keep).sum())
-                idx = torch.nonzero(keep).reshape(-1)
-                x, y = x[idx.to(x.device)], y[idx.to(y.device)]
+                idx = torch.nonzero(keep).reshape(-1).to(x.device, non_blocking=True)
+                x, y = x[idx], y[idx]
                 steps = [s for s, kp in zip(steps, keep.tolist()) if kp]
                 sig = [s for s, kp in zip(sig, keep.tolist()) if kp]
         if y.numel():  # spread at the non-canary coordinate, summed once per chunk
@@ -368,7 +408,8 @@ class SequentialPairsMonitor(Monitor):
             j = i + 1
             while j < len(steps) and sigmas[j] == sigmas[i]:
                 j += 1
-            comb, per_test, bounds = self._feed(x[i:j], y[i:j])
+            feed = self._feed_host if self.placement == "host" else self._feed_device
+            comb, per_test, bounds = feed(x[i:j], y[i:j])
             log_e.append(comb)
             for t in self.tests:
                 extra[t].append(per_test[t])
@@ -376,6 +417,18 @@ class SequentialPairsMonitor(Monitor):
             i = j
         return Evidence(steps=list(steps), log_e=np.concatenate(log_e),
                         extra={k: np.concatenate(v) for k, v in extra.items()})
+
+    def _feed_host(self, x: torch.Tensor, y: torch.Tensor
+                   ) -> tuple[np.ndarray, dict[str, np.ndarray], np.ndarray]:
+        """:meth:`_feed` with the testers on the host, fed host tensors (what happens inside
+        is host work on every device: ``testing.host_sync.HOST_SIDE_CALLS``)."""
+        return self._feed(x, y)
+
+    def _feed_device(self, x: torch.Tensor, y: torch.Tensor
+                     ) -> tuple[np.ndarray, dict[str, np.ndarray], np.ndarray]:
+        """:meth:`_feed` with the testers on the audit's device, fed its tensors (their reads
+        of the device are the check's own)."""
+        return self._feed(x, y)
 
     def _feed(self, x: torch.Tensor, y: torch.Tensor
               ) -> tuple[np.ndarray, dict[str, np.ndarray], np.ndarray]:
@@ -455,6 +508,10 @@ class SequentialPairsMonitor(Monitor):
                           for n in self.tests},
                 "per_step_null": seg.null,
                 "pairs_per_step": self.k,
+                "tester_placement": {"setting": self.config.tester_placement,
+                                     "placement": self.placement,
+                                     "device": str(self.tester_device),
+                                     "reason": self.placement_reason},
                 "segments": [{"start_step": s.start_step, "noise_multiplier": s.sigma,
                               "null": s.null} for s in self.segments],
             },

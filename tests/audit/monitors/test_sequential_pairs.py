@@ -266,3 +266,90 @@ def test_state_that_does_not_fit_is_refused() -> None:
     with pytest.raises(ValueError, match="no tester segments"):
         fresh.load_state_dict({**sd, "segments": []})
     assert len(fresh.segments) == 1 and fresh.pending_steps == []  # unchanged on error
+
+
+# ------------------------------------------------------------------ where the testers run
+def test_tester_placement_is_a_setting_validated_by_name() -> None:
+    with pytest.raises(ValueError, match=r"tester_placement must be one of \('auto', 'host', "
+                                         r"'device'\), got 'gpu'"):
+        _monitor(monitor_options={"sequential_pairs": {"tester_placement": "gpu"}})
+    mon, _ = _monitor(tester_placement="device")  # the audit's setting, taken by the monitor
+    assert mon.settings.tester_placement == "device"
+    assert mon.settings.to_dict()["tester_placement"] == "device"  # stored in checkpoints
+    mon, _ = _monitor(tester_placement="device",
+                      monitor_options={"sequential_pairs": {"tester_placement": "host"}})
+    assert mon.settings.tester_placement == "host"  # the monitor's own option first
+
+
+@pytest.mark.parametrize("device_code", [False, True])
+def test_the_device_placement_gives_the_host_placements_numbers(device_code: bool) -> None:
+    """With the testers on the device the check's transfer brings the flags only (the pairs
+    stay device tensors, fed to the testers as they are); on a CPU run the device is the host,
+    and with the accelerator's tester code (``force_device_code``) the numbers agree to
+    1e-9."""
+    from dpaudit_torch.testing.host_sync import TESTER_DEVICE_CODE
+
+    recs = _records(4 * CHECK, 1.0, 0.6, seed=5)  # too little noise: the wealth moves
+    for i, r in enumerate(recs):  # device flags; two steps flagged non-finite at the check
+        r.finite = torch.tensor(i not in (3, 12))
+    out = {}
+    for placement in ("host", "device"):
+        mon, _ = _monitor(tester_placement=placement)
+        if device_code:
+            mon.force_device_code(TESTER_DEVICE_CODE)
+        assert mon.placement == placement
+        seen = []
+        for r in recs:
+            mon.observe(r)
+            if r.step % CHECK == 0:
+                pending = mon.pending_tensors()
+                # flags (one per step) and, with the testers on the host, the pairs
+                assert len(pending) == CHECK * (3 if placement == "host" else 1)
+                mon.fetch_pending()
+                seen.append(mon.advance())
+        out[placement] = (seen, mon)
+    (h, mh), (d, md) = out["host"], out["device"]
+    np.testing.assert_allclose(np.concatenate([e.log_e for e in d]),
+                               np.concatenate([e.log_e for e in h]), rtol=0, atol=1e-9)
+    for key in h[0].extra:
+        np.testing.assert_allclose(np.concatenate([e.extra[key] for e in d]),
+                                   np.concatenate([e.extra[key] for e in h]), rtol=0,
+                                   atol=1e-9, err_msg=key)
+    assert [e.steps for e in d] == [e.steps for e in h]
+    assert md.max_log_wealth == pytest.approx(mh.max_log_wealth, abs=1e-9)
+    assert md.sequential_bound() == mh.sequential_bound()
+    for name, t in mh.segment.testers.items():
+        assert md.segment.testers[name].rejected_at == t.rejected_at
+        assert md.segment.testers[name].grid_rejected_at == t.grid_rejected_at
+    assert [f.message for f in md.findings()] == [f.message for f in mh.findings()]
+    if not device_code:
+        np.testing.assert_array_equal(np.concatenate([e.log_e for e in d]),
+                                      np.concatenate([e.log_e for e in h]))
+
+
+def test_the_report_says_where_the_testers_ran() -> None:
+    for setting, placement in (("auto", "host"), ("host", "host"), ("device", "device")):
+        mon, _ = _monitor(tester_placement=setting)
+        where = mon.contribution().fields["sequential"]["tester_placement"]
+        assert where["setting"] == setting and where["placement"] == placement
+        assert where["device"] == "cpu"  # a CPU run: the device is the host
+        assert all(str(t.device) == "cpu" for t in mon.segment.testers.values())
+        assert where["reason"] == ("set by the user" if setting != "auto" else
+                                   "auto: a CPU run: the host is the device")
+
+
+def test_force_device_code_rebuilds_only_unfed_testers_of_the_device_placement() -> None:
+    from dpaudit_torch.testing.host_sync import TESTER_DEVICE_CODE
+
+    mon, _ = _monitor(tester_placement="host")
+    before = mon.segment.testers["mmd"]
+    mon.force_device_code(TESTER_DEVICE_CODE)  # host placement: the host's code stays
+    assert mon.segment.testers["mmd"] is before and not before.force_torch
+    mon, _ = _monitor(tester_placement="device")
+    mon.force_device_code(TESTER_DEVICE_CODE)
+    assert mon.segment.testers["mmd"].force_torch
+    assert mon.segment.testers["hockey_stick"].force_vectorised
+    # kept through a checkpoint round trip (the testers are rebuilt with the same options)
+    _feed(mon, _records(CHECK, 1.0, 1.0, seed=6))
+    mon.load_state_dict(mon.state_dict())
+    assert mon.segment.testers["mmd"].force_torch
