@@ -13,7 +13,6 @@ import argparse
 import logging
 import os
 import sys
-import tempfile
 import warnings
 from pathlib import Path
 from typing import Any
@@ -52,6 +51,8 @@ def _writable_dir(path: str) -> Path:
                 raise UsageError(f"--out {path!r} cannot be a directory: {str(q)!r} is an "
                                  f"existing file, not a directory")
             break
+    import tempfile  # here: --help, argument errors and gate write no directory
+
     try:
         p.mkdir(parents=True, exist_ok=True)
         with tempfile.NamedTemporaryFile(dir=p, prefix=".dpaudit-write-test-"):

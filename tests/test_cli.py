@@ -130,3 +130,88 @@ def test_demo_trains_on_one_thread_unless_told(monkeypatch: pytest.MonkeyPatch,
     assert main(["demo", "--no-progress", "--out", out, "--threads", "2"]) == 130
     assert seen == [1, 2] and torch.get_num_threads() == before
     _assert_one_line_usage_error(_run(["demo", "--threads", "0"]), "--threads must be >= 1")
+
+
+#: what the command line must not import for --help, a bad invocation or ``gate`` (each takes
+#: seconds to import; docs/benchmarks.md, "Command-line start-up")
+HEAVY = ("torch", "opacus", "numba", "scipy", "matplotlib")
+
+DATA = Path(__file__).resolve().parent / "data"
+
+_LIGHT_CHILD = r"""
+import contextlib, io, json, sys
+from dpaudit_torch.cli import main
+runs = []
+for argv in json.loads(sys.argv[1]):
+    out, err = io.StringIO(), io.StringIO()
+    with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
+        try:
+            code = main(argv)
+        except SystemExit as exc:  # --help
+            code = exc.code
+    runs.append([code, out.getvalue(), err.getvalue()])
+heavy = sorted(m for m in json.loads(sys.argv[2]) if m in sys.modules)
+print(json.dumps({"runs": runs, "heavy": heavy}))
+"""
+
+
+def test_help_bad_invocations_and_gate_import_no_heavy_library(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str],
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """``dpaudit --help``, a bad invocation and ``gate`` (pass, fail, impossible, --html) run in a
+    fresh process without importing torch, Opacus, numba, SciPy or matplotlib, and answer
+    exactly as the command does in a process that has imported them all (this one)."""
+    import torch  # noqa: F401 - the reference answers come from a process that has torch
+
+    monkeypatch.setenv("COLUMNS", "80")  # --help wraps alike here and in the child
+    old = DATA / "report_v1_3.json"
+    new = tmp_path / "new" / "audit.json"
+    new.parent.mkdir()
+    new.write_text(old.read_text(encoding="utf-8"), encoding="utf-8")
+    black = json.loads(old.read_text(encoding="utf-8"))
+    black["threat_model"]["white_box"] = False
+    (tmp_path / "black.json").write_text(json.dumps(black), encoding="utf-8")
+    cases = [
+        (["--help"], 0), (["gate", "--help"], 0),
+        (["frobnicate"], EXIT_USAGE), (["gate", "--bogus"], EXIT_USAGE),
+        (["gate", str(tmp_path / "missing.json"), "--first-release"], EXIT_USAGE),
+        (["gate", str(new), "--baseline", str(old)], 0),  # pass: gate.html next to new
+        (["gate", str(DATA / "report_v2.json"), "--baseline", str(old),  # violation proven
+          "--html", str(tmp_path / "fail.html")], 1),
+        (["gate", str(tmp_path / "black.json"), "--baseline", str(old),  # threat models differ
+          "--html", str(tmp_path / "impossible.html")], 2),
+    ]
+    argvs = [argv for argv, _ in cases]
+    proc = subprocess.run([sys.executable, "-c", _LIGHT_CHILD, json.dumps(argvs),
+                           json.dumps(HEAVY)], capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, proc.stderr
+    child = json.loads(proc.stdout)
+    assert child["heavy"] == []
+    pages = {p: p.read_text(encoding="utf-8") for p in (new.parent / "gate.html",
+                                                        tmp_path / "fail.html",
+                                                        tmp_path / "impossible.html")}
+    for (argv, expected), (code, out, err) in zip(cases, child["runs"]):
+        assert code == expected, (argv, err)
+        try:
+            here = main(argv)
+        except SystemExit as exc:
+            here = exc.code
+        seen = capsys.readouterr()
+        assert (here, seen.out, seen.err) == (code, out, err), argv
+        if code == EXIT_USAGE and not out:  # a usage error: one line, no traceback
+            assert len(err.strip().splitlines()) == 1 and err.startswith("dpaudit: error:")
+    assert child["runs"][0][1].startswith("usage: dpaudit")
+    assert child["runs"][5][1].splitlines()[-1].startswith("PASS:")
+    assert child["runs"][6][1].splitlines()[-1].startswith("FAIL:")
+    assert child["runs"][7][1].splitlines()[-1].startswith("CANNOT COMPARE:")
+    for page, text in pages.items():  # the pages the light process wrote, written alike here
+        assert page.read_text(encoding="utf-8") == text, page
+
+
+def test_the_bug_registry_imports_no_torch() -> None:
+    """``dpaudit --help`` lists the bug names: the registry of :mod:`dpaudit_torch.testing.bugs`
+    imports torch only when a bug runs."""
+    proc = subprocess.run([sys.executable, "-c", "import sys; from dpaudit_torch.testing import "
+                           "bugs; assert bugs.names(); print('torch' in sys.modules)"],
+                          capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0 and proc.stdout.strip() == "False", proc.stderr

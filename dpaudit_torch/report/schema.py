@@ -45,7 +45,6 @@ import math
 import os
 import platform
 from dataclasses import dataclass, field
-from importlib import metadata
 from numbers import Integral, Real
 from pathlib import Path
 from typing import Any, TypeVar
@@ -135,6 +134,8 @@ def _utc_now() -> str:
 
 
 def _dist_version(name: str) -> str:
+    from importlib import metadata  # here: reading a report (dpaudit gate) never needs it
+
     try:
         return metadata.version(name)
     except metadata.PackageNotFoundError:

@@ -63,6 +63,9 @@ optimizer and data loader for training (and give them to the auditor). Single pr
 
 ``apply_to_training(engine, optimizer, data_loader, name)`` applies a bug of either kind (what
 ``dpaudit demo --bug`` uses). ``remove_bug(optimizer)`` undoes an optimizer bug.
+
+The registry (``BUGS``, ``SETUP_BUGS``, :func:`names`) imports no torch: ``dpaudit --help`` lists
+the names, and a bug imports torch (and Opacus) when it is applied or runs.
 """
 
 from __future__ import annotations
@@ -70,9 +73,10 @@ from __future__ import annotations
 import math
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-import torch
+if TYPE_CHECKING:  # the registry imports no torch (``dpaudit --help`` lists the names)
+    import torch
 
 __all__ = ["Bug", "SetupBug", "BUGS", "SETUP_BUGS", "ACCUMULATION_STEPS", "RESEED_EVERY",
            "names", "apply_bug", "remove_bug", "applied_bug", "apply_setup_bug",
@@ -148,6 +152,8 @@ def _replace_noise(transform: Callable[[Any, int, torch.Tensor], torch.Tensor | 
 
     def make(base: type) -> dict[str, Any]:
         def add_noise(self: Any) -> None:
+            import torch
+
             base.add_noise(self)
             with torch.no_grad():
                 for i, p in enumerate(self.params):
@@ -171,16 +177,22 @@ def _divided(only_first: bool) -> Callable[[Any, int, torch.Tensor], torch.Tenso
 
 
 def _bias_no_noise(opt: Any, i: int, noise: torch.Tensor) -> torch.Tensor | None:
+    import torch
+
     # biases and norm scales: the noise is dropped again
     return torch.zeros_like(noise) if noise.dim() == 1 else None
 
 
 def _bf16(opt: Any, i: int, noise: torch.Tensor) -> torch.Tensor | None:
+    import torch
+
     return noise.to(torch.bfloat16).to(noise.dtype)
 
 
 def _noise_reused(base: type) -> dict[str, Any]:
     def add_noise(self: Any) -> None:
+        import torch
+
         st = _state(self)
         st["releases"] = st.get("releases", 0) + 1
         base.add_noise(self)
@@ -201,6 +213,8 @@ def _noise_reseeded(base: type) -> dict[str, Any]:
         n = st.get("releases", 0)
         if n % RESEED_EVERY == 0:
             if self.generator is None:  # noise from the global RNG: the optimizer gets its own
+                import torch
+
                 st["own_generator"] = True
                 dev = self.params[0].device if self.params else torch.device("cpu")
                 self.generator = torch.Generator(device=dev)
@@ -214,6 +228,8 @@ def _noise_reseeded(base: type) -> dict[str, Any]:
 
 def _per_tensor_clipping(base: type) -> dict[str, Any]:
     def clip_and_accumulate(self: Any) -> None:
+        import torch
+
         c = float(self.max_grad_norm)
         with torch.no_grad():
             for p in self.params:
