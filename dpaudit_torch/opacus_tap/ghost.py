@@ -24,6 +24,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 import torch
 
+from .._buffers import NUMPY_FLOAT_OF
 from .._compiled import compiled
 from ._step_kernels import add_joint
 from .errors import call_theirs
@@ -164,11 +165,18 @@ class GhostInjection:
         counts = np.bincount(params, minlength=len(self.params))
         flat_sorted = torch.from_numpy(flats[order]).to(self.device, non_blocking=True)
         # one non-blocking copy per step (a blocking one would wait for the device's queue)
-        w_sorted = (None if rec.entry_weight is None
-                    else torch.from_numpy(rec.entry_weight[order]).to(self.device,
-                                                                       non_blocking=True))
         sizes = counts.tolist()
         f_parts = flat_sorted.split(sizes)  # split once, not sliced per tensor
+        # the entries' values made on the host in the gradients' one NumPy dtype and copied
+        # once (else per tensor, from its own dtype's clipped canary)
+        dtypes = {p.dtype for p in self.params}
+        dt = NUMPY_FLOAT_OF.get(next(iter(dtypes))) if len(dtypes) == 1 else None
+        v_parts = (None if dt not in (np.dtype(np.float32), np.dtype(np.float64)) else
+                   torch.from_numpy(self._entry_values(rec, order, dt)).to(
+                       self.device, non_blocking=True).split(sizes))
+        w_sorted = (None if rec.entry_weight is None or v_parts is not None
+                    else torch.from_numpy(rec.entry_weight[order]).to(self.device,
+                                                                       non_blocking=True))
         w_parts = None if w_sorted is None else w_sorted.split(sizes)
         for i, cnt in enumerate(sizes):
             if not cnt:
@@ -180,9 +188,15 @@ class GhostInjection:
                 p.summed_grad = sg
                 rec.added.created(p)
             f = f_parts[i] if f_parts[i].device == sg.device else f_parts[i].to(sg.device)
-            val = self.canary_value(rec.clip[i], sg).expand(cnt)
-            if w_parts is not None:  # a spread canary: 1 / sqrt(L) of it per coordinate
-                val = val * w_parts[i].to(device=sg.device, dtype=sg.dtype)
+            if v_parts is not None and v_parts[i].dtype == sg.dtype:
+                val = v_parts[i] if v_parts[i].device == sg.device else v_parts[i].to(sg.device)
+            else:
+                val = self.canary_value(rec.clip[i], sg).expand(cnt)
+                if w_parts is not None:  # a spread canary: 1 / sqrt(L) of it per coordinate
+                    val = val * w_parts[i].to(device=sg.device, dtype=sg.dtype)
+                elif rec.entry_weight is not None:
+                    w = torch.from_numpy(rec.entry_weight[order][sum(sizes[:i]):][:cnt])
+                    val = val * w.to(device=sg.device, dtype=sg.dtype)
             add_at(sg, f, val, rec.added, i)
         host.finish_step(rec, True)
 
@@ -202,21 +216,32 @@ class GhostInjection:
         dt = dst[0].dtype if dst else None
         if dt not in (np.dtype(np.float32), np.dtype(np.float64)):
             return False
+        src = self._entry_values(rec, order, dt)
+        if rec.added is not None:
+            rec.added.keep_host(dst, rec.entry_counts, rec.column_flat)
+        add_joint(dst, src, rec.entry_counts, rec.column_flat)
+        self.compiled_adds += 1
+        return True
+
+    def _entry_values(self, rec: StepPlan, order: np.ndarray, dt: np.dtype) -> np.ndarray:
+        """Every entry's clipped canary in the NumPy float dtype ``dt`` (float32 or float64),
+        in ``order``: the clipped canary of its tensor's bound (:meth:`canary_value`, computed
+        by torch in that dtype, cached per bounds), times its weight on a spread canary's
+        coordinates, multiplied in ``dt``: the torch path's values, bit for bit."""
         assert rec.entry_param is not None
         key = (tuple(rec.clip), dt)
         hit = self._values_np
         if hit is None or hit[0] != key:
             like = torch.zeros((), dtype=torch.float32 if dt == np.float32 else torch.float64)
-            vals = np.array([float(self.canary_value(c, like)) for c in rec.clip], dtype=dt)
+            # written into the host array by torch (no read of a tensor's value)
+            vals = np.empty(len(rec.clip), dtype=dt)
+            torch.stack([self.canary_value(c, like) for c in rec.clip],
+                        out=torch.from_numpy(vals))
             hit = self._values_np = (key, vals)
         src = hit[1][rec.entry_param[order]]
         if rec.entry_weight is not None:
             src = src * rec.entry_weight[order].astype(dt)
-        if rec.added is not None:
-            rec.added.keep_host(dst, rec.entry_counts, rec.column_flat)
-        add_joint(dst, np.ascontiguousarray(src), rec.entry_counts, rec.column_flat)
-        self.compiled_adds += 1
-        return True
+        return np.ascontiguousarray(src)
 
     def canary_value(self, clip: float, like: torch.Tensor) -> torch.Tensor:
         """The clipped canary, ``raw * min(1, C / (raw + 1e-6))`` with ``raw = canary_norm * C``,
