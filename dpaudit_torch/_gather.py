@@ -30,7 +30,8 @@ import torch
 from ._compiled import compiled, kernel
 from ._host_view import host_views
 
-__all__ = ["PackedGather", "HostGather", "DEFAULT_BUDGET", "take_columns"]
+__all__ = ["PackedGather", "HostGather", "DEFAULT_BUDGET", "take_columns", "sum_squares",
+           "count_changes"]
 
 #: elements per packed chunk (16 MiB of float32): a bound on the temporaries' memory
 DEFAULT_BUDGET = 1 << 22
@@ -145,7 +146,8 @@ def take_columns(dst: tuple, counts: np.ndarray, col_flat: np.ndarray, out: np.n
 
 class HostGather:
     """Gathers ``flat[j]`` from the ``j``-th of a fixed list of CPU tensors, concatenated, in
-    float64, without a dispatcher operation: :func:`host_views` of the tensors and one
+    float64 (a NumPy array), without a dispatcher operation: :func:`host_views` of the
+    tensors and one
     :func:`take_columns` pass (compiled mode), or one NumPy gather per tensor (Python mode,
     where the kernel's loop would run in the interpreter). The values are those of one
     ``take`` per tensor converted to float64 (exact). Returns None where the tensors have no
@@ -164,7 +166,7 @@ class HostGather:
         self._bounds = np.concatenate([[0], np.cumsum(self.counts)]).tolist()
         self._idx = idx
 
-    def __call__(self, tensors: list[torch.Tensor]) -> torch.Tensor | None:
+    def __call__(self, tensors: list[torch.Tensor]) -> np.ndarray | None:
         views = host_views(tensors)
         if views is None:
             return None
@@ -175,4 +177,41 @@ class HostGather:
             b = self._bounds
             for j, (v, ix) in enumerate(zip(views, self._idx)):
                 out[b[j]:b[j + 1]] = v[ix]
-        return torch.from_numpy(out)
+        return out
+
+
+@kernel(nogil=True)
+def sum_squares(src: tuple, out: np.ndarray) -> None:
+    """``out[p]`` = the sum of squares of every element of ``src[p]``, accumulated in float64
+    in element order: a fingerprint of the whole tensor (the coverage watch's; two calls on
+    equal tensors give equal bits)."""
+    for p in range(len(src)):
+        s = src[p]
+        acc = 0.0
+        for j in range(s.shape[0]):
+            v = float(s[j])
+            acc += v * v
+        out[p] = acc
+
+
+@kernel(nogil=True)
+def count_changes(now: np.ndarray, before: np.ndarray, seg: np.ndarray,
+                  outside_held: np.ndarray, held_too: bool, step: int, steps: np.ndarray,
+                  first: np.ndarray, last: np.ndarray) -> None:
+    """The coverage watch's comparison of two fingerprints (int64 views of their float64
+    values, compared bit for bit) in one pass: tensor ``seg[e]`` changed if any entry e of it
+    differs (only the tensors ``outside_held`` count unless ``held_too``); for each changed
+    tensor, ``steps`` counts ``step`` once, ``first`` keeps the first such step and ``last``
+    the latest."""
+    n = steps.shape[0]
+    changed = np.zeros(n, dtype=np.bool_)
+    for e in range(now.shape[0]):
+        if now[e] != before[e]:
+            changed[seg[e]] = True
+    for t in range(n):
+        if changed[t] and (held_too or outside_held[t]):
+            if last[t] != step:
+                steps[t] += 1
+            if first[t] < 0:
+                first[t] = step
+            last[t] = step

@@ -93,3 +93,78 @@ def test_large_tensors_are_read_alone_in_their_place() -> None:
     gather = PackedGather(flat, numels, pack=True, budget=10_000, small=300)
     assert [m for m, _ in gather.chunks] == [[0, 1], [2], [3], [4], [5, 6, 7]]
     assert torch.equal(gather(tensors), _reference(tensors, flat))
+
+
+# ---------------------------------------------------------------- the CPU's dispatch-free reads
+def test_host_gather_reads_what_one_take_per_tensor_reads_without_a_dispatcher_op() -> None:
+    import numpy as np
+
+    from dpaudit_torch._compiled import set_compiled
+    from dpaudit_torch._gather import HostGather
+    from dpaudit_torch.testing.op_count import top_level_ops
+
+    g = torch.Generator().manual_seed(0)
+    tensors = [torch.randn(n, generator=g) for n in (7, 64, 1000)]
+    flat = [torch.tensor([0, 6]), torch.tensor([63, 1, 5]), torch.tensor([999])]
+    want = torch.cat([t.take(f) for t, f in zip(tensors, flat)]).double().numpy()
+    gather = HostGather(flat)
+    for compiled in (True, False):  # the compiled pass and Python mode's NumPy gathers
+        set_compiled(compiled)
+        try:
+            got: list = []
+            assert top_level_ops(lambda got=got: got.append(gather(tensors))) == {}
+            np.testing.assert_array_equal(got[0], want)
+        finally:
+            set_compiled(True)
+    # no NumPy view: an integer tensor, a non-contiguous one, another dtype in the list
+    assert gather([tensors[0], tensors[1], torch.arange(1000)]) is None
+    assert gather([tensors[0], tensors[1], torch.randn(2000)[::2]]) is None
+    assert gather([tensors[0], tensors[1].double(), tensors[2]]) is None
+
+
+def test_host_views_share_memory_cost_no_op_and_are_reused() -> None:
+    from dpaudit_torch._host_view import ViewCache, host_views
+    from dpaudit_torch.testing.op_count import top_level_ops
+
+    cache = ViewCache(size=4)
+    t = [torch.zeros(5), torch.ones(3)]
+    out: list = []
+    assert top_level_ops(lambda: out.append(host_views(t, cache))) == {}
+    views = out[0]
+    views[0][2] = 4.0  # writes through
+    assert t[0][2].item() == 4.0 and views[1].tolist() == [1.0, 1.0, 1.0]
+    built = cache.built
+    again = host_views(t, cache)
+    assert cache.built == built and again[0] is views[0]  # same address: the cached view
+    for i in range(8):  # bounded: the oldest views are dropped
+        host_views([torch.zeros(10 + i)], cache)
+    assert len(cache._views) <= 4
+    assert host_views([], cache) == ()
+    assert host_views([None], cache) is None
+    assert host_views([torch.zeros(2, dtype=torch.bfloat16)], cache) is None
+    assert host_views([torch.zeros(2), None], cache) is None
+    assert host_views([torch.zeros(4, 4).t()], cache) is None  # not contiguous
+    assert len(host_views([torch.zeros(0)], cache)[0]) == 0
+
+
+def test_the_watch_kernels_sum_squares_and_count_changes() -> None:
+    import numpy as np
+
+    from dpaudit_torch._gather import count_changes, sum_squares
+
+    a = np.array([1.0, 2.0], dtype=np.float32)
+    b = np.array([3.0], dtype=np.float32)
+    out = np.empty(2)
+    sum_squares((a, b), out)
+    assert out.tolist() == [5.0, 9.0]
+    now = np.array([1.0, 2.0, 3.0, 4.0]).view(np.int64)
+    before = np.array([1.0, 2.5, 3.0, 4.5]).view(np.int64)
+    seg = np.array([0, 0, 1, 2])  # entries of tensors 0, 0, 1, 2
+    steps, first, last = np.zeros(3, np.int32), np.full(3, -1), np.full(3, -1)
+    outside = np.array([False, True, True])
+    count_changes(now, before, seg, outside, False, 7, steps, first, last)
+    assert steps.tolist() == [0, 0, 1] and first.tolist() == [-1, -1, 7]  # 0 is held
+    count_changes(now, before, seg, outside, True, 7, steps, first, last)
+    assert steps.tolist() == [1, 0, 1] and last.tolist() == [7, -1, 7]  # step 7 counted once
+    count_changes(now, before, seg, outside, True, 9, steps, first, last)
+    assert steps.tolist() == [2, 0, 2] and first.tolist() == [7, -1, 7]

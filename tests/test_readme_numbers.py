@@ -324,6 +324,27 @@ def _overhead(s: str, cifar: str) -> list[str]:
             f"The target of 1.05 at batch 64 in hooks mode is {met}"]
 
 
+def _overhead_guard(s: str) -> list[str]:
+    t = table_with(s, "added top-level ops/step")
+
+    def r(model: str) -> dict[str, str]:
+        return row(t, model=model)
+
+    ratio = "whole-step ratio (median)"
+    within = all(x["within"] == "yes" for x in t)
+    return [f"{r('stack')['added top-level ops/step']} added top-level ops per step on the "
+            f"162-tensor stack ({r('stack')['per watched tensor']} per tensor), "
+            f"{r('mlp')['added top-level ops/step']} on the 4-tensor MLP, "
+            f"{r('small')['added top-level ops/step']} on the small CNN and "
+            f"{r('lora')['added top-level ops/step']} on the LoRA model",
+            "all within the budget of 100 + 2 per watched tensor" if within
+            else "NOT all within the budget of 100 + 2 per watched tensor",
+            f"step time x{float(r('stack')[ratio]):.3f} (stack, batch {r('stack')['batch']}), "
+            f"x{float(r('mlp')[ratio]):.3f} (MLP, {float(r('mlp')['CPU ms/step, off']):.1f} ms "
+            f"steps), x{float(r('small')[ratio]):.3f} (small CNN, batch {r('small')['batch']}), "
+            f"x{float(r('lora')[ratio]):.3f} (LoRA, batch {r('lora')['batch']})"]
+
+
 def _overhead_check_every(s: str) -> list[str]:
     col = "ratio from optimizer.step() (median)"
     t = table_with(s, col)
@@ -386,6 +407,7 @@ QUOTES: dict[str, Callable[[dict[str, str]], list[str]]] = {
     "throughput": lambda d: _throughput(d["throughput"]),
     "overhead": lambda d: _overhead(d["overhead"], d["overhead_cifar"]),
     "overhead_check_every": lambda d: _overhead_check_every(d["overhead_check_every"]),
+    "overhead_guard": lambda d: _overhead_guard(d["overhead_guard"]),
     "scale": lambda d: _scale(d["scale"]),
     "gpu_check": lambda d: _gpu_check(d["gpu_check"]),
 }

@@ -23,9 +23,12 @@ import logging
 from dataclasses import dataclass, field
 from typing import Any
 
+import numpy as np
 import torch
 
-from ..._gather import HostGather, PackedGather
+from ..._compiled import compiled
+from ..._gather import HostGather, PackedGather, count_changes, sum_squares
+from ..._host_view import host_views
 
 logger = logging.getLogger(__name__)
 
@@ -70,12 +73,19 @@ def _key(t: torch.Tensor | None) -> tuple[Any, ...] | None:
     return None if t is None else (tuple(t.shape), t.dtype, t.device)
 
 
+#: on the CPU's host path, the tensors of one dtype are fingerprinted by one compiled pass of
+#: sums of squares up to this many elements in all; larger ones by torch's fused norms (a
+#: scalar loop over a large model would cost more than the dispatcher operations it saves)
+HOST_NORM_MAX = 1 << 20
+
+
 @dataclass
 class Fingerprint:
     """The model's fingerprint at one point: one vector per device, of one layout."""
 
     layout: int
-    vectors: list[torch.Tensor]
+    #: per device group: a tensor, or on the CPU's host path a float64 NumPy array
+    vectors: list[torch.Tensor | np.ndarray]
 
 
 class _Group:
@@ -117,6 +127,12 @@ class _Group:
         self.steps = torch.zeros(n, dtype=torch.int32, device=dev)
         self.first = torch.full((n,), -1, dtype=torch.long, device=dev)
         self.last = torch.full((n,), -1, dtype=torch.long, device=dev)
+        # the CPU's host path: the same counters through NumPy views, and the layout on the host
+        self._np = ((self.steps.numpy(), self.first.numpy(), self.last.numpy(),
+                     self.seg.numpy(), self.outside_held.numpy()) if self._cpu else None)
+        self._norm_at = np.cumsum([0] + [len(p) for p in self.norm_parts]).tolist()
+        self._norm_elements = [sum(self.numels[j] for j in p) for p in self.norm_parts]
+        self._width = len(seg)
 
     def set_pack(self, pack: bool) -> None:
         """One gather per dtype of the sampled coordinates, packed (few launches, for an
@@ -127,18 +143,57 @@ class _Group:
         self.host = ([HostGather([self.take[j] for j in part]) for part in self.sample_parts]
                      if self._cpu and not pack else None)
 
-    def fingerprint(self, tensors: list[torch.Tensor]) -> torch.Tensor:
+    def _host_fingerprint(self, tensors: list[torch.Tensor]) -> np.ndarray | None:
+        """:meth:`fingerprint` on the CPU with no dispatcher operation (compiled mode): each
+        tensor's sum of squares (float64, one compiled pass per dtype) in place of its norm,
+        and the sampled coordinates (:class:`HostGather`; torch's takes for a part of a dtype
+        NumPy lacks, such as an integer buffer); None where the tensors of a sums-of-squares
+        part have no NumPy views (the torch path then runs)."""
+        assert self.host is not None
+        out = np.empty(self._width, dtype=np.float64)
+        for k, part in enumerate(self.norm_parts):
+            got = [tensors[j] for j in part]
+            into = out[self._norm_at[k]:self._norm_at[k + 1]]
+            if self._norm_elements[k] > HOST_NORM_MAX:  # torch's fused (vectorised) norms
+                into[:] = torch.stack(torch._foreach_norm(got)).double().numpy()
+                continue
+            views = host_views(got)
+            if views is None:
+                return None
+            sum_squares(views, into)
+        at = self._norm_at[-1]
+        for part, gather, by_torch in zip(self.sample_parts, self.host, self.gathers):
+            ts = [tensors[j] for j in part]
+            got = gather(ts)  # None: no NumPy dtype (an integer buffer): torch's takes
+            vals = by_torch(ts).double().numpy() if got is None else got
+            out[at:at + vals.shape[0]] = vals
+            at += vals.shape[0]
+        return out
+
+    def fingerprint(self, tensors: list[torch.Tensor]) -> torch.Tensor | np.ndarray:
+        if self.host is not None and compiled():
+            host = self._host_fingerprint(tensors)
+            if host is not None:
+                return host
         parts = [torch.stack(torch._foreach_norm([tensors[j] for j in part])).double()
                  for part in self.norm_parts]
         for k, (part, gather) in enumerate(zip(self.sample_parts, self.gathers)):
             got = [tensors[j] for j in part]
             # the CPU's dispatch-free read where the part has NumPy views, else torch's takes
             read = None if self.host is None else self.host[k](got)
-            parts.append(gather(got).double() if read is None else read)
+            parts.append(gather(got).double() if read is None else torch.from_numpy(read))
         return torch.cat(parts)
 
-    def compare(self, now: torch.Tensor, before: torch.Tensor, step: int,
-                held_too: bool) -> None:
+    def compare(self, now: torch.Tensor | np.ndarray, before: torch.Tensor | np.ndarray,
+                step: int, held_too: bool) -> None:
+        if isinstance(now, np.ndarray) or isinstance(before, np.ndarray):
+            if not (isinstance(now, np.ndarray) and isinstance(before, np.ndarray)):
+                return  # one point read on the host, one by torch: not comparable
+            assert self._np is not None
+            steps, first, last, seg, outside = self._np
+            count_changes(now.view(np.int64), before.view(np.int64), seg, outside, held_too,
+                          step, steps, first, last)
+            return
         diff = (now.view(torch.int64) != before.view(torch.int64)).to(torch.int32)
         changed = torch.zeros_like(self.steps).index_add_(0, self.seg, diff) > 0
         if not held_too:

@@ -405,3 +405,48 @@ def test_the_watch_can_be_switched_off_and_its_settings_are_checked():
     with pytest.raises(ValueError, match="ignore"):
         CoverageConfig(ignore="ema.shadow")
     assert CoverageConfig(ignore=["ema."]).ignore == ("ema.",)
+
+
+@pytest.mark.parametrize("big", [False, True])
+def test_the_cpu_host_watch_sees_what_the_torch_watch_sees(big: bool) -> None:
+    """On the CPU the watch fingerprints with compiled passes over NumPy views (no dispatcher
+    operation; sums of squares in place of norms, torch's fused norms past HOST_NORM_MAX
+    elements); the torch path (packed gathers, as on an accelerator) records the same changes
+    at the same steps: a coordinate the sample misses (whole-tensor part), a sampled one, an
+    integer buffer, and a write of equal values (no change)."""
+    from dpaudit_torch.audit.monitors._tensor_watch import HOST_NORM_MAX, TensorWatch
+
+    class Net(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            n = HOST_NORM_MAX + 10 if big else 4096
+            self.big = nn.Parameter(torch.randn(n))
+            self.small = nn.Parameter(torch.randn(5))
+            self.register_buffer("count", torch.zeros(3, dtype=torch.int64))
+
+    got = {}
+    for host in (True, False):
+        torch.manual_seed(0)
+        net = Net()
+        watch = TensorWatch(net, held=set(), sample=8)
+        if not host:
+            watch.set_pack(True)
+        before = watch.fingerprint(0)
+        assert (type(before.vectors[0]).__module__ == "numpy") is host
+        with torch.no_grad():
+            sampled = set(watch._groups[0].take[0].tolist())
+            j = next(i for i in range(net.big.numel()) if i not in sampled)
+            net.big[j] += 1.0  # not a sampled coordinate: the whole-tensor part sees it
+        now = watch.fingerprint(1)
+        watch.compare(now, before, 1, held_too=True)
+        with torch.no_grad():
+            net.small[2] = -net.small[2]  # every coordinate of a small tensor is sampled
+            net.count += 1
+            net.big.mul_(1.0)  # equal values written again
+        later = watch.fingerprint(2)
+        watch.compare(later, now, 2, held_too=True)
+        got[host] = watch.changes()
+    names = [w.path for w in TensorWatch(Net(), held=set()).tensors]
+    assert {names[i]: v for i, v in got[True].items()} == {
+        "big": (1, 1), "small": (1, 2), "count": (1, 2)}
+    assert got[True] == got[False]
