@@ -215,3 +215,14 @@ def count_changes(now: np.ndarray, before: np.ndarray, seg: np.ndarray,
             if first[t] < 0:
                 first[t] = step
             last[t] = step
+
+
+def signatures() -> list[tuple[object, tuple[object, ...]]]:
+    """(kernel, argument types) of :func:`count_changes` as the coverage watch calls it, for
+    :func:`dpaudit_torch._warmup.warm_up` (its other kernels take one tuple per model, and
+    are compiled at the watch's first fingerprint, when the audit attaches)."""
+    from numba import types as nt
+
+    i1 = nt.int64[::1]
+    return [(count_changes, (i1, i1, i1, nt.boolean[::1], nt.boolean, nt.int64, nt.int32[::1],
+                             i1, i1))]
