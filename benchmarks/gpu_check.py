@@ -4,7 +4,7 @@ One command on one GPU (a few minutes; parts not started within ``--budget-s`` s
 skipped, so that it stays under 8), one table in docs/benchmarks.md (section "gpu_check"):
 
     python benchmarks/gpu_check.py [--model resnet18|wrn16-4] [--batches 256,1024]
-                                   [--modes hooks,ghost] [--budget-s 390] [--no-write]
+                                   [--modes hooks,ghost] [--lora] [--budget-s 390] [--no-write]
     python benchmarks/gpu_check.py --smoke   # the same logic on the CPU at tiny sizes
 
 What it checks, on CUDA:
@@ -35,7 +35,11 @@ What it checks, on CUDA:
      against the packed gathers it runs on an accelerator, ``dpaudit_torch/_gather.py``)
      and peak memory (``torch.cuda.max_memory_allocated()`` over unaudited steps before the
      auditor exists, and over audited steps after a check);
-   * ``finalize()`` and the report.
+   * ``finalize()`` and the report;
+   * the always-on guard's step-time targets (``STEP_TARGETS``, reported rows, not hard): at
+     most x1.05 for ResNet-18 and WRN-16-4 at batch 256, x1.15 for the digits CNN, x1.10 for
+     the LoRA model of ``examples/llm_lora_dp.py`` (``--lora``: hooks mode, the first batch
+     size; GPT-2-style LM from a config, token ids as data, the example's per-sequence loss).
 3. **Detection**: the ``no-noise`` and ``noise-halved`` bugs (``dpaudit_torch.testing.bugs``)
    are proven at the first check (step ``check_every``), on both models and modes at the first
    batch size.
@@ -137,6 +141,11 @@ SMOKE = Sizes(batches=(8,), n_images=64, check_every=2, warmup=1, mem_steps=1, c
               placement_every=(2, 5), placement_k=(4,), placement_checks=3)
 #: --smoke trains this small WideResNet in place of the larger model
 SMOKE_STAND_IN = "wrn10-1"
+
+
+#: the always-on guard's step-time targets on a GPU (audited over unaudited, reported rows):
+#: the larger models at batch 256, the digits CNN at every batch
+STEP_TARGETS = {"digits": 1.15, "resnet18": 1.05, "wrn16-4": 1.05, "lora": 1.10}
 
 
 @dataclass
@@ -471,6 +480,29 @@ def _resnet18() -> nn.Module:
     return model
 
 
+#: --model lora: tokens per sequence
+LORA_SEQ_LEN = 32
+
+
+def _lora_example() -> Any:
+    """examples/llm_lora_dp.py as a module (its model, data and loss builders)."""
+    sys.path.insert(0, str(ROOT / "examples"))
+    import llm_lora_dp
+
+    return llm_lora_dp
+
+
+class _LogitsOnly(nn.Module):
+    """A causal LM whose forward takes token ids and returns the logits only."""
+
+    def __init__(self, lm: nn.Module) -> None:
+        super().__init__()
+        self.lm = lm
+
+    def forward(self, ids: torch.Tensor) -> torch.Tensor:
+        return self.lm(input_ids=ids).logits
+
+
 def build_model(name: str) -> nn.Module:
     if name == "digits":
         from dpaudit_torch.demo import DigitsCNN
@@ -478,6 +510,8 @@ def build_model(name: str) -> nn.Module:
         return DigitsCNN()
     if name == "resnet18":
         return _resnet18()
+    if name == "lora":  # examples/llm_lora_dp.py: GPT-2-style LM from a config, LoRA adapters
+        return _LogitsOnly(_lora_example().build_model())
     if name.startswith("wrn"):  # wrn<depth>-<width>: examples/cifar10_wrn.py
         sys.path.insert(0, str(ROOT / "examples"))
         from cifar10_wrn import WideResNet
@@ -492,9 +526,12 @@ _DATA: dict[tuple[str, int], tuple[torch.Tensor, torch.Tensor]] = {}
 
 def build_data(name: str, n: int) -> tuple[torch.Tensor, torch.Tensor]:
     """(images, labels) on the CPU: the digits tiled to ``n``, or FakeData 3x32x32."""
-    key = ("digits" if name == "digits" else "fake", n)
+    key = (name if name in ("digits", "lora") else "fake", n)
     if key not in _DATA:
-        if name == "digits":
+        if name == "lora":  # token ids; each sequence is its own next-token target
+            ids = _lora_example().token_dataset(n, LORA_SEQ_LEN, seed=0).ids
+            _DATA[key] = (ids, ids)
+        elif name == "digits":
             from dpaudit_torch.demo import load_digits_tensors
 
             X, Y = load_digits_tensors(seed=0)[0].tensors
@@ -552,7 +589,11 @@ def forward_backward(s: Setup) -> None:
     s.opt.zero_grad(set_to_none=True)
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")  # Opacus's hooks on the first layer, secure RNG off
-        loss = s.crit(s.model(s.X[idx]), s.Y[idx])
+        out = s.model(s.X[idx])
+        if out.dim() == 3:  # a causal LM's logits: next-token loss, per sequence
+            loss = _lora_example().causal_lm_loss(out, s.Y[idx], s.crit)
+        else:
+            loss = s.crit(out, s.Y[idx])
         loss.backward()
 
 
@@ -664,11 +705,15 @@ def check_auditor(model_name: str, mode: str, batch: int, device: torch.device, 
     mem = ("memory not measured (CPU)" if peak_off is None or peak_on is None else
            f"peak memory x{peak_on / peak_off:.3f} ({peak_off / 2**20:,.0f} -> "
            f"{peak_on / 2**20:,.0f} MiB)")
+    target = STEP_TARGETS.get(model_name)
+    applies = target is not None and not smoke and (model_name == "digits" or batch == 256)
     rows.append(Row("auditor: cost against the unaudited step", setting,
                     f"step time x{t_on / t_off:.3f} ({1e3 * t_off:.2f} -> {1e3 * t_on:.2f} ms, "
                     f"{sz.reps} rounds of off / on / unpacked {sz.block}-step blocks; gathers "
                     f"one take per tensor instead of packed: x{t_un / t_off:.3f}); {mem}",
-                    "reported", "-", hard=False))
+                    f"step time <= x{target:.2f} (reported)" if applies else "reported",
+                    _yes(t_on / t_off <= target) if applies and target is not None else "-",
+                    hard=False))
     aud.detach()
     return rows
 
@@ -741,6 +786,9 @@ def main(argv: list[str] | None = None) -> int:
                     help="the whole logic on the CPU at tiny sizes; writes nothing")
     ap.add_argument("--model", default="resnet18", choices=("resnet18", "wrn16-4"),
                     help="the larger model (besides the digits CNN)")
+    ap.add_argument("--lora", action="store_true",
+                    help="also the LoRA model of examples/llm_lora_dp.py (hooks mode; its "
+                         "target step time x1.10)")
     ap.add_argument("--batches", default=None, help="expected batch sizes (default 256,1024)")
     ap.add_argument("--modes", default="hooks,ghost")
     ap.add_argument("--budget-s", type=float, default=390.0,
@@ -758,7 +806,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.smoke:  # on a shared machine more threads only contend
         torch.set_num_threads(1)
     modes = tuple(args.modes.split(","))
-    models = ("digits", SMOKE_STAND_IN if args.smoke else args.model)
+    models: tuple[str, ...] = ("digits", SMOKE_STAND_IN if args.smoke else args.model)
     deadline = None if args.smoke else time.monotonic() + args.budget_s
     counter = SyncCounter(device)
     rows: list[Row] = []
@@ -780,6 +828,11 @@ def main(argv: list[str] | None = None) -> int:
                     _guarded(rows, "auditor", f"{model_name}, {mode}, batch {batch}",
                              lambda m=model_name, b=batch, g=mode: check_auditor(
                                  m, g, b, device, sz, args.smoke, counter), deadline)
+        if args.lora:  # hooks mode (ghost clipping needs the example's per-sequence loss)
+            for batch in sz.batches[:1]:
+                _guarded(rows, "auditor", f"lora, hooks, batch {batch}",
+                         lambda b=batch: check_auditor("lora", "hooks", b, device, sz,
+                                                       args.smoke, counter), deadline)
         for model_name in (("digits",) if args.smoke else models):
             for mode in modes:
                 for bug in BUGS:

@@ -52,6 +52,7 @@ from _common import (  # noqa: E402
 )
 
 from dpaudit_torch.audit import PrivacyAuditor  # noqa: E402
+from dpaudit_torch.testing.op_count import added_ops_per_step, layer_stack  # noqa: E402
 
 
 class SmallCNN(nn.Module):
@@ -85,11 +86,40 @@ class CifarCNN(nn.Module):
         return self.net(x)
 
 
+class TinyMLP(nn.Module):
+    """A 4-tensor MLP (32 -> 64 -> 10) whose unaudited DP step takes about a millisecond: the
+    auditor's fixed cost per step at its most visible."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.f1 = nn.Linear(32, 64)
+        self.f2 = nn.Linear(64, 10)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.f2(torch.relu(self.f1(x)))
+
+
 #: model name -> (constructor, input shape of one example)
 MODELS: dict[str, tuple[Any, tuple[int, ...]]] = {
     "small": (SmallCNN, (1, 28, 28)),
     "cifar": (CifarCNN, (3, 32, 32)),
+    "stack": (layer_stack, (16,)),  # 40 x (Linear 16x16, GroupNorm, ReLU) + head: 162 tensors
+    "mlp": (TinyMLP, (32,)),
 }
+
+#: --guard: the note under the table
+GUARD_NOTE = (
+    "Ratios are measured on a shared machine: a trial that stands apart from the others was "
+    "disturbed by other processes; the median is the figure. The added operations are the same "
+    "on every model: the CPU path's per-step work is a fixed number of operations (the reads "
+    "and the additions are compiled passes over NumPy views of the tensors, docs/auditor.md "
+    "\"Cost against the number of tensors\"); what still grows with the tensors is the Python "
+    "of those passes (a view built or looked up per tensor, the watch's lookup of each tensor): "
+    "section \"overhead_split\".")
+
+#: --guard: the settings of the always-on guard's table (model, mode, expected batch)
+GUARD = [("stack", "hooks", 64), ("mlp", "hooks", 64), ("small", "hooks", 64),
+         ("lora", "hooks", 32)]
 
 
 #: --model lora: tokens per sequence
@@ -121,7 +151,8 @@ def make_lora(mode: str, seed: int, n: int, batch: int) -> dict[str, Any]:
         ex.build_model(seed=seed), data, batch_size=batch, grad_sample_mode=mode, lr=0.05,
         accountant="rdp", seed=seed)
     pairs = _Pairs(dl)
-    return {"engine": engine, "model": lambda ids: model(input_ids=ids).logits, "opt": opt,
+    return {"engine": engine, "model": lambda ids: model(input_ids=ids).logits,
+            "module": model, "opt": opt,
             "dl": dl, "batches": pairs, "it": iter(pairs),
             "crit": lambda logits, ids: ex.causal_lm_loss(logits, ids, crit),
             "n_params": sum(p.numel() for p in model.parameters())}
@@ -138,8 +169,8 @@ def make(mode: str, seed: int, n: int, batch: int, model_name: str = "small") ->
     engine, model, opt, dl, crit = make_private_sgd(
         ctor(), X, Y, batch, mode, torch.Generator().manual_seed(seed + 2),
         loader_generator=torch.Generator().manual_seed(seed + 1))
-    return {"engine": engine, "model": model, "opt": opt, "dl": dl, "crit": crit,
-            "it": iter(dl), "n_params": sum(p.numel() for p in model.parameters())}
+    return {"engine": engine, "model": model, "module": model, "opt": opt, "dl": dl,
+            "crit": crit, "it": iter(dl), "n_params": sum(p.numel() for p in model.parameters())}
 
 
 def run_block(s: dict[str, Any], steps: int) -> tuple[float, float, float]:
@@ -241,6 +272,9 @@ def one_trial(mode: str, batch: int, trial: int, args: argparse.Namespace) -> di
     s = make(mode, trial, args.n, batch, args.model)
     every = getattr(args, "every", None)  # the --check-every sweep: one value per call
     aud = PrivacyAuditor(s["engine"], s["opt"], s["dl"], seed=trial,
+                         model=s["module"] if getattr(args, "with_model", False) else None,
+                         **({"disable_monitors": tuple(args.disable.split(","))}
+                            if getattr(args, "disable", "") else {}),
                          **({} if every is None else {"check_every": every}))
     sw = Switch(aud)
     # the CPU time (this thread) of the engine's checks, amortised per audited step below
@@ -314,8 +348,8 @@ def make_fsdp(seed: int, n: int, batch: int) -> dict[str, Any]:
             module=model, optimizer=opt, data_loader=dl, noise_multiplier=1.0,
             max_grad_norm=1.0, grad_sample_mode="ghost_fsdp", criterion=nn.CrossEntropyLoss(),
             noise_generator=torch.Generator().manual_seed(seed + 2))
-    return {"engine": engine, "model": model, "opt": opt, "dl": dl, "crit": crit,
-            "it": iter(dl), "n_params": sum(p.numel() for p in model.parameters())}
+    return {"engine": engine, "model": model, "module": model, "opt": opt, "dl": dl,
+            "crit": crit, "it": iter(dl), "n_params": sum(p.numel() for p in model.parameters())}
 
 
 def _fsdp_worker(rank: int, world: int, port: int, args: argparse.Namespace, out: str) -> None:
@@ -480,6 +514,151 @@ def run_check_every(args: argparse.Namespace) -> None:
         write_section("overhead_check_every", body)
 
 
+def count_ops(model_name: str, mode: str, batch: int, args: argparse.Namespace
+              ) -> tuple[int, int, float]:
+    """(parameter tensors, watched tensors, added top-level ops per step) of the setting:
+    audited (every monitor, the model handed over) and unaudited twins, 4 check intervals
+    counted after 10 warm-up steps (dpaudit_torch.testing.op_count)."""
+    built: dict[str, Any] = {}
+
+    def run(audited: bool) -> Any:
+        s = make(mode, 0, args.n, batch, model_name)
+        if audited:
+            built["aud"] = PrivacyAuditor(s["engine"], s["opt"], s["dl"], seed=0,
+                                          model=s["module"])
+        return lambda n: run_block(s, n)
+
+    got = added_ops_per_step(run, steps=20, warmup=10)
+    aud = built["aud"]
+    watch = getattr(aud.monitors.get("coverage"), "watch", None)
+    watched = len(watch.tensors) if watch is not None else len(aud.tap.params)
+    n_params = len(aud.tap.params)
+    aud.detach()
+    return n_params, watched, got.per_step
+
+
+def split_trial(model_name: str, mode: str, batch: int, args: argparse.Namespace
+                ) -> tuple[float, float, dict[str, float]]:
+    """Where the auditor's time per step goes (one setup, every monitor on): each monitor's
+    ``observe`` / ``advance`` (at checks) / ``after_release``, the release read, the check's
+    transfer and decision and the injection wrapper (without Opacus's clipping calls), timed
+    in place (``time.perf_counter``) over ``args.reps * args.block`` audited steps, then the
+    same steps unaudited. Returns (unaudited ms/step inside optimizer.step(), audited, parts
+    in ms per step)."""
+    s = make(mode, 0, args.n, batch, model_name)
+    aud = PrivacyAuditor(s["engine"], s["opt"], s["dl"], seed=0, model=s["module"])
+    acc: dict[str, float] = {}
+    clock = time.perf_counter
+
+    def timed(obj: Any, attr: str, label: str) -> None:
+        fn = getattr(obj, attr)
+
+        def wrapper(*a: Any, **k: Any) -> Any:
+            t = clock()
+            try:
+                return fn(*a, **k)
+            finally:
+                acc[label] = acc.get(label, 0.0) + clock() - t
+
+        setattr(obj, attr, wrapper)
+
+    eng = aud.engine
+    for name, m in aud.monitors.items():
+        for attr, what in (("observe", "observe"), ("advance", "check"),
+                           ("after_release", "after update")):
+            timed(m, attr, f"{name}: {what}")
+    timed(eng.decision, "update", "decision (at checks)")
+    timed(eng, "_to_host", "check's transfer (at checks)")
+    timed(aud.tap, "read", "release read")
+    sw = Switch(aud, clock=time.perf_counter)
+    run_block(s, args.warmup)
+    acc.clear()
+    sw.acc["inject"] = 0.0
+    steps = args.reps * args.block
+    _, _, on = run_block(s, steps)
+    acc["injection (without Opacus's clipping)"] = sw.acc["inject"]
+    sw.turn_off()
+    _, _, off = run_block(s, steps)
+    aud.detach()
+    return off, on, {k: v / steps for k, v in acc.items()}
+
+
+def run_split(args: argparse.Namespace) -> None:
+    """Section "overhead_split": where the auditor's time per step goes (--split)."""
+    blocks = []
+    for spec in args.split.split(","):
+        model_name, mode, batch = spec.split(":")
+        off, on, parts = split_trial(model_name, mode, int(batch), args)
+        rows = [[k, round(1e3 * v, 3)] for k, v in sorted(parts.items(), key=lambda kv: -kv[1])
+                if 1e3 * v >= 0.001]
+        head = (f"{model_name}, {mode}, batch {batch}: inside optimizer.step() "
+                f"{1e3 * off:.2f} ms unaudited, {1e3 * on:.2f} ms audited (added "
+                f"{1e3 * (on - off):.2f} ms per step; the parts below sum to "
+                f"{1e3 * sum(parts.values()):.2f})")
+        table = markdown_table(["part", "ms per step"], rows)
+        print(head + "\n" + table, flush=True)
+        blocks.append(head + "\n\n" + table)
+    if not args.no_write:
+        write_section("overhead_split", (
+            "## Where the auditor's time per step goes (benchmarks/overhead.py --split)\n\n"
+            f"Command: `{command()}`  \nMachine: {machine()}\n\n"
+            "Every monitor on (the model handed over), default settings, one thread; each part "
+            "timed in place with `time.perf_counter` over the audited steps and divided by "
+            "their number (a check's parts are amortised over its `check_every` steps). The "
+            "parts overlap nowhere; what they do not cover is the step pre-hook's own frame "
+            "and the cold-cache cost of the first operations after the backward pass.\n\n"
+            + "\n\n".join(blocks) + "\n"))
+
+
+def run_guard(args: argparse.Namespace) -> None:
+    """The always-on guard's table (section "overhead_guard"): per setting, the added
+    top-level ops per step (and per watched tensor, against the budget 100 + 2 per watched
+    tensor) and the step-time ratio, every monitor on (the model handed over)."""
+    args.with_model = True
+    rows = []
+    for model_name, mode, batch in GUARD:
+        if args.models and model_name not in args.models.split(","):
+            continue
+        args.model = model_name
+        n_params, watched, ops = count_ops(model_name, mode, batch, args)
+        res = [one_trial(mode, batch, t, args) for t in range(args.trials)]
+        med = {k: statistics.median(r[k] for r in res) for k in ("cpu_base", "cpu_aud",
+                                                                "cpu_ratio", "step_ratio")}
+        budget = 100 + 2 * watched
+        row = [model_name, mode, batch, n_params, watched, round(ops, 1),
+               round(ops / watched, 2), budget, "yes" if ops <= budget else "NO",
+               1e3 * med["cpu_base"], 1e3 * med["cpu_aud"], med["cpu_ratio"],
+               ", ".join(f"{r['cpu_ratio']:.3f}" for r in res), med["step_ratio"]]
+        print(" | ".join(str(v) for v in row), flush=True)
+        rows.append(row)
+    table = markdown_table(
+        ["model", "mode", "batch", "parameter tensors", "watched tensors",
+         "added top-level ops/step", "per watched tensor", "budget 100 + 2/tensor",
+         "within", "CPU ms/step, off", "CPU ms/step, on", "whole-step ratio (median)",
+         "per trial", "ratio from optimizer.step()"], rows)
+    print(table)
+    if not args.no_write:
+        write_section("overhead_guard", (
+            "## The always-on guard: cost against the number of tensors (benchmarks/overhead.py "
+            "--guard)\n\n"
+            f"Command: `{command()}`  \nMachine: {machine()}\n\n"
+            "Every monitor on (the model handed over, so the coverage watch runs), default "
+            "settings, sigma 1, C 1, Poisson batches, one thread. Added top-level ops: "
+            "`torch.profiler`'s top-level `aten::` operations (not called from inside another) "
+            "of 20 audited steps (4 check intervals) minus those of an unaudited twin, after 10 "
+            "warm-up steps, per step (dpaudit_torch/testing/op_count.py; the CPU path; the "
+            "accelerator's path is pinned by tests/testing/test_op_count.py). Step-time ratio: "
+            f"CPU time of the training thread per step with the auditor on over off, {args.reps} "
+            f"pairs of interleaved blocks of {args.block} steps after {args.warmup} audited "
+            f"warm-up steps, median over {args.trials} trials (seeds), and the same from the "
+            "extra time inside optimizer.step() over the whole unaudited step. Models: stack = "
+            "40 x (Linear 16x16, GroupNorm, ReLU) + head (162 tensors), 16 inputs; mlp = "
+            "Linear 32x64, ReLU, Linear 64x10 (4 tensors); small = the CNN of the section "
+            "above; lora = examples/llm_lora_dp.py (GPT-2-style LM, LoRA on c_attn/c_proj/c_fc, "
+            f"{LORA_SEQ_LEN} tokens per sequence; 84 tensors watched, 32 trainable).\n\n"
+            + table + "\n\n" + GUARD_NOTE + "\n"))
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--trials", type=int, default=3)
@@ -492,6 +671,7 @@ def main() -> None:
     ap.add_argument("--model", default="small", choices=sorted([*MODELS, "lora"]),
                     help="small: the 2-conv CNN on 28x28 inputs (the hard case: the smallest "
                          "step); cifar: the CNN of Opacus's CIFAR-10 example on 32x32x3 inputs; "
+                         "stack: 162 small tensors; mlp: a 4-tensor MLP (about 1 ms steps); "
                          "lora: examples/llm_lora_dp.py's GPT-2-style LM with LoRA adapters")
     ap.add_argument("--no-write", action="store_true")
     ap.add_argument("--fsdp", action="store_true",
@@ -499,8 +679,26 @@ def main() -> None:
     ap.add_argument("--check-every", default=None,
                     help="comma-separated check intervals: the overhead at each (first of "
                          "--modes and --batches), written as its own section")
+    ap.add_argument("--guard", action="store_true",
+                    help="the always-on guard's table: added ops per step and step-time ratio "
+                         "for the 162-tensor stack, the tiny MLP, the small CNN and the LoRA "
+                         "model, every monitor on (section overhead_guard)")
+    ap.add_argument("--models", default="",
+                    help="with --guard: only these models (comma-separated)")
+    ap.add_argument("--with-model", action="store_true",
+                    help="hand the model to the auditor (the coverage watch runs too)")
+    ap.add_argument("--disable", default="", help="monitors switched off (comma-separated)")
+    ap.add_argument("--split", default="",
+                    help="where the auditor's time goes, per setting MODEL:MODE:BATCH "
+                         "(comma-separated), e.g. small:hooks:64,mlp:hooks:64")
     args = ap.parse_args()
     torch.set_num_threads(1)
+    if args.guard:
+        run_guard(args)
+        return
+    if args.split:
+        run_split(args)
+        return
     if args.check_every:
         run_check_every(args)
         return
