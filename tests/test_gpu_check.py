@@ -29,7 +29,7 @@ def test_smoke_runs_the_whole_logic_on_the_cpu() -> None:
     from dpaudit_torch.registry import TESTERS
 
     before = DOC.read_bytes() if DOC.exists() else None
-    out = _run("--smoke", timeout=300)
+    out = _run("--smoke", "--lora", timeout=300)
     assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]
     table = _table(out.stdout)
     assert table[0] == ["check", "setting", "measured", "criterion", "met"]
@@ -41,13 +41,15 @@ def test_smoke_runs_the_whole_logic_on_the_cpu() -> None:
         assert sum(c.startswith(part) for c in checks) == 1, part
     syncs = [r for r in rows if r[0].startswith("auditor: host reads")]
     costs = [r for r in rows if r[0].startswith("auditor: cost")]
-    assert len(syncs) == len(costs) == 4  # two models x hooks, ghost
+    assert len(syncs) == len(costs) == 5  # two models x hooks, ghost; the LoRA model, hooks
     assert all("between: max 0 over" in r[2] for r in syncs)
     for r in syncs:  # one host read at each check: the one transfer
         at = r[2].split("at checks: ")[1].split(";")[0].split(" (")[0]
         assert at and all(int(n) == 1 for n in at.split(", ")), r[2]
         assert r[3] == "0 between checks, at most 1 per check"
-    assert {r[1].split(" (")[0] for r in syncs} == {"digits", "wrn10-1"}
+    assert {r[1].split(" (")[0] for r in syncs} == {"digits", "wrn10-1", "lora"}
+    # the guard's step-time targets apply on a GPU only (reported rows, never hard)
+    assert all(r[3] == "reported" and r[4] == "-" for r in costs)
     detections = [r for r in rows if r[0].startswith("detection:")]
     assert sorted({r[0] for r in detections}) == ["detection: no-noise",
                                                   "detection: noise-halved"]
