@@ -168,8 +168,10 @@ class HostGather:
 
     def __call__(self, tensors: list[torch.Tensor]) -> np.ndarray | None:
         views = host_views(tensors)
-        if views is None:
-            return None
+        return None if views is None else self.read(views)
+
+    def read(self, views: tuple[np.ndarray, ...]) -> np.ndarray:
+        """The gathered values from the tensors' flat NumPy ``views``."""
         out = np.empty(self.flat.shape[0], dtype=np.float64)
         if compiled():
             take_columns(views, self.counts, self.flat, out)

@@ -67,7 +67,8 @@ def host_views(tensors: list[torch.Tensor | None], cache: ViewCache | None = Non
                ) -> tuple[np.ndarray, ...] | None:
     """The flat, writable NumPy views of ``tensors`` if a compiled pass can use them (every one
     present, on the CPU, strided, contiguous, of one NumPy float dtype), else None; no
-    dispatcher operation. Valid while the caller holds the tensors (module docstring)."""
+    dispatcher operation. Valid while the caller holds the tensors (module docstring). (The
+    loop is written for speed: it runs over every parameter tensor a few times per step.)"""
     if not tensors:
         return ()
     first = tensors[0]
@@ -78,10 +79,18 @@ def host_views(tensors: list[torch.Tensor | None], cache: ViewCache | None = Non
     if typestr is None:
         return None
     views = _CACHE if cache is None else cache
-    out = []
-    for t in tensors:
-        if (t is None or t.dtype is not dt or not t.is_cpu or t.layout is not torch.strided
-                or not t.is_contiguous() or t.is_neg()):
-            return None
-        out.append(views.view(t.data_ptr(), t.numel(), typestr))
+    get = views._views.get
+    out: list[np.ndarray] = []
+    add = out.append
+    try:
+        for t in tensors:
+            # (a missing tensor fails at .dtype, a sparse or opaque one at is_contiguous)
+            if (t.dtype is not dt or not t.is_cpu  # type: ignore[union-attr]
+                    or not t.is_contiguous() or t.is_neg()):  # type: ignore[union-attr]
+                return None
+            ptr, n = t.data_ptr(), t.numel()  # type: ignore[union-attr]
+            v = get((ptr, n, typestr))
+            add(views.view(ptr, n, typestr) if v is None else v)
+    except (AttributeError, RuntimeError, NotImplementedError):
+        return None
     return tuple(out)

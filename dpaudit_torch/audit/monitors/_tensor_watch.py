@@ -64,9 +64,15 @@ class WatchedTensor:
         t = table.get(self.attr)
         if t is None:
             return None
-        if hasattr(t, "to_local"):  # a sharded (DTensor) parameter: this rank's shard
+        # a sharded (DTensor) parameter: this rank's shard (a plain tensor skips the lookup,
+        # which costs an exception for each tensor at every point)
+        if type(t) not in _PLAIN and hasattr(t, "to_local"):
             t = t.to_local()
         return torch.view_as_real(t) if t.is_complex() else t
+
+
+#: tensor types that are never sharded (no ``to_local``)
+_PLAIN = frozenset({torch.Tensor, torch.nn.Parameter})
 
 
 def _key(t: torch.Tensor | None) -> tuple[Any, ...] | None:
@@ -151,23 +157,29 @@ class _Group:
         part have no NumPy views (the torch path then runs)."""
         assert self.host is not None
         out = np.empty(self._width, dtype=np.float64)
-        for k, part in enumerate(self.norm_parts):
-            got = [tensors[j] for j in part]
-            into = out[self._norm_at[k]:self._norm_at[k + 1]]
-            if self._norm_elements[k] > HOST_NORM_MAX:  # torch's fused (vectorised) norms
-                into[:] = torch.stack(torch._foreach_norm(got)).double().numpy()
-                continue
-            views = host_views(got)
-            if views is None:
-                return None
-            sum_squares(views, into)
+        view_of: dict[int, np.ndarray] = {}  # each tensor viewed once per point
         at = self._norm_at[-1]
         for part, gather, by_torch in zip(self.sample_parts, self.host, self.gathers):
             ts = [tensors[j] for j in part]
-            got = gather(ts)  # None: no NumPy dtype (an integer buffer): torch's takes
-            vals = by_torch(ts).double().numpy() if got is None else got
+            views = host_views(ts)
+            if views is None:  # no NumPy dtype (an integer buffer): torch's takes
+                vals = by_torch(ts).double().numpy()
+            else:
+                vals = gather.read(views)
+                view_of.update(zip(part, views))
             out[at:at + vals.shape[0]] = vals
             at += vals.shape[0]
+        for k, part in enumerate(self.norm_parts):
+            into = out[self._norm_at[k]:self._norm_at[k + 1]]
+            if self._norm_elements[k] > HOST_NORM_MAX:  # torch's fused (vectorised) norms
+                into[:] = torch.stack(torch._foreach_norm([tensors[j] for j in part])
+                                      ).double().numpy()
+                continue
+            views = tuple(view_of[j] for j in part) if all(j in view_of for j in part) \
+                else host_views([tensors[j] for j in part])
+            if views is None:
+                return None
+            sum_squares(views, into)
         return out
 
     def fingerprint(self, tensors: list[torch.Tensor]) -> torch.Tensor | np.ndarray:
