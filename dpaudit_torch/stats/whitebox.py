@@ -31,11 +31,15 @@ PRV accountant's error interval (Gopi, Lee & Wutschitz, NeurIPS 2021) at noise m
 rho_lb.  P_rho(L >= l) is computed by a two-dimensional quadrature whose every cell takes the
 value of its worst corner, so the computed p-value is never below the true one (conservative).
 
-It is a test *within* the family (:data:`WHITEBOX_FAMILY_NOTE`).  The family's assumptions that
-the data can check are checked on the OUT canaries' per-step values
-(:func:`family_check`): independent steps (the variance of the sums against T times the per-step
-variance) and a Gaussian shape (kurtosis).  A release that fails the check gets no bound: the
-number would not be a bound for it.
+It is a test *within* the family (:data:`WHITEBOX_FAMILY_NOTE`): a lower bound on epsilon for
+releases in the Gaussian DP-SGD family, the claim's own model, so above the claim it refutes the
+claim as stated (its model or its parameters); not a lower bound on the true epsilon of an
+arbitrary mechanism.  The family's assumptions that the data can check are checked on the OUT
+canaries' per-step values (:func:`family_check`, at the bound's own alpha split over four
+parts): independent steps (the variance of the sums against T times the per-step variance, and
+the noise monitor's two-sided sign test across steps) and a Gaussian shape (kurtosis, and the
+noise monitor's whole-null cells, Krichevsky & Trofimov mixtures).  A release that fails the
+check gets no bound: the number would not be a bound for it.
 """
 
 from __future__ import annotations
