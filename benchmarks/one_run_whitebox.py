@@ -326,11 +326,12 @@ def coverage_release(games: int) -> str:
         reasons: set[str] = set()
         for g in range(games):
             rng = np.random.default_rng([31, i, g])
-            is_in, sums, sq, q4 = simulate_release(s["sigma"], Q_B, T_B, M_B, rng,
-                                                   noise=s["noise"], c=s["c"])
+            is_in, sums, sq, q4, vals = simulate_release(s["sigma"], Q_B, T_B, M_B, rng,
+                                                         noise=s["noise"], c=s["c"],
+                                                         keep_values=True)
             mom = release_moments(sums, is_in, T_B, sq, q4)
             for a in ALPHAS:
-                res = whitebox_bound(mom, Q_B, DELTA, alpha=a)
+                res = whitebox_bound(mom, Q_B, DELTA, alpha=a, out_values=vals[:, ~is_in])
                 if res.bound is None:
                     if a == ALPHAS[0]:
                         withheld += 1
