@@ -25,6 +25,7 @@ from .formatting import NO_STEPS_SENTENCE, bound_alpha, pairs_sentence, power_se
 from .markup import esc, json_for_script, kv_section, method_label, num
 from .schema import JSON_NAME, ReportData, no_steps_audited
 from .sections import plots_section, provenance_section, sequential_section, strength_section
+from .summary import family_promise
 from .view import ReportView
 from .wording import decided_per_step, deciding_findings, monitor_label
 
@@ -153,6 +154,10 @@ def verdict_section(v: ReportView) -> str:
             f"({which}). The implementation or its accounting does not deliver the privacy "
             "it states.</p>"
         )
+        promises = [family_promise(m) for m in refuting]
+        if refuting and all(promises):  # only family bounds refute: say what they prove
+            text += "".join(f"<p>{esc(method_label(m))}: {esc(p)}</p>"
+                            for m, p in zip(refuting, promises) if p)
         if d["violation"]:  # the proof during training as well, with its deciding monitors
             text += violation_text(v)
     elif d["violation"]:

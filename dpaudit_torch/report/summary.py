@@ -10,6 +10,7 @@ two are never on the same line, and the per-step bound is never compared with th
 
 from __future__ import annotations
 
+from ..registry import bound_method, refuting_methods
 from .formatting import (
     NO_STEPS_SENTENCE,
     bound_alpha,
@@ -21,7 +22,19 @@ from .formatting import (
 from .schema import VERDICT_NOTHING, ReportData, is_one_step, no_steps_audited, per_step_delta
 from .wording import deciders_text, deciding_findings
 
-__all__ = ["summary_text"]
+__all__ = ["summary_text", "family_promise"]
+
+
+def family_promise(method: str) -> str | None:
+    """What a family bound that may refute a claim proves (None for any other method): a lower
+    bound for releases in its family, which is the claim's own model, not for an arbitrary
+    mechanism (docs/design.md section 13)."""
+    spec = bound_method(method)
+    if spec is None or spec.family_free or not spec.refutes_if_verified or not spec.family:
+        return None
+    return (f"It is a lower bound for releases in the {spec.family} family, which is the "
+            f"claim's own model: above the claim it refutes the claim as stated (its model or "
+            f"its parameters), not the true epsilon of an arbitrary mechanism.")
 
 
 def summary_text(report: ReportData) -> str:
@@ -43,9 +56,12 @@ def summary_text(report: ReportData) -> str:
                  or "a scope this version of dpaudit_torch does not know")
         own = bound_alpha(r.lower_bound_details.get(method, {}), r.alpha)  # its own level
         pct = level if own == r.alpha else format_number(100.0 * (1.0 - own))
-        lines.append(
-            f"Audited lower bound ({method}, for {scope}, at the same delta): epsilon >= "
-            f"{format_number(r.epsilon_lower_bounds[method])} with {pct}% confidence.")
+        line = (f"Audited lower bound ({method}, for {scope}, at the same delta): epsilon >= "
+                f"{format_number(r.epsilon_lower_bounds[method])} with {pct}% confidence.")
+        promise = family_promise(method)
+        if promise:
+            line += f" {promise}"
+        lines.append(line)
     if not r.epsilon_lower_bounds:
         lines.append("No lower bound was computed.")
     elif not whole:
@@ -64,8 +80,15 @@ def summary_text(report: ReportData) -> str:
     if pairs:  # "16 pairs" beside "4800 pairs": per step, and fed over the run
         lines.append(f"Canary pairs: {pairs}")
     if r.claim_refuted:
-        lines.append("A valid lower bound on the whole run's epsilon exceeds the claimed "
-                     "epsilon: the claim is false (with the stated confidence).")
+        refuting = refuting_methods(r.epsilon_lower_bounds, r.claimed_epsilon,
+                                    r.lower_bound_details)
+        if refuting and all(family_promise(m) for m in refuting):
+            lines.append("A lower bound valid within the claim's own model exceeds the claimed "
+                         "epsilon: the claim as stated (its model or its parameters) is false "
+                         "(with the stated confidence).")
+        else:
+            lines.append("A valid lower bound on the whole run's epsilon exceeds the claimed "
+                         "epsilon: the claim is false (with the stated confidence).")
     shown: list[object] = []
     if r.violation:
         at = "" if r.violation_step is None else f" at training step {r.violation_step}"

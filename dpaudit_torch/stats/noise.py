@@ -404,24 +404,34 @@ class NoiseIndependenceTest(_Decision):
     masks, 2 max(lag) n bytes; the work per step is an XOR and a count per lag). The same n
     coordinates must be passed at every step, in the same order.
 
+    With ``two_sided`` the grid also holds the negated stakes -lambda: e_t(k, -lambda) =
+    (1 - lambda)^P (1 + lambda)^M has conditional mean 1 as well and grows when the signs
+    disagree (noise negatively correlated across steps, which the white-box release bound's
+    family check must see: docs/design.md section 13).
+
     Args:
         lags: the lags k >= 1 to test.
         alpha: level of the test, in (0, 1).
         stakes: the grid of stakes lambda in (0, 1).
+        two_sided: bet on negative dependence too (the grid and its negation, averaged).
     """
 
     kind: str = "noise_independence"
     _STATE = ("_n", "_neg", "_zero", "_has_zero", "_log_s", "_plus", "_minus")
 
     def __init__(self, lags: Sequence[int] = DEFAULT_LAGS, alpha: float = 0.05,
-                 stakes: Sequence[float] = DEFAULT_STAKES) -> None:
+                 stakes: Sequence[float] = DEFAULT_STAKES, two_sided: bool = False) -> None:
         ks = [check_positive_int(k, f"lags[{i}]") for i, k in enumerate(lags)]
         if not ks or len(set(ks)) != len(ks):
             raise ValueError(f"lags must be a non-empty sequence of distinct integers >= 1, "
                              f"got {lags!r}")
         self.lags = tuple(ks)
         self.alpha = check_alpha(alpha)
-        self.stakes = _check_grid(stakes, "stakes", 0.0, 1.0)
+        grid = _check_grid(stakes, "stakes", 0.0, 1.0)
+        if not isinstance(two_sided, bool):
+            raise ValueError(f"two_sided must be a bool, got {two_sided!r}")
+        self.two_sided = two_sided
+        self.stakes = np.concatenate((grid, -grid)) if two_sided else grid
         self._lag_arr = np.asarray(self.lags, dtype=np.int64)
         self._depth = max(self.lags)
         self._log_up = np.log1p(self.stakes)
@@ -568,5 +578,8 @@ class NoiseIndependenceTest(_Decision):
                                           axis=1)
 
     def _config(self) -> dict[str, Any]:
-        return {"kind": self.kind, "lags": list(self.lags), "alpha": self.alpha,
-                "stakes": self.stakes.tolist()}
+        cfg = {"kind": self.kind, "lags": list(self.lags), "alpha": self.alpha,
+               "stakes": self.stakes.tolist()}
+        if self.two_sided:  # (one-sided configurations keep the keys they always had)
+            cfg["two_sided"] = True
+        return cfg

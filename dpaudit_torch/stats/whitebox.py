@@ -31,11 +31,15 @@ PRV accountant's error interval (Gopi, Lee & Wutschitz, NeurIPS 2021) at noise m
 rho_lb.  P_rho(L >= l) is computed by a two-dimensional quadrature whose every cell takes the
 value of its worst corner, so the computed p-value is never below the true one (conservative).
 
-It is a test *within* the family (:data:`WHITEBOX_FAMILY_NOTE`).  The family's assumptions that
-the data can check are checked on the OUT canaries' per-step values
-(:func:`family_check`): independent steps (the variance of the sums against T times the per-step
-variance) and a Gaussian shape (kurtosis).  A release that fails the check gets no bound: the
-number would not be a bound for it.
+It is a test *within* the family (:data:`WHITEBOX_FAMILY_NOTE`): a lower bound on epsilon for
+releases in the Gaussian DP-SGD family, the claim's own model, so above the claim it refutes the
+claim as stated (its model or its parameters); not a lower bound on the true epsilon of an
+arbitrary mechanism.  The family's assumptions that the data can check are checked on the OUT
+canaries' per-step values (:func:`family_check`, at the bound's own alpha split over four
+parts): independent steps (the variance of the sums against T times the per-step variance, and
+the noise monitor's two-sided sign test across steps) and a Gaussian shape (kurtosis, and the
+noise monitor's whole-null cells, Krichevsky & Trofimov mixtures).  A release that fails the
+check gets no bound: the number would not be a bound for it.
 """
 
 from __future__ import annotations
@@ -72,13 +76,20 @@ __all__ = [
     "smallest_sigma",
     "simulate_release",
     "simulate_sums",
+    "flat_laplace_shape",
+    "whole_null_tests",
+    "FAMILY_PARTS",
+    "NOISE_FREE_RATIO",
 ]
 
-#: stated with every white-box result
+#: stated with every white-box result: what it proves
 WHITEBOX_FAMILY_NOTE = (
-    "test within the DP-SGD family (the canary's white-box release is c B + N(0, sigma^2) per "
-    "step, B ~ Bernoulli(q) drawn by the auditor), not a family-free bound; reported only when "
-    "the OUT canaries' per-step values pass the family check (independent steps, Gaussian shape)")
+    "a lower bound on epsilon for releases in the Gaussian DP-SGD family (the canary's white-box "
+    "release is c B + N(0, sigma^2) per step, independent steps, B ~ Bernoulli(q) drawn by the "
+    "auditor), which is the accountant's own model of the run: above the claim it refutes the "
+    "claim as stated (its model or its parameters); it is not a lower bound on the true epsilon "
+    "of an arbitrary mechanism. Reported only when the OUT canaries' per-step values pass the "
+    "family check (variance ratio, kurtosis, whole-null cells, lag signs) at the bound's level")
 
 #: default level of the white-box bound.  The bound comes within a few percent of a correct
 #: run's claim, so its level is how often a correct run's bound can exceed its claim; the
@@ -86,11 +97,18 @@ WHITEBOX_FAMILY_NOTE = (
 #: section 13)
 WHITEBOX_ALPHA = 1e-3
 
-#: a per-step variance of the OUT values at most this (units of C^2) is a noise-free release:
-#: float rounding of a run without noise, where a canary's presence is seen outright
-NOISE_FREE_VAR = 1e-12
-#: level of each part of the family check (a failed check withholds the bound: conservative)
-FAMILY_ALPHA = 1e-4
+#: a release whose OUT values' per-step RMS is at most this fraction of the canary's measured
+#: contribution c_hat = D / (q T) is noise-free: float rounding of a run without noise, where a
+#: canary's presence is seen outright.  Relative, so that a release multiplied by any positive
+#: constant gets the same verdict (an absolute threshold let a release whose contribution and
+#: noise are both ~1e-6 skip the shape and independence checks)
+NOISE_FREE_RATIO = 1e-6
+#: the family check's parts; its level (the bound's alpha) is split evenly among them
+FAMILY_PARTS = ("variance ratio", "kurtosis", "whole-null shape", "lag signs")
+#: lags of the family check's sign test (the noise monitor's defaults)
+FAMILY_LAGS: tuple[int, ...] = (1, 2, 3, 4, 5, 8, 10, 16)
+#: steps of OUT values fed to the whole-null tests at a time (bounds their scratch memory)
+_FEED_ROWS = 256
 #: PRV discretisation: eps error, and the largest mesh (points) computed at finalize
 PRV_EPS_ERROR = 0.01
 PRV_MAX_POINTS = 1_000_000
@@ -160,7 +178,12 @@ def release_moments(sums: np.ndarray, is_in: np.ndarray, steps: int,
 
 @dataclass(frozen=True)
 class FamilyCheck:
-    """Whether the OUT canaries' per-step values fit the family: ``passed``, and why not."""
+    """Whether the OUT canaries' per-step values fit the family: ``passed``, and why not.
+
+    ``level``: the level of each part (the check's alpha split over :data:`FAMILY_PARTS`);
+    ``whole_null_log_wealth`` / ``lag_log_wealth``: the largest log-wealth the whole-null shape
+    test and the two-sided lag sign test reached, against ``log_threshold`` = log(1 / level);
+    ``value_steps``: the steps of per-step values those two tests saw."""
 
     passed: bool
     reason: str
@@ -168,50 +191,161 @@ class FamilyCheck:
     dispersion_min: float | None = None
     kurtosis: float | None = None
     kurtosis_tolerance: float | None = None
+    level: float | None = None
+    whole_null_log_wealth: float | None = None
+    whole_null_worst: str | None = None
+    lag_log_wealth: float | None = None
+    lag_worst: int | None = None
+    log_threshold: float | None = None
+    value_steps: int | None = None
+    noise_free: bool = False
 
 
-def family_check(mom: ReleaseMoments, alpha: float = FAMILY_ALPHA) -> FamilyCheck:
+def _finite(*vals: float | None) -> bool:
+    return all(v is not None and math.isfinite(v) for v in vals)
+
+
+def _out_rows(out_values: np.ndarray | None, n_out: int) -> np.ndarray | None:
+    """The OUT canaries' per-step values [steps, n0] (float64), rows with a non-finite value
+    dropped (a skipped step carries no evidence); ValueError on a wrong shape."""
+    if out_values is None:
+        return None
+    x = np.asarray(out_values)
+    if x.ndim != 2 or x.shape[1] != n_out:
+        raise ValueError(f"out_values must be [steps, {n_out}] (one column per OUT canary), "
+                         f"got shape {x.shape}")
+    x = x.astype(np.float64, copy=False)
+    keep = np.isfinite(x).all(axis=1)
+    return x if keep.all() else x[keep]
+
+
+def whole_null_tests(xi: np.ndarray, level: float) -> tuple[Any, Any]:
+    """The noise monitor's whole-null tests, run on standardised per-step values ``xi``
+    [steps, n] (iid N(0, 1) under the null): the shape / tails / lag-1 cells of
+    :class:`~dpaudit_torch.stats.noise_null.NoiseNullTest` and the sign test of
+    :class:`~dpaudit_torch.stats.noise.NoiseIndependenceTest` at lags :data:`FAMILY_LAGS`,
+    two-sided; each at ``level``.  Returns the two tests after every row."""
+    from .noise import NoiseIndependenceTest
+    from .noise_null import NoiseNullTest
+
+    n = int(xi.shape[1])
+    null = NoiseNullTest(np.zeros(n, dtype=np.int64), None, None, alpha=level)
+    lags = NoiseIndependenceTest(FAMILY_LAGS, alpha=level, two_sided=True)
+    for r0 in range(0, int(xi.shape[0]), _FEED_ROWS):
+        block = xi[r0:r0 + _FEED_ROWS]
+        null.update_steps(block)
+        lags.update_steps(block)
+    return null, lags
+
+
+def family_check(mom: ReleaseMoments, alpha: float = WHITEBOX_ALPHA, *,
+                 q: float | None = None, out_values: np.ndarray | None = None) -> FamilyCheck:
     """Check the family's assumptions on the OUT canaries (docs/design.md section 13).
 
-    * Independent steps: S^2 / (T step_var) is chi^2(n0 - 1) / (n0 - 1) when the steps are
-      independent.  Too small a ratio means the sums vary less than independent steps allow
-      (negatively correlated noise), which would inflate L; a larger ratio only makes the bound
-      smaller, so the check is one-sided.
-    * Gaussian shape: the kurtosis of the N = n0 T values is 3 +- sqrt(24 / N) for Gaussian
-      noise; outside 3 +- z sqrt(24 / N) (two-sided, z for level ``alpha``) the shape is not
-      Gaussian, and a noise with other tails can be more private than its Gaussian twin at a
-      large signal-to-noise ratio (Laplace noise is), so the family would overstate epsilon.
+    The check runs at level ``alpha`` (the bound's own): its parts, :data:`FAMILY_PARTS`, each
+    at alpha / 4, so a release in the family has its bound withheld with probability at most
+    alpha (Bonferroni; the scale of the shape test is estimated, which only makes it more
+    conservative: Chernoff & Lehmann, Ann. Math. Statist. 1954).
+
+    * Independent steps, in the sums: S^2 / (T step_var) is chi^2(n0 - 1) / (n0 - 1) when the
+      steps are independent.  Too small a ratio means the sums vary less than independent steps
+      allow (negatively correlated noise), which would inflate L; a larger ratio only makes the
+      bound smaller, so this part is one-sided.
+    * Gaussian shape, in the moments: the kurtosis of the N = n0 T values is 3 +- sqrt(24 / N)
+      for Gaussian noise; outside 3 +- z sqrt(24 / N) (two-sided) the shape is not Gaussian.
+    * Gaussian shape, in the cells: the noise monitor's whole-null test
+      (:class:`~dpaudit_torch.stats.noise_null.NoiseNullTest`: 16 equal-mass cells, the tail
+      cells and the lag-1 transition cells) on the OUT values standardised by their RMS.
+      A noise of kurtosis 3 with another shape passes the kurtosis and fails here.
+    * Independence across steps, in the signs: the noise monitor's sign test
+      (:class:`~dpaudit_torch.stats.noise.NoiseIndependenceTest`) at lags 1-16, two-sided:
+      scale-free, and it sees steps correlated in pairs, which the variance ratio misses when
+      few canaries are OUT.
+
+    ``out_values``: the OUT canaries' per-step values [steps, n0] (units of C; any window of
+    consecutive steps fixed in advance); without them the check fails.  ``q``: the inclusion
+    rate, for the noise-free test (the contribution c_hat = D / (q T)); None uses q = 1 (a
+    smaller c_hat: a stricter test).  A noise-free release (per-step RMS at most
+    :data:`NOISE_FREE_RATIO` c_hat, with D > 0) is the family's limit sigma -> 0 and passes.
+    Every statistic must be finite: a NaN or infinite one withholds the bound, with its name.
     """
+    alpha = check_alpha(alpha)
+    if q is not None and not (0.0 < q <= 1.0):
+        raise ValueError(f"inclusion rate q must be in (0, 1], got {q!r}")
+    level = alpha / len(FAMILY_PARTS)
+    x = _out_rows(out_values, mom.n_out)
     if mom.step_var is None:
         return FamilyCheck(False, "per-step moments were not recorded (a checkpoint of an "
-                                  "older version): the family check cannot run")
+                                  "older version): the family check cannot run", level=level)
     if mom.steps < 2:
-        return FamilyCheck(False, "fewer than 2 steps: the family check cannot run")
-    if mom.step_var <= NOISE_FREE_VAR:
-        if mom.d > 0:
-            return FamilyCheck(True, f"a noise-free release: the OUT canaries' values have RMS "
-                                     f"{math.sqrt(max(mom.step_var, 0.0)):.3g} C, at most "
-                                     f"{math.sqrt(NOISE_FREE_VAR):.0e} C (the family's limit "
-                                     f"sigma -> 0), while the IN canaries show their signal")
+        return FamilyCheck(False, "fewer than 2 steps: the family check cannot run",
+                           level=level)
+    for name, v in (("the IN-OUT difference D", mom.d), ("the OUT sums' variance", mom.s2),
+                    ("the per-step variance", mom.step_var)):
+        if not _finite(v):
+            return FamilyCheck(False, f"{name} is not finite ({v!r}): the family check "
+                                      f"cannot run", level=level)
+    rms = math.sqrt(max(mom.step_var, 0.0))
+    c_hat = mom.d / ((1.0 if q is None else float(q)) * mom.steps)
+    if mom.d > 0 and rms <= NOISE_FREE_RATIO * c_hat:
+        return FamilyCheck(True, f"a noise-free release: the OUT canaries' values have RMS "
+                                 f"{rms:.3g} C, at most {NOISE_FREE_RATIO:g} times the "
+                                 f"canaries' measured contribution {c_hat:.3g} C (the "
+                                 f"family's limit sigma -> 0)", level=level, noise_free=True)
+    if not mom.step_var > 0:
         return FamilyCheck(False, "the OUT canaries' values carry no noise and the IN canaries "
-                                  "no signal")
+                                  "no signal", level=level)
     nu = mom.n_out - 1
     ratio = mom.s2 / (mom.steps * mom.step_var)
-    r_min = float(stats.chi2.ppf(alpha, nu) / nu)
+    r_min = float(stats.chi2.ppf(level, nu) / nu)
+    if not _finite(ratio):
+        return FamilyCheck(False, f"the variance ratio is not finite ({ratio!r})", ratio, r_min,
+                           level=level)
     if ratio < r_min:
         return FamilyCheck(False, f"the OUT canaries' sums vary less than independent steps "
                                   f"allow (variance ratio {ratio:.4g} < {r_min:.4g}): the "
-                                  f"steps' noise is not independent", ratio, r_min)
+                                  f"steps' noise is not independent", ratio, r_min, level=level)
     if mom.kurtosis is None:
-        return FamilyCheck(False, "per-step fourth moments were not recorded", ratio, r_min)
+        return FamilyCheck(False, "per-step fourth moments were not recorded", ratio, r_min,
+                           level=level)
     n_vals = mom.n_out * mom.steps
-    tol = float(stats.norm.isf(alpha / 2) * math.sqrt(24.0 / n_vals))
+    tol = float(stats.norm.isf(level / 2) * math.sqrt(24.0 / n_vals))
+    if not _finite(mom.kurtosis):
+        return FamilyCheck(False, f"the kurtosis of the OUT values is not finite "
+                                  f"({mom.kurtosis!r})", ratio, r_min, mom.kurtosis, tol,
+                           level=level)
     if abs(mom.kurtosis - 3.0) > tol:
         return FamilyCheck(False, f"the per-step noise is not Gaussian: kurtosis "
                                   f"{mom.kurtosis:.4g} outside 3 +- {tol:.3g}", ratio, r_min,
-                           mom.kurtosis, tol)
-    return FamilyCheck(True, "independent steps and Gaussian shape not rejected", ratio, r_min,
-                       mom.kurtosis, tol)
+                           mom.kurtosis, tol, level=level)
+    parts: dict[str, Any] = {"dispersion": ratio, "dispersion_min": r_min,
+                             "kurtosis": mom.kurtosis, "kurtosis_tolerance": tol,
+                             "level": level, "log_threshold": math.log(1.0 / level)}
+    if x is None or x.shape[0] < 2:
+        return FamilyCheck(False, "the OUT canaries' per-step values were not recorded: the "
+                                  "whole-null shape and lag tests cannot run", **parts)
+    scale = math.sqrt(float(np.mean(x * x)))
+    if not (scale > 0 and math.isfinite(scale)):
+        return FamilyCheck(False, f"the OUT canaries' per-step values have RMS {scale!r}: "
+                                  f"the whole-null tests cannot run", **parts)
+    null, lags = whole_null_tests(x / scale, level)
+    parts.update(whole_null_log_wealth=null.max_log_wealth, whole_null_worst=null.worst_family(),
+                 lag_log_wealth=lags.max_log_wealth, lag_worst=lags.worst_lag(),
+                 value_steps=int(x.shape[0]))
+    if not _finite(null.max_log_wealth, lags.max_log_wealth):
+        return FamilyCheck(False, "a whole-null test's log-wealth is not finite", **parts)
+    if null.rejected:
+        return FamilyCheck(False, f"the per-step noise is not iid Gaussian: the whole-null "
+                                  f"test rejects (log-wealth {null.max_log_wealth:.3g} >= "
+                                  f"{parts['log_threshold']:.3g}, worst cells "
+                                  f"'{null.worst_family()}')", **parts)
+    if lags.rejected:
+        return FamilyCheck(False, f"the steps' noise is not independent: the sign test rejects "
+                                  f"(log-wealth {lags.max_log_wealth:.3g} >= "
+                                  f"{parts['log_threshold']:.3g}, worst lag "
+                                  f"{lags.worst_lag()})", **parts)
+    return FamilyCheck(True, "independent steps and Gaussian shape not rejected (variance "
+                             "ratio, kurtosis, whole-null cells, lag signs)", **parts)
 
 
 # ------------------------------------------------------------------------------------------------
@@ -457,17 +591,23 @@ class WhiteboxResult:
 
 
 def whitebox_bound(mom: ReleaseMoments, q: float, delta: float, alpha: float = WHITEBOX_ALPHA,
-                   check: bool = True) -> WhiteboxResult:
+                   check: bool = True, out_values: np.ndarray | None = None) -> WhiteboxResult:
     """The white-box bound: eps_lower of DP-SGD at noise multiplier 1 / rho_lb (docs/design.md
-    section 13).  With ``check`` the family check runs first and a failed check gives
-    ``bound=None`` with its reason."""
+    section 13).  With ``check`` the family check runs first, at the bound's own ``alpha``, on
+    the moments and the OUT canaries' per-step values ``out_values`` [steps, n0]; a failed
+    check gives ``bound=None`` with its reason.
+
+    The bound is a lower bound on epsilon for releases in the Gaussian DP-SGD family
+    (:data:`WHITEBOX_FAMILY_NOTE`), the claim's own model: above the claim it refutes the claim
+    as stated (its model or its parameters), not the true epsilon of an arbitrary mechanism."""
     alpha = check_alpha(alpha)
     delta = check_delta(delta)
     if delta <= 0:
         raise ValueError(f"the white-box bound needs delta > 0, got {delta!r}")
     if not (0.0 < q <= 1.0):
         raise ValueError(f"inclusion rate q must be in (0, 1], got {q!r}")
-    fc = family_check(mom) if check else FamilyCheck(True, "not checked (check=False)")
+    fc = (family_check(mom, alpha, q=q, out_values=out_values) if check
+          else FamilyCheck(True, "not checked (check=False)"))
     s_min = smallest_sigma(float(q), mom.steps, float(delta))
     ceiling = dpsgd_epsilon(s_min, q, mom.steps, delta, "lower")
     rho = rho_lower_bound(mom, q, alpha)
@@ -577,40 +717,89 @@ def whitebox_power(sigma: float, q: float, steps: int, m: int, *, delta: float,
 # ------------------------------------------------------------------------------------------------
 # simulation of the white-box release (tests, benchmarks, power checks)
 # ------------------------------------------------------------------------------------------------
+def flat_laplace_shape() -> tuple[float, float]:
+    """(a, b) of the unit-variance noise with kurtosis exactly 3 made of a flat centre and
+    Laplace tails: density h on [-a, a] and h exp(-(|x| - a) / b) beyond, h = 1 / (2 (a + b)).
+    Its variance and fourth moment equal the standard normal's, so a kurtosis test cannot tell
+    them apart; it is more private than the Gaussian at a large signal (its tails are
+    exponential).  Solved once: the kurtosis is 1.8 at b = 0 (uniform) and 6 at a = 0
+    (Laplace)."""
+    return _flat_laplace()
+
+
+@functools.lru_cache(maxsize=1)
+def _flat_laplace() -> tuple[float, float]:
+    def moments(a: float, b: float) -> tuple[float, float]:
+        h = 1.0 / (2.0 * (a + b))
+        m2 = 2 * h * (a ** 3 / 3 + b * (a * a + 2 * a * b + 2 * b * b))
+        m4 = 2 * h * (a ** 5 / 5 + b * (a ** 4 + 4 * a ** 3 * b + 12 * a * a * b * b
+                                        + 24 * a * b ** 3 + 24 * b ** 4))
+        return m2, m4
+
+    def excess(t: float) -> float:  # a / b = t, b = 1
+        m2, m4 = moments(t, 1.0)
+        return m4 / (m2 * m2) - 3.0
+
+    t = float(optimize.brentq(excess, 1e-6, 1e3, xtol=1e-14, rtol=1e-15))
+    m2, _ = moments(t, 1.0)
+    b = 1.0 / math.sqrt(m2)
+    return t * b, b
+
+
+def _flat_laplace_draw(rng: np.random.Generator, shape: tuple[int, ...]) -> np.ndarray:
+    a, b = _flat_laplace()
+    centre = rng.random(shape) < a / (a + b)
+    mag = np.where(centre, rng.random(shape) * a, a + rng.exponential(b, shape))
+    return np.where(rng.random(shape) < 0.5, -mag, mag)
+
+
+#: the noises :func:`simulate_release` draws
+NOISES = ("gaussian", "laplace", "uniform", "antithetic", "flat_laplace", "pair_correlated")
+
+
 def simulate_release(sigma: float, q: float, steps: int, m: int, rng: np.random.Generator, *,
                      noise: str = "gaussian", c: float | np.ndarray = 1.0,
-                     chunk: int = 64) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+                     chunk: int = 64, pair_r: float = -0.2, keep_values: bool = False
+                     ) -> tuple[np.ndarray, ...]:
     """One white-box release of m canaries over ``steps`` steps, step by step: (is_in, sums,
-    sums of Z^2, sums of Z^4).  ``noise``: "gaussian", "laplace" or "uniform" with standard
-    deviation ``sigma``, or "antithetic" (Gaussian noise whose consecutive steps cancel: step
-    2k+1 repeats step 2k's noise negated); ``c``: the canary's contribution, a number or one per
-    step."""
+    sums of Z^2, sums of Z^4), and with ``keep_values`` the per-step values [steps, m]
+    (float32, as the one-run monitor keeps them).  ``noise`` (standard deviation ``sigma``):
+    "gaussian", "laplace", "uniform", "flat_laplace" (:func:`flat_laplace_shape`: kurtosis 3),
+    "antithetic" (Gaussian noise whose consecutive steps cancel: step 2k+1 repeats step 2k's
+    noise negated) or "pair_correlated" (Gaussian, steps 2k and 2k+1 with correlation
+    ``pair_r``); ``c``: the canary's contribution, a number or one per step."""
+    if noise not in NOISES:
+        raise ValueError(f"unknown noise {noise!r}; one of {NOISES}")
+    if chunk % 2:
+        raise ValueError(f"chunk must be even (steps are paired), got {chunk!r}")
     is_in = rng.random(m) < 0.5
     sums, sq, q4 = np.zeros(m), np.zeros(m), np.zeros(m)
+    vals = np.empty((steps, m), dtype=np.float32) if keep_values else None
     cs = np.broadcast_to(np.asarray(c, dtype=np.float64), (steps,))
-    prev = None
     for t0 in range(0, steps, chunk):
         n = min(chunk, steps - t0)
-        if noise == "gaussian" or noise == "antithetic":
+        if noise in ("gaussian", "antithetic", "pair_correlated"):
             e = rng.standard_normal((n, m)) * sigma
         elif noise == "laplace":
             e = rng.laplace(0.0, sigma / math.sqrt(2.0), (n, m))
         elif noise == "uniform":
             e = rng.uniform(-math.sqrt(3.0) * sigma, math.sqrt(3.0) * sigma, (n, m))
         else:
-            raise ValueError(f"unknown noise {noise!r}")
+            e = _flat_laplace_draw(rng, (n, m)) * sigma
         if noise == "antithetic":
-            for i in range(n):
-                t = t0 + i
-                if t % 2 == 1 and prev is not None:
-                    e[i] = -prev
-                prev = e[i].copy()
+            e[1::2] = -e[0:n - n % 2:2]
+        elif noise == "pair_correlated":
+            e[1::2] = pair_r * e[0:n - n % 2:2] + math.sqrt(1.0 - pair_r ** 2) * e[1::2]
         present = (rng.random((n, m)) < q) & is_in[None, :]
         z = present * cs[t0:t0 + n, None] + e
+        if vals is not None:
+            vals[t0:t0 + n] = z
         sums += z.sum(0)
         z2 = z * z
         sq += z2.sum(0)
         q4 += (z2 * z2).sum(0)
+    if vals is not None:
+        return is_in, sums, sq, q4, vals
     return is_in, sums, sq, q4
 
 

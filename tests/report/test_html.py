@@ -447,6 +447,10 @@ def test_the_white_box_bound_refutes_only_with_its_family_verified() -> None:
     text = v.r.summary_text()  # each bound at its own level
     assert "(whitebox, for the whole training run" in text and "9.5 with 99.9% confidence" in text
     assert "(steinke, for the whole training run" in text and "with 95% confidence" in text
+    # what it proves: a bound within the claim's own model, not on an arbitrary mechanism
+    assert "own model" in box and "not the true epsilon of an arbitrary mechanism" in box
+    assert "the claim as stated (its model or its parameters) is false" in text
+    assert "not the true epsilon of an arbitrary mechanism" in text
     v = with_whitebox(False)
     assert v.refuting() == [] and not v.may_refute("whitebox")
     assert "which its check on this run's data did not verify" in bounds_section(v)

@@ -89,49 +89,119 @@ def test_coverage_of_the_epsilon_bound_exactly_at_the_claim() -> None:
     assert over / runs <= alpha + 3 * math.sqrt(alpha * (1 - alpha) / runs)
 
 
+def _check(rng: np.random.Generator, sigma: float, q: float, steps: int, m: int,
+           alpha: float = wb.WHITEBOX_ALPHA, scale: float = 1.0, **kw: object
+           ) -> wb.FamilyCheck:
+    """The family check of one simulated release, every value multiplied by ``scale``."""
+    lab, sums, sq, q4, vals = wb.simulate_release(sigma, q, steps, m, rng, keep_values=True,
+                                                  **kw)
+    mom = wb.release_moments(sums * scale, lab, steps, sq * scale ** 2, q4 * scale ** 4)
+    return wb.family_check(mom, alpha, q=q, out_values=vals[:, ~lab] * np.float32(scale))
+
+
 def test_power_less_noise_than_claimed_is_refuted() -> None:
     rng = np.random.default_rng(11)
     q, steps, m = 0.05, 300, 2000
     claim = wb.dpsgd_epsilon(2.0, q, steps, 1e-5, "upper")
-    lab, sums, sq, q4 = wb.simulate_release(1.0, q, steps, m, rng)  # half the noise
-    res = wb.whitebox_bound(wb.release_moments(sums, lab, steps, sq, q4), q, 1e-5)
-    assert res.family_verified and res.bound is not None and res.bound > claim
-    lab, sums, sq, q4 = wb.simulate_release(2.0, q, steps, m, rng)  # correct
-    res = wb.whitebox_bound(wb.release_moments(sums, lab, steps, sq, q4), q, 1e-5)
-    assert res.family_verified and res.bound is not None and 0.5 * claim < res.bound < claim
+    for sigma, refuted in ((1.0, True), (2.0, False)):  # half the noise; correct
+        lab, sums, sq, q4, v = wb.simulate_release(sigma, q, steps, m, rng, keep_values=True)
+        res = wb.whitebox_bound(wb.release_moments(sums, lab, steps, sq, q4), q, 1e-5,
+                                out_values=v[:, ~lab])
+        assert res.family_verified and res.bound is not None, res.note
+        assert (res.bound > claim) == refuted and res.bound > 0.5 * claim
+        assert res.family_check["value_steps"] == steps
 
 
 def test_the_family_check() -> None:
     rng = np.random.default_rng(5)
-    args = (1.0, Q, 40, 1000)
     for noise, ok in (("gaussian", True), ("laplace", False), ("uniform", False),
-                      ("antithetic", False)):
-        lab, sums, sq, q4 = wb.simulate_release(*args, rng, noise=noise)
-        fc = wb.family_check(wb.release_moments(sums, lab, 40, sq, q4))
+                      ("antithetic", False), ("flat_laplace", False),
+                      ("pair_correlated", False)):
+        fc = _check(rng, 1.0, Q, 40, 1000, noise=noise)
         assert fc.passed == ok, (noise, fc)
-    assert "not independent" in fc.reason
-    lab, sums, sq, q4 = wb.simulate_release(*args, rng, noise="laplace")
-    res = wb.whitebox_bound(wb.release_moments(sums, lab, 40, sq, q4), Q, 1e-5)
+        if noise == "antithetic":
+            assert "not independent" in fc.reason
+        if noise == "flat_laplace":  # kurtosis 3: only the whole-null cells see it
+            assert abs(fc.kurtosis - 3.0) <= fc.kurtosis_tolerance
+            assert "whole-null" in fc.reason and fc.whole_null_worst == "shape"
+    lab, sums, sq, q4, v = wb.simulate_release(1.0, Q, 40, 1000, rng, noise="laplace",
+                                               keep_values=True)
+    res = wb.whitebox_bound(wb.release_moments(sums, lab, 40, sq, q4), Q, 1e-5,
+                            out_values=v[:, ~lab])
     assert res.bound is None and "not Gaussian" in res.note and not res.family_verified
-    # no per-step moments (an older checkpoint): no verified family
+    # no per-step moments (an older checkpoint), or no per-step values: no verified family
     assert not wb.family_check(wb.release_moments(sums, lab, 40)).passed
+    fc = wb.family_check(wb.release_moments(sums, lab, 40, sq, q4))
+    assert not fc.passed
+    with pytest.raises(ValueError, match="out_values"):
+        wb.family_check(wb.release_moments(sums, lab, 40, sq, q4), out_values=v)
 
 
-def test_gaussian_release_passes_the_family_check_at_its_level() -> None:
-    """The family check's false rejections on correct releases: at most FAMILY_ALPHA per part
-    in theory; none in 100 releases."""
+def test_the_flat_laplace_noise_has_kurtosis_three() -> None:
+    """Unit variance and kurtosis 3 in closed form, and in 10^6 draws (3 standard errors:
+    Var(x^2) = 2 + ... estimated from the draws)."""
+    a, b = wb.flat_laplace_shape()
+    h = 1 / (2 * (a + b))
+    m2 = 2 * h * (a ** 3 / 3 + b * (a * a + 2 * a * b + 2 * b * b))
+    m4 = 2 * h * (a ** 5 / 5 + b * (a ** 4 + 4 * a ** 3 * b + 12 * a * a * b * b
+                                    + 24 * a * b ** 3 + 24 * b ** 4))
+    assert m2 == pytest.approx(1.0, rel=1e-12) and m4 == pytest.approx(3.0, rel=1e-10)
+    x = wb._flat_laplace_draw(np.random.default_rng(0), (1_000_000,))
+    for k, want in ((2, 1.0), (4, 3.0)):
+        v = x ** k
+        assert abs(v.mean() - want) <= 3 * v.std() / math.sqrt(x.size)
+
+
+def test_the_verdict_is_scale_invariant() -> None:
+    """A release multiplied by a positive constant gets the same verdict: at 1e-6 (the
+    contribution and the noise both ~1e-6) as at unit scale, for Gaussian and Laplace noise;
+    a noise-free release stays noise-free at any scale."""
+    for noise in ("gaussian", "laplace", "flat_laplace"):
+        for seed in range(3):
+            ref = _check(np.random.default_rng([seed, 1]), 1.0, Q, 30, 400, noise=noise)
+            for scale in (1e-6, 1e3):
+                fc = _check(np.random.default_rng([seed, 1]), 1.0, Q, 30, 400, noise=noise,
+                            scale=scale)
+                assert fc.passed == ref.passed and fc.reason.split(":")[0] == \
+                    ref.reason.split(":")[0], (noise, scale, fc.reason, ref.reason)
+            if noise != "gaussian":
+                assert not ref.passed
+    for scale in (1e-6, 1.0, 1e6):
+        fc = _check(np.random.default_rng(3), 0.0, Q, 30, 400, scale=scale)
+        assert fc.passed and fc.noise_free, scale
+    # the old absolute threshold: RMS 1e-6 C with a contribution of 1e-6 C is not noise-free
+    fc = _check(np.random.default_rng(4), 1e-6, Q, 30, 400, noise="laplace", c=1e-6)
+    assert not fc.passed and not fc.noise_free
+
+
+def test_a_non_finite_statistic_withholds_the_bound() -> None:
+    rng = np.random.default_rng(9)
+    lab, sums, sq, q4, v = wb.simulate_release(1.0, Q, 30, 400, rng, keep_values=True)
+    mom = wb.release_moments(sums, lab, 30, sq, q4)
+    for field in ("kurtosis", "step_var"):
+        for bad in (math.nan, math.inf):
+            broken = wb.ReleaseMoments(**{**mom.__dict__, field: bad})
+            fc = wb.family_check(broken, q=Q, out_values=v[:, ~lab])
+            assert not fc.passed and "not finite" in fc.reason, (field, bad, fc.reason)
+            res = wb.whitebox_bound(broken, Q, 1e-5, out_values=v[:, ~lab])
+            assert res.bound is None and "not finite" in res.note
+    assert wb.family_check(mom, q=Q, out_values=v[:, ~lab]).passed
+
+
+def test_correct_releases_are_withheld_at_most_at_the_level() -> None:
+    """The family check's false withholding on correct Gaussian releases: at most alpha (its
+    four parts at alpha / 4 each); 200 releases at alpha = 0.1, within 3 binomial SE."""
     rng = np.random.default_rng(8)
-    fails = 0
-    for _ in range(100):
-        lab, sums, sq, q4 = wb.simulate_release(1.0, Q, 30, 300, rng)
-        fails += not wb.family_check(wb.release_moments(sums, lab, 30, sq, q4)).passed
-    assert fails == 0
+    alpha, runs = 0.1, 200
+    fails = sum(not _check(rng, 1.0, Q, 30, 300, alpha=alpha).passed for _ in range(runs))
+    assert fails / runs <= alpha + 3 * math.sqrt(alpha * (1 - alpha) / runs), fails
 
 
 def test_a_noise_free_release_gives_the_ceiling() -> None:
     rng = np.random.default_rng(2)
-    lab, sums, sq, q4 = wb.simulate_release(0.0, Q, T, M, rng)
-    res = wb.whitebox_bound(wb.release_moments(sums, lab, T, sq, q4), Q, 1e-5)
+    lab, sums, sq, q4, v = wb.simulate_release(0.0, Q, T, M, rng, keep_values=True)
+    res = wb.whitebox_bound(wb.release_moments(sums, lab, T, sq, q4), Q, 1e-5,
+                            out_values=v[:, ~lab])
     assert res.family_verified and "noise-free" in res.family_check["reason"]
     assert res.bound == pytest.approx(res.ceiling) and res.ceiling > 20
     pw = wb.whitebox_power(1.0, Q, T, M, delta=1e-5, claimed_epsilon=2.0)

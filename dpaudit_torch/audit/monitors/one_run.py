@@ -49,6 +49,11 @@ POWER_REPLICATES = 100
 POWER_SEARCH_REPLICATES = 40
 #: at most this many values of pending steps are kept for the next scoring pass (CPU)
 PENDING_VALUES = 1 << 18
+#: at most this many per-step canary values (float32: 64 MiB) are kept for the white-box
+#: family check's whole-null tests: every step while m T fits, else the first steps
+TRACE_VALUES = 1 << 24
+#: steps per block of the kept trace
+TRACE_BLOCK = 256
 
 
 def _host_f64(*tensors: torch.Tensor) -> bool:
@@ -117,6 +122,11 @@ class OneRunMonitor(Monitor):
         # per canary: sum of Z^2 and of Z^4 over the steps (the white-box family check)
         self._moments = torch.zeros(2, self.m, dtype=torch.float64, device=self.device)
         self._moments_ok = True  # False after loading a checkpoint that lacks them
+        # every canary's per-step values (float32, blocks of TRACE_BLOCK steps) up to
+        # TRACE_VALUES: the OUT canaries' rows feed the family check's whole-null tests
+        self._trace: list[torch.Tensor] = []
+        self._trace_n = 0
+        self._trace_cap = TRACE_VALUES // max(self.m, 1)
         self.sigmas: set[float] = set()  # noise multipliers of the observed steps
         self.score_used: str | None = None
         self.bounds: dict[str, float] = {}
@@ -168,6 +178,7 @@ class OneRunMonitor(Monitor):
         mom = self._moments.numpy()
         sq = self._scratch[0][:1]
         for row in self._pending[:n]:
+            self._keep(row)
             np.add(total, row, out=total)
             np.multiply(row, row, out=sq[0])
             np.add(mom[0], sq[0], out=mom[0])
@@ -181,6 +192,30 @@ class OneRunMonitor(Monitor):
             accumulate_llr(self._pending[i:j], llr, self.sample_rate, sig[i],
                            scratch=(self._scratch[0][:j - i], self._scratch[1][:j - i]))
             i = j
+
+    def _keep(self, z: np.ndarray | torch.Tensor) -> None:
+        """Keep one step's canary values [m] in the trace (float32), while it has room."""
+        if self._trace_n >= self._trace_cap:
+            return
+        i = self._trace_n % TRACE_BLOCK
+        if i == 0:
+            rows = min(TRACE_BLOCK, self._trace_cap - self._trace_n)
+            self._trace.append(torch.empty(rows, self.m, dtype=torch.float32,
+                                           device=self.device))
+        block = self._trace[-1]
+        if isinstance(z, np.ndarray):
+            block.numpy()[i] = z  # (the CPU path: a NumPy row)
+        else:
+            block[i].copy_(z)
+        self._trace_n += 1
+
+    def trace(self) -> np.ndarray:
+        """The kept per-step values of every canary, [steps kept, m] float32 (host)."""
+        self._flush()
+        if not self._trace_n:
+            return np.zeros((0, self.m), dtype=np.float32)
+        full = torch.cat([b.detach().cpu() for b in self._trace])[:self._trace_n]
+        return full.numpy()
 
     def observe(self, record: StepRecord) -> None:
         if self.m:
@@ -211,6 +246,7 @@ class OneRunMonitor(Monitor):
                 self._pending_sigma.append(float(record.sigma))
             else:
                 self._flush()
+                self._keep(z)
                 total += z
                 sq = z * z
                 if not isinstance(record.finite, bool):
@@ -294,7 +330,8 @@ class OneRunMonitor(Monitor):
                                   self._moments[0].detach().cpu().numpy(),
                                   self._moments[1].detach().cpu().numpy())
             res = whitebox_bound(mom, self.sample_rate, self.config.delta,
-                                 alpha=float(self.config.whitebox_alpha))
+                                 alpha=float(self.config.whitebox_alpha),
+                                 out_values=self.trace()[:, ~mask])
             det = res.to_dict()
             det["score"] = "sum"
             if res.bound is None:
@@ -402,7 +439,8 @@ class OneRunMonitor(Monitor):
         return {"steps": self.steps, "sigmas": sorted(self.sigmas),
                 "scores": {k: v.detach().cpu().clone() for k, v in self.scores.items()},
                 "moments": (self._moments.detach().cpu().clone() if self._moments_ok
-                            else None)}
+                            else None),
+                "trace": torch.from_numpy(self.trace().copy())}
 
     def load_state_dict(self, sd: dict[str, Any]) -> None:
         scores = sd["scores"]
@@ -421,3 +459,10 @@ class OneRunMonitor(Monitor):
         else:
             self._moments = torch.zeros(2, self.m, dtype=torch.float64, device=self.device)
             self._moments_ok = self.steps == 0
+        # the kept per-step values (absent in older checkpoints: the trace then holds the
+        # steps after the resume, a window fixed before they were seen)
+        tr = sd.get("trace")
+        self._trace, self._trace_n = [], 0
+        if isinstance(tr, torch.Tensor) and tr.dim() == 2 and tr.shape[1] == self.m:
+            for row in tr.to(torch.float32):
+                self._keep(row.to(self.device))

@@ -262,3 +262,19 @@ def test_state_of_another_canary_count_is_refused() -> None:
     with pytest.raises(ValueError, match=f"does not fit m={M + 1}"):
         other.load_state_dict(mon.state_dict())
     assert other.steps == 0 and math.isclose(float(other.scores["sum"].sum()), 0.0)
+
+
+def test_the_white_box_family_check_sees_the_kept_per_step_values() -> None:
+    """The monitor keeps every canary's per-step values and the white-box family check runs the
+    whole-null tests on the OUT canaries' rows (value_steps = the steps observed)."""
+    import numpy as np
+
+    from dpaudit_torch.audit.monitors.one_run import OneRunMonitor
+
+    mon = OneRunMonitor.__new__(OneRunMonitor)
+    mon.m, mon.device, mon._trace, mon._trace_n, mon._trace_cap = 3, torch.device("cpu"), [], 0, 2
+    mon._pending_sigma = []
+    for v in ([1.0, 2.0, 3.0], np.array([4.0, 5.0, 6.0]), [7.0, 8.0, 9.0]):
+        mon._keep(torch.tensor(v) if isinstance(v, list) else v)
+    tr = mon.trace()
+    assert tr.dtype == np.float32 and tr.tolist() == [[1, 2, 3], [4, 5, 6]]  # the cap: 2 steps
