@@ -24,6 +24,8 @@ NumPy views of the tensors (:func:`~dpaudit_torch._host_view.host_views`) and on
 
 from __future__ import annotations
 
+from typing import Any
+
 import numpy as np
 import torch
 
@@ -31,7 +33,7 @@ from ._compiled import compiled, kernel
 from ._host_view import host_views
 
 __all__ = ["PackedGather", "HostGather", "DEFAULT_BUDGET", "take_columns", "sum_squares",
-           "count_changes"]
+           "count_changes", "fit_averages", "average_tolerance"]
 
 #: elements per packed chunk (16 MiB of float32): a bound on the temporaries' memory
 DEFAULT_BUDGET = 1 << 22
@@ -199,19 +201,20 @@ def sum_squares(src: tuple, out: np.ndarray) -> None:
 @kernel(nogil=True)
 def count_changes(now: np.ndarray, before: np.ndarray, seg: np.ndarray,
                   outside_held: np.ndarray, held_too: bool, step: int, steps: np.ndarray,
-                  first: np.ndarray, last: np.ndarray) -> None:
+                  first: np.ndarray, last: np.ndarray, excused: np.ndarray) -> None:
     """The coverage watch's comparison of two fingerprints (int64 views of their float64
     values, compared bit for bit) in one pass: tensor ``seg[e]`` changed if any entry e of it
-    differs (only the tensors ``outside_held`` count unless ``held_too``); for each changed
-    tensor, ``steps`` counts ``step`` once, ``first`` keeps the first such step and ``last``
-    the latest."""
+    differs (only the tensors ``outside_held`` count unless ``held_too``, and none that
+    ``excused`` marks: a weight average whose change :func:`fit_averages` found to be
+    post-processing); for each changed tensor, ``steps`` counts ``step`` once, ``first`` keeps
+    the first such step and ``last`` the latest."""
     n = steps.shape[0]
     changed = np.zeros(n, dtype=np.bool_)
     for e in range(now.shape[0]):
         if now[e] != before[e]:
             changed[seg[e]] = True
     for t in range(n):
-        if changed[t] and (held_too or outside_held[t]):
+        if changed[t] and not excused[t] and (held_too or outside_held[t]):
             if last[t] != step:
                 steps[t] += 1
             if first[t] < 0:
@@ -219,12 +222,101 @@ def count_changes(now: np.ndarray, before: np.ndarray, seg: np.ndarray,
             last[t] = step
 
 
+#: the unit roundoff of float64, in which the fit's own differences are taken
+U64 = 2.0 ** -53
+
+
+def average_tolerance(u: Any, b_old: Any, b_new: Any, p: Any, tiny: Any) -> Any:
+    """How far ``b_new - b_old`` may lie from ``beta (p - b_old)`` when ``b_new`` is one
+    weight-average update of ``b_old`` towards ``p`` computed in a dtype of unit roundoff
+    ``u`` (smallest normal number ``tiny``), docs/monitors/coverage.md "Weight averages":
+    ``gamma_3 (|b_old| + |p|)`` with ``gamma_3 = 3u / (1 - 3u)`` (three roundings of
+    ``(1 - beta) b + beta p``, ``b + beta (p - b)`` or ``b + (p - b) / n``, whose coefficients
+    are rounded themselves), ``3 u tiny`` (those roundings below the normal range), and
+    ``2 u64 (|b_new| + |b_old| + |p|)`` (the fit's own float64 differences and quotients).
+    Numbers or tensors (the watch's torch path); :func:`fit_averages` spells it out."""
+    g3 = 3.0 * u / (1.0 - 3.0 * u)
+    return (g3 * (abs(b_old) + abs(p)) + 3.0 * u * tiny
+            + 2.0 * U64 * (abs(b_new) + abs(b_old) + abs(p)))
+
+
+@kernel(nogil=True)
+def fit_averages(now: np.ndarray, before: np.ndarray, post: np.ndarray, now_bits: np.ndarray,
+                 before_bits: np.ndarray, buf: np.ndarray, off: np.ndarray, pos_b: np.ndarray,
+                 pos_p: np.ndarray, unit: np.ndarray, tiny: np.ndarray,
+                 step: int, excused: np.ndarray, av_steps: np.ndarray, av_first: np.ndarray,
+                 av_last: np.ndarray, beta_min: np.ndarray, beta_max: np.ndarray) -> None:
+    """The coverage watch's check of its paired buffers between two fingerprints (float64
+    values ``now``, ``before``, and their int64 views for the bitwise comparison): pair k's
+    buffer (tensor ``buf[k]``) changed as a weight average of its parameter if its sampled
+    coordinates (entries ``pos_b[off[k]:off[k + 1]]``; the parameter's same coordinates at
+    ``pos_p``, read from ``post``, the fingerprint after the release) moved and one beta in
+    [0, 1] puts every one of them within :func:`average_tolerance` of
+    ``b_old + beta (p - b_old)``: the feasible betas of the coordinates are intersected. A
+    buffer that changed while no sampled coordinate moved (bit for bit) does not fit: its
+    change lies outside the sample. ``excused[buf[k]]`` says whether
+    it fits; each fit counts the step (``av_steps`` once per step, ``av_first``, ``av_last``)
+    and the fitted beta (the middle of the feasible interval) into ``beta_min`` /
+    ``beta_max``, where a coordinate constrains it (``p != b_old`` somewhere: else the
+    buffer moved by rounding only and every beta fits)."""
+    for k in range(buf.shape[0]):
+        j = buf[k]
+        excused[j] = False
+        moved = False
+        for i in range(off[k], off[k + 1]):
+            if now_bits[pos_b[i]] != before_bits[pos_b[i]]:
+                moved = True
+        if not moved:
+            continue
+        u = unit[k]
+        lo = 0.0
+        hi = 1.0
+        ok = True
+        tied = False  # some coordinate constrains beta (else every beta in [0, 1] fits)
+        for i in range(off[k], off[k + 1]):
+            bo = before[pos_b[i]]
+            bn = now[pos_b[i]]
+            p = post[pos_p[i]]
+            if not (np.isfinite(bo) and np.isfinite(bn) and np.isfinite(p)):
+                ok = False
+                break
+            d = bn - bo
+            e = p - bo
+            # average_tolerance, spelled out (a kernel calls no Python function)
+            t = (3.0 * u / (1.0 - 3.0 * u) * (abs(bo) + abs(p)) + 3.0 * u * tiny[k]
+                 + 2.0 * U64 * (abs(bn) + abs(bo) + abs(p)))
+            if e == 0.0:
+                if abs(d) > t:
+                    ok = False
+                    break
+                continue
+            tied = True
+            a = (d - t) / e
+            c = (d + t) / e
+            if e < 0.0:
+                a, c = c, a
+            lo = max(lo, a)
+            hi = min(hi, c)
+        if not ok or lo > hi:
+            continue
+        excused[j] = True
+        if av_last[k] != step:
+            av_steps[k] += 1
+        if av_first[k] < 0:
+            av_first[k] = step
+        av_last[k] = step
+        if tied:
+            beta = 0.5 * (lo + hi)
+            beta_min[k] = min(beta_min[k], beta)
+            beta_max[k] = max(beta_max[k], beta)
+
+
 def signatures() -> list[tuple[object, tuple[object, ...]]]:
     """(kernel, argument types) of :func:`count_changes` as the coverage watch calls it, for
     :func:`dpaudit_torch._warmup.warm_up` (its other kernels take one tuple per model, and
-    are compiled at the watch's first fingerprint, when the audit attaches)."""
+    are compiled at the watch's first fingerprint, when the audit attaches; :func:`fit_averages`
+    only where the model has paired buffers, at their first check)."""
     from numba import types as nt
 
-    i1 = nt.int64[::1]
-    return [(count_changes, (i1, i1, i1, nt.boolean[::1], nt.boolean, nt.int64, nt.int32[::1],
-                             i1, i1))]
+    i1, b1 = nt.int64[::1], nt.boolean[::1]
+    return [(count_changes, (i1, i1, i1, b1, nt.boolean, nt.int64, nt.int32[::1], i1, i1, b1))]

@@ -162,9 +162,60 @@ def test_the_watch_kernels_sum_squares_and_count_changes() -> None:
     seg = np.array([0, 0, 1, 2])  # entries of tensors 0, 0, 1, 2
     steps, first, last = np.zeros(3, np.int32), np.full(3, -1), np.full(3, -1)
     outside = np.array([False, True, True])
-    count_changes(now, before, seg, outside, False, 7, steps, first, last)
+    none = np.zeros(3, dtype=np.bool_)
+    count_changes(now, before, seg, outside, False, 7, steps, first, last, none)
     assert steps.tolist() == [0, 0, 1] and first.tolist() == [-1, -1, 7]  # 0 is held
-    count_changes(now, before, seg, outside, True, 7, steps, first, last)
+    count_changes(now, before, seg, outside, True, 7, steps, first, last, none)
     assert steps.tolist() == [1, 0, 1] and last.tolist() == [7, -1, 7]  # step 7 counted once
-    count_changes(now, before, seg, outside, True, 9, steps, first, last)
+    count_changes(now, before, seg, outside, True, 9, steps, first, last, none)
     assert steps.tolist() == [2, 0, 2] and first.tolist() == [7, -1, 7]
+    # an excused tensor (a weight average that fitted) is not counted
+    count_changes(now, before, seg, outside, True, 11, steps, first, last,
+                  np.array([False, False, True]))
+    assert steps.tolist() == [3, 0, 2]
+
+
+def test_fit_averages_accepts_one_beta_within_the_rounding_and_nothing_else() -> None:
+    """fit_averages at its tolerance: an EMA step computed in float32 fits (beta in
+    {0.1, 0.5, 1}, products-and-sum and lerp forms, 64 coordinates); the same step off by ten
+    tolerances at one coordinate, coordinates needing different betas, or a beta outside
+    [0, 1] do not."""
+    import numpy as np
+
+    from dpaudit_torch._gather import average_tolerance, fit_averages
+
+    g = np.random.default_rng(0)
+    n = 64
+    b = g.standard_normal(n).astype(np.float32)
+    p = g.standard_normal(n).astype(np.float32)
+
+    def fits(b_new: np.ndarray) -> bool:
+        before = np.concatenate([b, p]).astype(np.float64)
+        now = np.concatenate([b_new, p]).astype(np.float64)
+        i64 = np.int64
+        excused = np.zeros(2, dtype=np.bool_)
+        fit_averages(now, before, now, now.view(i64), before.view(i64), np.array([0]),
+                     np.array([0, n]), np.arange(n), np.arange(n, 2 * n),
+                     np.array([2.0 ** -24]), np.array([float(np.finfo(np.float32).tiny)]), 1,
+                     excused, np.zeros(1, np.int32), np.full(1, -1), np.full(1, -1),
+                     np.full(1, np.inf), np.full(1, -np.inf))
+        return bool(excused[0])
+
+    for beta in (0.1, 0.5, 1.0):
+        f = np.float32
+        assert fits(b * f(1 - beta) + p * f(beta))
+        assert fits(b + (p - b) * f(beta))
+    ema = b * np.float32(0.9) + p * np.float32(0.1)
+    # one coordinate off by 10 tolerances (a data term), or by half of one (rounding)
+    t3 = average_tolerance(2.0 ** -24, float(b[3]), float(ema[3]), float(p[3]),
+                           float(np.finfo(np.float32).tiny))
+    off = ema.copy()
+    off[3] = np.float32(float(ema[3]) + 10 * t3)
+    near = ema.copy()
+    near[3] = np.float32(float(ema[3]) + 0.5 * t3)
+    assert fits(near)
+    assert not fits(off)
+    two = ema.copy()
+    two[:8] = b[:8] * np.float32(0.8) + p[:8] * np.float32(0.2)
+    assert not fits(two)
+    assert not fits(b + (p - b) * np.float32(1.5)) and not fits(b - (p - b) * np.float32(0.1))

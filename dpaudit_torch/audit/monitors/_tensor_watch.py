@@ -15,24 +15,43 @@ Tensors are looked up by name in their module at every point, so a buffer or par
 compared by value like one written in place. A tensor replaced by one of another shape, or
 removed, is recorded on the host as changed (its values are not comparable); a change of device
 or dtype (``model.to(...)``) rebuilds the layout without a finding.
+
+*Weight averages.* A buffer paired with a parameter (:func:`pair_averages`: declared, or by
+the name rule of :func:`average_stems`) shares that parameter's sampled coordinates; where it
+changed, :func:`~dpaudit_torch._gather.fit_averages` checks at those coordinates whether the
+change is one update ``b <- (1 - beta) b + beta p`` towards the parameter's value after the
+release, for one beta in [0, 1], within the rounding of the buffer's dtype. A change that fits
+is counted as post-processing of the release, not as a change (docs/monitors/coverage.md,
+"Weight averages"). The extra work is one compiled pass (or a fixed number of vectorised torch
+operations) per comparison over the paired buffers' sampled coordinates, and none for a model
+without paired buffers.
 """
 
 from __future__ import annotations
 
 import logging
 from dataclasses import dataclass, field
+from fnmatch import fnmatchcase
 from typing import Any
 
 import numpy as np
 import torch
 
 from ..._compiled import compiled
-from ..._gather import HostGather, PackedGather, count_changes, sum_squares
+from ..._gather import (
+    HostGather,
+    PackedGather,
+    average_tolerance,
+    count_changes,
+    fit_averages,
+    sum_squares,
+)
 from ..._host_view import host_views
 
 logger = logging.getLogger(__name__)
 
-__all__ = ["WatchedTensor", "TensorWatch", "Fingerprint", "module_path"]
+__all__ = ["WatchedTensor", "TensorWatch", "Fingerprint", "module_path", "ignore_matches",
+           "average_stems", "AVERAGE_MARKERS", "AveragePair"]
 
 #: wrapper prefixes removed from a tensor's name (Opacus's GradSampleModule, DDP, DPDDP)
 _WRAPPERS = ("_module.", "module.")
@@ -47,6 +66,64 @@ def module_path(name: str) -> str:
             if name.startswith(w):
                 name, stripped = name[len(w):], True
     return name
+
+
+def ignore_matches(path: str, entry: str) -> bool:
+    """Whether the coverage ``ignore`` entry ``entry`` leaves the tensor ``path`` out: the
+    path itself, a prefix ending in ``"."``, or a shell-style pattern (``fnmatch``: ``*``
+    matches any characters, dots included; ``?``, ``[seq]``)."""
+    return (path == entry or (entry.endswith(".") and path.startswith(entry))
+            or fnmatchcase(path, entry))
+
+
+#: the words that mark a weight average in a buffer's path (the pairing rule of
+#: :func:`average_stems`)
+AVERAGE_MARKERS = ("ema", "swa", "avg", "average", "averaged", "shadow")
+
+
+def _marked(component: str) -> bool:
+    return any(component == m or component.startswith(m + "_") or component.endswith("_" + m)
+               for m in AVERAGE_MARKERS)
+
+
+def _unmarked(component: str) -> list[str]:
+    """``component`` with a marker prefix ``marker_`` or suffix ``_marker`` removed."""
+    out = []
+    for m in AVERAGE_MARKERS:
+        if component.startswith(m + "_") and len(component) > len(m) + 1:
+            out.append(component[len(m) + 1:])
+        if component.endswith("_" + m) and len(component) > len(m) + 1:
+            out.append(component[:-len(m) - 1])
+    return out
+
+
+def average_stems(path: str) -> list[str]:
+    """The parameter paths a buffer at ``path`` may be the weight average of, by the name rule
+    (docs/monitors/coverage.md, "Weight averages"): one module component that is a marker of
+    :data:`AVERAGE_MARKERS`, or carries one as a ``marker_`` prefix or ``_marker`` suffix,
+    removed (``ema.fc.weight``, ``model_ema.fc.weight`` -> ``fc.weight``) or freed of its
+    marker (``net_ema.fc.weight`` -> ``net.fc.weight``), or the marker prefix or suffix removed
+    from the tensor's own name (``fc.weight_ema``, ``fc.ema_weight`` -> ``fc.weight``). (A
+    marked component may also stand for another module: :meth:`TensorWatch._pair` matches
+    ``ema.fc.weight`` with ``net.fc.weight``.)"""
+    comps = path.split(".")
+    out: list[str] = []
+    for i, c in enumerate(comps[:-1]):
+        if _marked(c):
+            out.append(".".join(comps[:i] + comps[i + 1:]))
+            out += [".".join([*comps[:i], u, *comps[i + 1:]]) for u in _unmarked(c)]
+    out += [".".join([*comps[:-1], u]) for u in _unmarked(comps[-1])]
+    return list(dict.fromkeys(out))
+
+
+@dataclass(frozen=True)
+class AveragePair:
+    """A buffer watched as the weight average of a parameter (indices into the watch's
+    tensors) and how the pair was made (``"declared"`` or ``"name"``)."""
+
+    buffer: int
+    parameter: int
+    paired_by: str
 
 
 @dataclass(frozen=True)
@@ -98,7 +175,8 @@ class _Group:
     """The tensors of one device: how a fingerprint is laid out, and the change counters."""
 
     def __init__(self, idx: list[int], tensors: list[torch.Tensor], held: list[bool],
-                 sample: int, gen: torch.Generator, pack: bool | None = None) -> None:
+                 sample: int, gen: torch.Generator, pack: bool | None = None,
+                 pairs: list[tuple[int, int, int]] = ()) -> None:  # type: ignore[assignment]
         dev = tensors[0].device
         self.idx = idx
         by_norm: dict[torch.dtype, list[int]] = {}
@@ -116,6 +194,8 @@ class _Group:
                     else torch.arange(sample) * (n // sample)
                     + torch.randint(n // sample, (sample,), generator=gen))
             self.take.append(pick.to(dev))
+        for jb, jp, _ in pairs:  # a weight average is read where its parameter is
+            self.take[jb] = self.take[jp]
         self.norm_parts = list(by_norm.values())
         self.sample_parts = list(by_sample.values())
         self.numels = [t.numel() for t in tensors]
@@ -139,6 +219,47 @@ class _Group:
         self._norm_at = np.cumsum([0] + [len(p) for p in self.norm_parts]).tolist()
         self._norm_elements = [sum(self.numels[j] for j in p) for p in self.norm_parts]
         self._width = len(seg)
+        self._pairs_layout(pairs, seg, len(self._norm_at) and self._norm_at[-1], dev, tensors)
+
+    def _pairs_layout(self, pairs: list[tuple[int, int, int]], seg: list[int], n_norm: int,
+                      dev: torch.device, tensors: list[torch.Tensor]) -> None:
+        """Where each paired buffer's and its parameter's sampled coordinates lie in a
+        fingerprint (the same coordinates, in the same order), the fit's constants and its
+        counters (per pair: steps that fit, the first and last, the fitted beta's range)."""
+        at: dict[int, list[int]] = {}
+        wanted = {j for jb, jp, _ in pairs for j in (jb, jp)}
+        for e in range(n_norm, len(seg)):
+            if seg[e] in wanted:
+                at.setdefault(seg[e], []).append(e)
+        off, pos_b, pos_p = [0], [], []
+        for jb, jp, _ in pairs:
+            pos_b += at[jb]
+            pos_p += at[jp]
+            off.append(len(pos_b))
+        #: the watch's pair index of each pair of this group
+        self.av_index = [k for _, _, k in pairs]
+        i64 = dict(dtype=torch.long, device=dev)
+        self.av_buf = torch.tensor([jb for jb, _, _ in pairs], **i64)
+        self.av_off = torch.tensor(off, **i64)
+        self.av_pos_b = torch.tensor(pos_b, **i64)
+        self.av_pos_p = torch.tensor(pos_p, **i64)
+        self.av_seg = torch.repeat_interleave(
+            torch.arange(len(pairs), **i64), self.av_off.diff()) if pairs else self.av_pos_b
+        fin = [torch.finfo(tensors[jb].dtype) for jb, _, _ in pairs]
+        f64 = dict(dtype=torch.float64, device=dev)
+        self.av_unit = torch.tensor([f.eps / 2 for f in fin], **f64)
+        self.av_tiny = torch.tensor([f.tiny for f in fin], **f64)
+        k = len(pairs)
+        self.av_steps = torch.zeros(k, dtype=torch.int32, device=dev)
+        self.av_first = torch.full((k,), -1, **i64)
+        self.av_last = torch.full((k,), -1, **i64)
+        self.beta_min = torch.full((k,), float("inf"), **f64)
+        self.beta_max = torch.full((k,), float("-inf"), **f64)
+        self.excused = torch.zeros(len(self.numels), dtype=torch.bool, device=dev)
+        self._av_np = (tuple(t.numpy() for t in (
+            self.av_buf, self.av_off, self.av_pos_b, self.av_pos_p, self.av_unit, self.av_tiny,
+            self.excused, self.av_steps, self.av_first, self.av_last, self.beta_min,
+            self.beta_max)) if self._cpu else None)
 
     def set_pack(self, pack: bool) -> None:
         """One gather per dtype of the sampled coordinates, packed (few launches, for an
@@ -197,22 +318,64 @@ class _Group:
         return torch.cat(parts)
 
     def compare(self, now: torch.Tensor | np.ndarray, before: torch.Tensor | np.ndarray,
-                step: int, held_too: bool) -> None:
+                step: int, held_too: bool, post_now: bool) -> None:
+        pairs = len(self.av_index) > 0
         if isinstance(now, np.ndarray) or isinstance(before, np.ndarray):
             if not (isinstance(now, np.ndarray) and isinstance(before, np.ndarray)):
                 return  # one point read on the host, one by torch: not comparable
-            assert self._np is not None
+            assert self._np is not None and self._av_np is not None
             steps, first, last, seg, outside = self._np
-            count_changes(now.view(np.int64), before.view(np.int64), seg, outside, held_too,
-                          step, steps, first, last)
+            (buf, off, pos_b, pos_p, unit, tiny, excused, av_steps, av_first, av_last, bmin,
+             bmax) = self._av_np
+            now_bits, before_bits = now.view(np.int64), before.view(np.int64)
+            if pairs:
+                fit_averages(now, before, now if post_now else before, now_bits, before_bits,
+                             buf, off, pos_b, pos_p, unit, tiny, step, excused, av_steps,
+                             av_first, av_last, bmin, bmax)
+            count_changes(now_bits, before_bits, seg, outside, held_too, step, steps, first,
+                          last, excused)
             return
         diff = (now.view(torch.int64) != before.view(torch.int64)).to(torch.int32)
         changed = torch.zeros_like(self.steps).index_add_(0, self.seg, diff) > 0
         if not held_too:
             changed &= self.outside_held
+        if pairs:
+            changed &= ~self._fit(now, before, now if post_now else before, step)
         self.steps += (changed & (self.last != step)).to(torch.int32)
         self.first = torch.where(changed & (self.first < 0), step, self.first)
         self.last = torch.where(changed, step, self.last)
+
+    def _fit(self, now: torch.Tensor, before: torch.Tensor, post: torch.Tensor,
+             step: int) -> torch.Tensor:
+        """:func:`~dpaudit_torch._gather.fit_averages` in vectorised torch operations (a fixed
+        number, whatever the number of pairs): the tensors whose change fits."""
+        pb, seg, k = self.av_pos_b, self.av_seg, len(self.av_index)
+        bo, bn, p = before[pb], now[pb], post[self.av_pos_p]
+        moved = torch.zeros(k, dtype=torch.int32, device=bo.device).index_add_(
+            0, seg, (now.view(torch.int64)[pb] != before.view(torch.int64)[pb]).to(torch.int32))
+        d, e = bn - bo, p - bo
+        t = average_tolerance(self.av_unit[seg], bo, bn, p, self.av_tiny[seg])
+        zero = e == 0
+        bad = ~(bo.isfinite() & bn.isfinite() & p.isfinite()) | (zero & (d.abs() > t))
+        safe = torch.where(zero, torch.ones_like(e), e)
+        a, c = (d - t) / safe, (d + t) / safe
+        lo_e = torch.where(zero, torch.zeros_like(e), torch.minimum(a, c))
+        hi_e = torch.where(zero, torch.ones_like(e), torch.maximum(a, c))
+        lo = torch.zeros(k, dtype=torch.float64, device=bo.device).scatter_reduce_(
+            0, seg, lo_e, "amax")
+        hi = torch.ones(k, dtype=torch.float64, device=bo.device).scatter_reduce_(
+            0, seg, hi_e, "amin")
+        nbad = torch.zeros_like(moved).index_add_(0, seg, bad.to(torch.int32))
+        fits = (moved > 0) & (nbad == 0) & (lo <= hi)
+        tied = torch.zeros_like(moved).index_add_(0, seg, (~zero).to(torch.int32)) > 0
+        beta = torch.where(fits & tied, 0.5 * (lo + hi), torch.full_like(lo, float("nan")))
+        self.av_steps += (fits & (self.av_last != step)).to(torch.int32)
+        # in place: on the CPU the host path's NumPy views share these counters
+        self.av_first.copy_(torch.where(fits & (self.av_first < 0), step, self.av_first))
+        self.av_last.copy_(torch.where(fits, step, self.av_last))
+        self.beta_min.copy_(torch.where(fits, torch.fmin(self.beta_min, beta), self.beta_min))
+        self.beta_max.copy_(torch.where(fits, torch.fmax(self.beta_max, beta), self.beta_max))
+        return torch.zeros_like(self.excused).index_put_((self.av_buf,), fits)
 
 
 class TensorWatch:
@@ -222,35 +385,109 @@ class TensorWatch:
         model: the model being trained.
         held: ids of the tensors the DP optimizer holds.
         sample: coordinates sampled per tensor (every coordinate of a smaller one).
-        ignore: paths (or path prefixes ending in ".") not watched.
+        ignore: entries of :func:`ignore_matches` (paths, prefixes ending in ".", patterns):
+            the tensors they match are not watched; :attr:`unmatched_ignore` lists those that
+            match no name of the model.
+        averages: declared (buffer path, parameter path) pairs of weight averages; ValueError
+            where one names no watched buffer or parameter or the two do not fit together.
+            Other buffers are paired by the name rule (:func:`average_stems`).
     """
 
     def __init__(self, model: torch.nn.Module, held: set[int], sample: int = 8,
-                 ignore: tuple[str, ...] = ()) -> None:
+                 ignore: tuple[str, ...] = (),
+                 averages: tuple[tuple[str, str], ...] = ()) -> None:
         self.sample = int(sample)
         seen: set[int] = set()
+        matched: set[str] = set()
         self.tensors: list[WatchedTensor] = []
-        for prefix, mod in model.named_modules():
+        for prefix, mod in model.named_modules(remove_duplicate=False):
             for kind, table in (("parameter", mod._parameters), ("buffer", mod._buffers)):
                 for attr, t in table.items():
-                    if t is None or id(t) in seen:
+                    if t is None:
+                        continue
+                    path = module_path(f"{prefix}.{attr}" if prefix else attr)
+                    hits = [i for i in ignore if ignore_matches(path, i)]
+                    matched.update(hits)
+                    if id(t) in seen or hits:
+                        seen.add(id(t))
                         continue
                     seen.add(id(t))
-                    path = module_path(f"{prefix}.{attr}" if prefix else attr)
-                    if any(path == i or (i.endswith(".") and path.startswith(i))
-                           for i in ignore):
-                        continue
                     self.tensors.append(WatchedTensor(path, mod, attr, kind, id(t) in held))
+        #: the ``ignore`` entries that match no parameter or buffer of the model
+        self.unmatched_ignore = [i for i in dict.fromkeys(ignore) if i not in matched]
+        #: the weight averages watched as such
+        self.pairs = self._pair(averages)
         self._keys: list[tuple[Any, ...] | None] = []
         self._layout = 0  # how many layouts were built (fingerprints of one layout compare)
         self._groups: list[_Group] = []
         #: host totals per tensor index: [steps, first, last] (counters of earlier layouts)
         self._host: dict[int, list[int]] = {}
+        #: host totals per pair index: [steps, first, last, beta min, beta max] (likewise)
+        self._av_host: dict[int, list[float]] = {}
         #: tensor index -> first step at which it was replaced by another shape or removed
         self.reshaped: dict[int, int] = {}
         self._gen = torch.Generator().manual_seed(20240717)
         #: pack the sampled coordinates' gathers (None: on an accelerator only; :meth:`set_pack`)
         self.pack: bool | None = None
+
+    def _pairable(self, b: int, p: int) -> str | None:
+        """Why buffer ``b`` cannot be watched as the average of parameter ``p``, or None."""
+        tb, tp = self.tensors[b].current(), self.tensors[p].current()
+        if tb is None or tp is None:
+            return "one of them is None"
+        if not (tb.is_floating_point() and tp.is_floating_point()):
+            return "both must be floating point"
+        if tb.shape != tp.shape:
+            return f"their shapes differ ({tuple(tb.shape)} and {tuple(tp.shape)})"
+        if tb.device != tp.device:
+            return f"they lie on different devices ({tb.device} and {tp.device})"
+        if min(tb.numel(), self.sample) < 2:
+            return ("fewer than two coordinates are sampled (any change of one coordinate "
+                    "fits some beta)")
+        return None
+
+    def _pair(self, declared: tuple[tuple[str, str], ...]) -> list[AveragePair]:
+        by_path = {w.path: i for i, w in enumerate(self.tensors)}
+        out: dict[int, AveragePair] = {}
+        for b_path, p_path in declared:
+            b, p = by_path.get(b_path), by_path.get(p_path)
+            if b is None or self.tensors[b].kind != "buffer":
+                raise ValueError(f"averages: {b_path!r} is not a watched buffer of the model "
+                                 f"(paths are the model's, wrapper prefixes removed)")
+            if p is None or self.tensors[p].kind != "parameter":
+                raise ValueError(f"averages: {p_path!r} (the parameter of {b_path!r}) is not a "
+                                 f"watched parameter of the model")
+            why = self._pairable(b, p)
+            if why is not None:
+                raise ValueError(f"averages: {b_path!r} cannot be the average of {p_path!r}: "
+                                 f"{why}")
+            out[b] = AveragePair(b, p, "declared")
+        params = {w.path: i for i, w in enumerate(self.tensors) if w.kind == "parameter"}
+        #: (position, the path without that component) -> parameters (built where needed)
+        sibling: dict[tuple[int, tuple[str, ...]], list[int]] | None = None
+        for b, w in enumerate(self.tensors):
+            if w.kind != "buffer" or b in out:
+                continue
+            comps = w.path.split(".")
+            marked = [i for i, c in enumerate(comps[:-1]) if _marked(c)]
+            found = [params[c] for c in average_stems(w.path) if c in params]
+            if marked and sibling is None:
+                sibling = {}
+                for path, i in params.items():
+                    pc = path.split(".")
+                    for j in range(len(pc) - 1):
+                        if not _marked(pc[j]):
+                            sibling.setdefault((j, tuple(pc[:j] + pc[j + 1:])), []).append(i)
+            for j in marked:  # the marked component standing for another module
+                assert sibling is not None
+                found += sibling.get((j, tuple(comps[:j] + comps[j + 1:])), [])
+            cands = [p for p in dict.fromkeys(found) if self._pairable(b, p) is None]
+            if len(cands) == 1:
+                out[b] = AveragePair(b, cands[0], "name")
+            elif cands:
+                logger.debug("coverage watch: %s matches several parameters by name; not paired",
+                             w.path)
+        return [out[b] for b in sorted(out)]
 
     def set_pack(self, pack: bool) -> None:
         """Pack the sampled coordinates' gathers on every device (True; tests run the
@@ -278,14 +515,17 @@ class TensorWatch:
                                [g.fingerprint([cur[i] for i in g.idx]) for g in self._groups])
 
     def compare(self, now: Fingerprint, before: Fingerprint | None, step: int,
-                held_too: bool) -> None:
+                held_too: bool, post_now: bool = False) -> None:
         """Record the tensors whose fingerprint differs between ``before`` and ``now`` as
-        changed at ``step`` (the DP optimizer's own tensors only where ``held_too``)."""
+        changed at ``step`` (the DP optimizer's own tensors only where ``held_too``), except a
+        paired buffer whose change fits a weight-average update towards its parameter's
+        values after the release: those of ``now`` where ``post_now`` (the release lies
+        between the two points), else those of ``before``."""
         if before is None or before.layout != now.layout:
             return
         with torch.no_grad():
             for g, a, b in zip(self._groups, now.vectors, before.vectors):
-                g.compare(a, b, step, held_too)
+                g.compare(a, b, step, held_too, post_now)
 
     def _rebuild(self, cur: list[torch.Tensor | None], keys: list[Any]) -> None:
         for g in self._groups:  # keep what the old layout counted (host, a rare event)
@@ -295,18 +535,62 @@ class TensorWatch:
                     h = self._host.setdefault(i, [0, f, last])
                     h[0] += s
                     h[2] = max(h[2], last)
+            self._keep_averages(g)
         by_dev: dict[Any, list[int]] = {}
         for i, t in enumerate(cur):
             if t is not None and t.numel() > 0:
                 by_dev.setdefault(t.device, []).append(i)
         self._groups = [
             _Group(idx, [cur[i] for i in idx], [self.tensors[i].held for i in idx],
-                   self.sample, self._gen, self.pack)
+                   self.sample, self._gen, self.pack, self._local_pairs(idx))
             for idx in by_dev.values()]
         self._keys = keys
         self._layout += 1
 
+    def _local_pairs(self, idx: list[int]) -> list[tuple[int, int, int]]:
+        """The pairs of a device group in its own indices (buffer, parameter, pair index):
+        those whose two tensors lie in it and still fit together in this layout."""
+        local = {i: j for j, i in enumerate(idx)}
+        out = []
+        for k, pr in enumerate(self.pairs):
+            if pr.buffer in local and pr.parameter in local:
+                if self._pairable(pr.buffer, pr.parameter) is None:
+                    out.append((local[pr.buffer], local[pr.parameter], k))
+                else:
+                    logger.debug("coverage watch: %s no longer fits %s; watched as a buffer",
+                                 self.tensors[pr.buffer].path, self.tensors[pr.parameter].path)
+        return out
+
+    def _keep_averages(self, g: _Group) -> None:
+        steps, first, last = g.av_steps.tolist(), g.av_first.tolist(), g.av_last.tolist()
+        lo, hi = g.beta_min.tolist(), g.beta_max.tolist()
+        for j, k in enumerate(g.av_index):
+            if steps[j]:
+                h = self._av_host.setdefault(k, [0, first[j], last[j], lo[j], hi[j]])
+                h[0] += steps[j]
+                h[2], h[3], h[4] = max(h[2], last[j]), min(h[3], lo[j]), max(h[4], hi[j])
+
     # ------------------------------------------------------------------ results
+    def averages(self) -> dict[int, tuple[int, int, float, float]]:
+        """Pair index -> (steps at which its buffer changed as a weight average, the first
+        such step, the fitted beta's smallest and largest value), read to the host; pairs
+        whose buffer never so changed are left out."""
+        acc = {k: list(h) for k, h in self._av_host.items()}
+        for g in self._groups:
+            steps, first, last = g.av_steps.tolist(), g.av_first.tolist(), g.av_last.tolist()
+            lo, hi = g.beta_min.tolist(), g.beta_max.tolist()
+            for j, k in enumerate(g.av_index):
+                if not steps[j]:
+                    continue
+                h = acc.get(k)
+                if h is None:
+                    acc[k] = [steps[j], first[j], last[j], lo[j], hi[j]]
+                else:
+                    h[0] += steps[j]
+                    h[1], h[3], h[4] = min(h[1], first[j]), min(h[3], lo[j]), max(h[4], hi[j])
+        return {k: (int(h[0]), int(h[1]), float(h[3]), float(h[4])) for k, h in acc.items()}
+
+
     def changes(self) -> dict[int, tuple[int, int]]:
         """Tensor index -> (steps with a change, first such step), read to the host."""
         out = {i: (h[0], h[1]) for i, h in self._host.items()}

@@ -17,7 +17,14 @@ DP-SGD's guarantee covers what its release covers. Two checks:
   the DP optimizer does not hold) that changes at all, changed outside the DP release: level
   ``finding``, naming the tensor, the first step it was seen and at how many steps (the monitor
   sees that a tensor changed, not whether the change depends on the data: post-processing of
-  the released parameters, such as a projection, is private).
+  the released parameters, such as a projection, is private). A buffer paired with a parameter
+  (declared in ``averages`` or by the name rule, ``ema.fc.weight`` -> ``fc.weight``) whose
+  change fits one weight-average update ``b <- (1 - beta) b + beta p`` towards the released
+  parameter at the sampled coordinates is post-processing: counted and reported
+  (``averaged_buffers``, a note), not a finding (docs/monitors/coverage.md, "Weight averages").
+
+``ignore`` entries (paths, prefixes ending in ".", shell-style patterns) that match no tensor of
+the model are warned about.
 
 It needs the model (``PrivacyAuditor(..., model=model)``); without it, it says so and checks
 nothing.
@@ -25,6 +32,7 @@ nothing.
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -42,6 +50,14 @@ _KINDS = {(True, "parameter"): "parameter held by the DP optimizer",
           (False, "buffer"): "buffer"}
 
 
+def _span(lo: float | None, hi: float | None) -> str:
+    """A range of fitted betas in words: one number where they agree to three digits."""
+    if lo is None or hi is None:
+        return "not determined (equal to its parameter where sampled)"
+    a, b = f"{lo:.3g}", f"{hi:.3g}"
+    return a if a == b else f"{a} to {b}"
+
+
 @dataclass(frozen=True)
 class CoverageConfig(MonitorConfig):
     """Settings of the coverage monitor.
@@ -51,21 +67,38 @@ class CoverageConfig(MonitorConfig):
             comparison of what the DP optimizer holds only).
         sample_coordinates: coordinates of each tensor compared exactly at every point (every
             coordinate of a smaller tensor), besides its norm.
-        ignore: tensor paths (``"ema.shadow"``) or prefixes ending in ``"."`` (``"ema."``) not
-            watched: tensors that are functions of the released parameters only (an average of
-            the weights), which are post-processing of the release.
+        ignore: tensors not watched: paths (``"ema.shadow"``), prefixes ending in ``"."``
+            (``"ema."``) or shell-style patterns (``"ema.*"``, ``"*.running_*"``): tensors
+            that are functions of the released parameters only (a projection of the weights),
+            which are post-processing of the release. An entry that matches nothing is warned
+            about.
+        averages: weight averages kept as buffers, buffer path -> parameter path
+            (``{"ema.fc.weight": "fc.weight"}``, or a sequence of such pairs): each buffer's
+            changes are checked as weight-average updates towards its parameter, besides the
+            pairs the name rule makes (docs/monitors/coverage.md, "Weight averages").
     """
 
     watch: bool = True
     sample_coordinates: int = 8
     ignore: tuple[str, ...] = ()
+    averages: tuple[tuple[str, str], ...] = ()
 
     def __post_init__(self) -> None:
         if int(self.sample_coordinates) < 1:
             raise ValueError(f"sample_coordinates must be >= 1, got {self.sample_coordinates!r}")
         if isinstance(self.ignore, str) or not all(isinstance(i, str) for i in self.ignore):
-            raise ValueError(f"ignore must be a sequence of tensor paths, got {self.ignore!r}")
+            raise ValueError(f"ignore must be a sequence of tensor paths or patterns, got "
+                             f"{self.ignore!r}")
+        if any(not i for i in self.ignore):
+            raise ValueError(f"ignore holds an empty entry: {self.ignore!r}")
         object.__setattr__(self, "ignore", tuple(self.ignore))
+        av = self.averages
+        pairs = list(av.items()) if isinstance(av, Mapping) else av
+        if isinstance(pairs, str) or not all(
+                isinstance(x, (tuple, list)) and len(x) == 2
+                and all(isinstance(y, str) and y for y in x) for x in pairs):
+            raise ValueError(f"averages must map buffer paths to parameter paths, got {av!r}")
+        object.__setattr__(self, "averages", tuple((str(b), str(p)) for b, p in pairs))
 
 
 @register_monitor("coverage")
@@ -92,7 +125,14 @@ class CoverageMonitor(Monitor):
         self.not_in_model = self._not_in_model() if self.reason_off is None else 0
         on = self.reason_off is None and self.settings.watch
         self.watch = TensorWatch(self.model, self._held, self.settings.sample_coordinates,
-                                 self.settings.ignore) if on else None
+                                 self.settings.ignore, self.settings.averages) if on else None
+        if self.watch is not None:
+            example = next((w.path for w in self.watch.tensors), "")
+            for entry in self.watch.unmatched_ignore:
+                ctx.warn(f"coverage: the ignore entry {entry!r} matches no parameter or buffer "
+                         f"of the model, so it leaves nothing out (entries are tensor paths in "
+                         f"the model, wrapper prefixes removed, such as {example!r}; prefixes "
+                         f"ending in '.'; or shell-style patterns such as 'ema.*')")
         self._after: Fingerprint | None = None  # after the last update (or attach)
         self._before: Fingerprint | None = None  # before the update being released
         self._before_step = 0
@@ -100,7 +140,10 @@ class CoverageMonitor(Monitor):
         self.unaudited_updates = 0
         #: path -> (kind, steps with a change, first step) of earlier sessions (checkpoints)
         self._resumed: dict[str, tuple[str, int, int]] = {}
+        #: buffer path -> (steps, first step, beta min, beta max) of earlier sessions
+        self._resumed_avg: dict[str, tuple[int, int, float, float]] = {}
         self._changed: list[dict[str, Any]] | None = None
+        self._averaged: list[dict[str, Any]] | None = None
 
     # ------------------------------------------------------------------ the watch
     def observe(self, record: StepRecord) -> None:
@@ -110,7 +153,7 @@ class CoverageMonitor(Monitor):
         if w is None:
             return
         now = w.fingerprint(record.step)
-        w.compare(now, self._after, record.step, held_too=True)
+        w.compare(now, self._after, record.step, held_too=True, post_now=False)
         self._before, self._before_step = now, record.step
 
     def after_release(self, step: int | None) -> None:
@@ -123,10 +166,10 @@ class CoverageMonitor(Monitor):
         now = w.fingerprint(step)
         if step is not None:
             if self._before is not None:
-                w.compare(now, self._before, self._before_step, held_too=False)
+                w.compare(now, self._before, self._before_step, held_too=False, post_now=True)
             elif self._after is not None:
                 self.unaudited_updates += 1
-                w.compare(now, self._after, step + 1, held_too=True)
+                w.compare(now, self._after, step + 1, held_too=True, post_now=True)
         self._after, self._before = now, None
 
     def changed(self) -> list[dict[str, Any]]:
@@ -153,6 +196,30 @@ class CoverageMonitor(Monitor):
                         "kind": kind, "first_step": int(first), "steps": int(steps)})
         return out
 
+    def averaged(self) -> list[dict[str, Any]]:
+        """Every buffer watched as a weight average: ``name``, ``parameter``, ``paired_by``
+        ("declared" or "name"), ``steps`` (training steps at which it changed as a weight
+        average of the released parameter), ``first_step`` and the fitted ``beta_min`` /
+        ``beta_max`` (null before any such step, or where no sampled coordinate determined
+        beta)."""
+        if self.watch is None:
+            return []
+        got = self.watch.averages()
+        out = []
+        for k, pr in enumerate(self.watch.pairs):
+            name = self.watch.tensors[pr.buffer].path
+            steps, first, lo, hi = got.get(k, (0, -1, float("inf"), float("-inf")))
+            if name in self._resumed_avg:
+                s0, f0, l0, h0 = self._resumed_avg[name]
+                steps, first = steps + s0, f0 if first < 0 else min(first, f0)
+                lo, hi = min(lo, l0), max(hi, h0)
+            out.append({"name": name, "parameter": self.watch.tensors[pr.parameter].path,
+                        "paired_by": pr.paired_by, "steps": int(steps),
+                        "first_step": int(first) if steps else None,
+                        "beta_min": float(lo) if steps and lo <= hi else None,
+                        "beta_max": float(hi) if steps and lo <= hi else None})
+        return out
+
     # ------------------------------------------------------------------ who holds what
     def _named(self) -> list[tuple[str, torch.nn.Parameter]]:
         assert self.model is not None
@@ -171,6 +238,7 @@ class CoverageMonitor(Monitor):
             self.at_end = self._uncovered()
         self._changed = None
         self._changed = self.changed()
+        self._averaged = self.averaged()
 
     def uncovered(self) -> list[tuple[str, tuple[int, ...]]]:
         """Every tensor found uncovered at the start or at the end, once, in model order."""
@@ -198,8 +266,20 @@ class CoverageMonitor(Monitor):
                 f"a buffer updated in forward from the inputs), the claimed epsilon does not "
                 f"cover this training; where they are post-processing of the released "
                 f"parameters only (a projection, a weight average), leave them out with "
-                f"monitor_options={{'coverage': {{'ignore': (...)}}}}",
+                f"monitor_options={{'coverage': {{'ignore': (...)}}}} (a weight average kept as "
+                f"a buffer is checked as one when paired with its parameter: 'averages')",
                 ", ".join(c["name"] for c in changed[:8])))
+        avg = [a for a in self._averaged_now() if a["steps"]]
+        if avg:
+            names = ", ".join(f"{a['name']} (of {a['parameter']}; {a['steps']} step(s), beta "
+                              f"{_span(a['beta_min'], a['beta_max'])})" for a in avg[:8])
+            more = f" and {len(avg) - 8} more" if len(avg) > 8 else ""
+            out.append(Finding(
+                self.name, "note",
+                f"{len(avg)} buffer(s) changed only as weight averages of the released "
+                f"parameters, b <- (1 - beta) b + beta p at the sampled coordinates: {names}"
+                f"{more}. Post-processing of the release, not a finding",
+                ", ".join(a["name"] for a in avg[:8])))
         missing = self.uncovered()
         if missing:
             names = ", ".join(f"{n} ({'x'.join(map(str, s)) or 'scalar'})"
@@ -232,6 +312,7 @@ class CoverageMonitor(Monitor):
             "watched": self.watch is not None,
             "watched_tensors": len(self.watch.tensors) if self.watch is not None else 0,
             "changed_outside_release": changed,
+            "averaged_buffers": self._averaged_now() if self.reason_off is None else [],
             "unaudited_updates": self.unaudited_updates,
             "any_changed": bool(changed),
         }
@@ -243,6 +324,8 @@ class CoverageMonitor(Monitor):
         return {"at_start": [[n, list(s)] for n, s in self.at_start],
                 "changed": [[c["name"], c["kind"], c["steps"], c["first_step"]]
                             for c in self.changed()],
+                "averaged": [[a["name"], a["steps"], a["first_step"], a["beta_min"],
+                              a["beta_max"]] for a in self._averaged_now() if a["steps"]],
                 "unaudited_updates": self.unaudited_updates}
 
     def load_state_dict(self, sd: dict[str, Any]) -> None:
@@ -250,3 +333,12 @@ class CoverageMonitor(Monitor):
         self._resumed = {str(n): (str(k), int(s), int(f))
                          for n, k, s, f in sd.get("changed", [])}  # absent before the watch
         self.unaudited_updates = int(sd.get("unaudited_updates", 0))
+        inf = float("inf")
+        self._resumed_avg = {  # absent before the weight averages were checked
+            str(n): (int(s), int(f), inf if lo is None else float(lo),
+                     -inf if hi is None else float(hi))
+            for n, s, f, lo, hi in sd.get("averaged", [])}
+
+    def _averaged_now(self) -> list[dict[str, Any]]:
+        """:meth:`averaged`, as read at finalize (else now)."""
+        return self._averaged if self._averaged is not None else self.averaged()

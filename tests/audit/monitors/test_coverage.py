@@ -450,3 +450,230 @@ def test_the_cpu_host_watch_sees_what_the_torch_watch_sees(big: bool) -> None:
     assert {names[i]: v for i, v in got[True].items()} == {
         "big": (1, 1), "small": (1, 2), "count": (1, 2)}
     assert got[True] == got[False]
+
+
+# ---------------------------------------------------------------- weight averages, ignore
+def _buffer_copy(net: nn.Module) -> nn.Module:
+    """A copy of ``net`` whose parameters are buffers (an EMA kept inside the model)."""
+    import copy
+
+    m = copy.deepcopy(net)
+    for mod in m.modules():
+        for n, p in list(mod._parameters.items()):
+            if p is not None:
+                del mod._parameters[n]
+                mod.register_buffer(n, p.detach().clone())
+    return m
+
+
+class _WithAverage(nn.Module):
+    """A conv net and a copy of its weights as buffers under ``ema`` (paired by name with
+    ``net.*``) or under ``copy`` (paired only where declared)."""
+
+    def __init__(self, under: str = "ema") -> None:
+        super().__init__()
+        torch.manual_seed(0)
+        self.net = _conv_net(False)
+        self.under = under
+        self.add_module(under, _buffer_copy(self.net))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.net(x)
+
+    def pairs(self):
+        return zip(self.net.named_parameters(), getattr(self, self.under).named_buffers())
+
+
+def _ema(beta: float, data: float = 0.0, lerp: bool = False):
+    """One EMA update of every buffer towards its released parameter (``data``: plus that
+    multiple of the parameter's non-private gradient); run after the DP step of the previous
+    iteration, before this one's."""
+    def update(model):
+        with torch.no_grad():
+            for (_, p), (_, b) in model._module.pairs():
+                if lerp:
+                    b.lerp_(p, beta)
+                else:
+                    b.mul_(1 - beta).add_(p, alpha=beta)
+                if data:
+                    b.add_(p.grad, alpha=data)
+    return update
+
+
+def _swa():
+    """A running (SWA) average: b <- b + (p - b) / (n + 1), n the averages so far."""
+    n = [0]
+
+    def update(model):
+        with torch.no_grad():
+            for (_, p), (_, b) in model._module.pairs():
+                b.add_((p - b) / (n[0] + 1))
+        n[0] += 1
+    return update
+
+
+@pytest.mark.parametrize("how", ["ema", "lerp", "swa"])
+def test_a_weight_average_of_the_released_parameters_is_post_processing(how):
+    update = _swa() if how == "swa" else _ema(0.1, lerp=how == "lerp")
+    rep = _private_run(_WithAverage(), *_images(), steps=4, between=[update])
+    sec = rep.audits["coverage"]
+    assert sec["changed_outside_release"] == [] and sec["any_changed"] is False
+    assert rep.verdict != "finding (not a proof)"
+    avg = {a["name"]: a for a in sec["averaged_buffers"]}
+    assert set(avg) == {"ema.0.weight", "ema.0.bias", "ema.1.weight", "ema.1.bias",
+                        "ema.4.weight", "ema.4.bias"}
+    w = avg["ema.4.weight"]
+    assert w["parameter"] == "net.4.weight" and w["paired_by"] == "name"
+    # the first update meets a copy equal to its parameter: it moves by rounding only
+    # (b * 0.9 + 0.1 * p; lerp and SWA leave it as it is), its beta undetermined
+    assert (w["steps"], w["first_step"]) == ((4, 1) if how == "ema" else (3, 2))
+    # the fitted beta: within the feasible interval's width (the float32 tolerance over
+    # |p - b|) of the beta used: 0.1, or 1/(n+1) for n = 1..3 (SWA)
+    lo, hi = (0.1, 0.1) if how != "swa" else (1 / 4, 1 / 2)
+    assert lo - 1e-4 <= w["beta_min"] <= w["beta_max"] <= hi + 1e-4
+    notes = [f for f in _coverage(rep) if f["level"] == "note"]
+    assert len(notes) == 1 and notes[0]["message"].startswith(
+        "6 buffer(s) changed only as weight averages of the released parameters, "
+        "b <- (1 - beta) b + beta p at the sampled coordinates: ema.0.weight (of net.0.weight; "
+        f"{w['steps']} step(s), beta ")
+    assert [f for f in _coverage(rep) if f["level"] == "finding"] == []
+
+
+@pytest.mark.parametrize("data", ["gradient", "input-mean"])
+def test_a_weight_average_mixed_with_data_is_still_found(data):
+    if data == "gradient":  # an EMA plus a (small) step along the non-private gradient
+        update = _ema(0.1, data=1e-3)
+    else:  # an EMA of the weights plus a running mean of the inputs in the bias
+        def update(model):
+            _ema(0.1)(model)
+            with torch.no_grad():
+                model._module.ema[4].bias.add_(1e-4 * model._module.net[0].weight.grad.sum())
+    rep = _private_run(_WithAverage(), *_images(), steps=3, between=[update])
+    got = _changed(rep)
+    if data == "gradient":
+        assert set(got) == {"ema.0.weight", "ema.0.bias", "ema.1.weight", "ema.1.bias",
+                            "ema.4.weight", "ema.4.bias"}
+    else:
+        assert set(got) == {"ema.4.bias"}
+    assert all(c["steps"] == 3 and c["kind"] == "buffer" for c in got.values())
+    assert rep.verdict == "finding (not a proof)"
+
+
+def test_a_change_outside_the_sampled_coordinates_of_an_average_is_found():
+    """A paired buffer whose norm changed while no sampled coordinate moved is a finding."""
+    from dpaudit_torch.audit.monitors._tensor_watch import TensorWatch
+
+    net = _WithAverage()
+    watch = TensorWatch(net, held={id(p) for p in net.net.parameters()}, sample=8)
+    k = [w.path for w in watch.tensors].index("ema.4.weight")
+    assert [(watch.tensors[p.buffer].path, watch.tensors[p.parameter].path)
+            for p in watch.pairs][4] == ("ema.4.weight", "net.4.weight")
+    first = watch.fingerprint(None)
+    with torch.no_grad():
+        g = next(g for g in watch._groups if k in g.idx)
+        sampled = set(g.take[g.idx.index(k)].tolist())
+        j = next(i for i in range(net.ema[4].weight.numel()) if i not in sampled)
+        net.ema[4].weight.view(-1)[j] += 1.0
+    watch.compare(watch.fingerprint(1), first, 1, held_too=True)
+    assert watch.changes() == {k: (1, 1)} and watch.averages() == {}
+
+
+def test_declared_averages_and_the_pairing_rule():
+    from dpaudit_torch.audit.monitors._tensor_watch import TensorWatch, average_stems
+
+    assert average_stems("ema.fc.weight") == ["fc.weight"]
+    assert average_stems("model_ema.fc.weight") == ["fc.weight", "model.fc.weight"]
+    assert average_stems("fc.weight_ema") == ["fc.weight"]
+    assert average_stems("fc.swa_weight") == ["fc.weight"]
+    assert average_stems("bn.running_mean") == []
+    # "copy" is no marker: not paired unless declared
+    rep = _private_run(_WithAverage("copy"), *_images(), steps=2, between=[_ema(0.1)])
+    assert "copy.4.weight" in _changed(rep) and rep.audits["coverage"]["averaged_buffers"] == []
+    declared = {f"copy.{n}": f"net.{n}" for n, _ in _conv_net(False).named_parameters()}
+    rep = _private_run(_WithAverage("copy"), *_images(), steps=2, between=[_ema(0.1)],
+                       monitor_options={"coverage": {"averages": declared}})
+    assert _changed(rep) == {}
+    assert {a["paired_by"] for a in rep.audits["coverage"]["averaged_buffers"]} == {"declared"}
+    net = _WithAverage("copy")
+    with pytest.raises(ValueError, match="'copy.9.weight' is not a watched buffer"):
+        TensorWatch(net, set(), averages=(("copy.9.weight", "net.0.weight"),))
+    with pytest.raises(ValueError, match=r"'copy.4.weight' cannot be the average of "
+                                         r"'net.0.weight': their shapes differ"):
+        TensorWatch(net, set(), averages=(("copy.4.weight", "net.0.weight"),))
+    with pytest.raises(ValueError, match="averages must map buffer paths"):
+        CoverageConfig(averages=("copy.4.weight",))
+    assert CoverageConfig(averages={"a.w": "w"}).averages == (("a.w", "w"),)
+
+
+def test_ignore_patterns_and_a_warning_for_an_entry_that_matches_nothing(caplog):
+    from dpaudit_torch.audit.monitors._tensor_watch import TensorWatch, ignore_matches
+
+    assert ignore_matches("ema.0.weight", "ema.*") and ignore_matches("ema.0.weight", "ema.")
+    assert ignore_matches("bn.running_mean", "*.running_*")
+    assert not ignore_matches("net.0.weight", "ema.*")
+    net = nn.Sequential(nn.Linear(2, 2), nn.BatchNorm1d(2))
+    paths = [w.path for w in TensorWatch(net, set(), ignore=("*.running_*", "0.")).tensors]
+    assert paths == ["1.weight", "1.bias", "1.num_batches_tracked"]
+    with caplog.at_level("WARNING"):
+        rep = _private_run(nn.Sequential(_Stats(False), *_conv_net(False)), *_images(),
+                           steps=2, monitor_options={"coverage": {
+                               "ignore": ("*.running_*", "emma.*")}})
+    assert _changed(rep) == {}
+    msg = ("coverage: the ignore entry 'emma.*' matches no parameter or buffer of the model, "
+           "so it leaves nothing out (entries are tensor paths in the model, wrapper prefixes "
+           "removed, such as '0.frozen_stat'; prefixes ending in '.'; or shell-style patterns "
+           "such as 'ema.*')")
+    assert [w for w in rep.warnings if "ignore entry" in w] == [msg]
+    assert msg in caplog.text
+
+
+def test_averages_survive_a_checkpoint():
+    s = _WithAverage()
+    rep1 = _private_run(s, *_images(), steps=2, between=[_ema(0.1)])
+    a = rep1.audits["coverage"]["averaged_buffers"]
+    assert a[0]["steps"] == 2
+    mon = CoverageMonitor.__new__(CoverageMonitor)
+    mon.load_state_dict({"at_start": [], "averaged": [[x["name"], x["steps"], x["first_step"],
+                                                       x["beta_min"], x["beta_max"]]
+                                                      for x in a]})
+    assert mon._resumed_avg["ema.4.weight"][:2] == (2, 1)
+
+
+def test_the_torch_path_fits_averages_as_the_host_path_does():
+    """The watch's torch path (an accelerator's; the CPU's packed gathers) checks weight
+    averages as the compiled host pass does: an EMA step towards the parameter fits, a step
+    with a data term does not, a release-interval update uses the parameter after it."""
+    from dpaudit_torch.audit.monitors._tensor_watch import TensorWatch
+
+    got = {}
+    for host in (True, False):
+        net = _WithAverage()
+        watch = TensorWatch(net, held={id(p) for p in net.net.parameters()}, sample=8)
+        if not host:
+            watch.set_pack(True)
+        g = torch.Generator().manual_seed(5)
+        after = watch.fingerprint(None)
+        for step in (1, 2, 3):
+            before = watch.fingerprint(step)
+            watch.compare(before, after, step, held_too=True, post_now=False)
+            with torch.no_grad():
+                for p in net.net.parameters():  # the release
+                    p.add_(torch.randn(p.shape, generator=g), alpha=0.1)
+                # in the release interval: an EMA towards the released values
+                net.ema[0].weight.lerp_(net.net[0].weight, 0.2)
+            after = watch.fingerprint(step)
+            watch.compare(after, before, step, held_too=False, post_now=True)
+            with torch.no_grad():  # between releases: an EMA, and one with a data term
+                net.ema[4].weight.mul_(0.9).add_(net.net[4].weight, alpha=0.1)
+                net.ema[4].bias.mul_(0.9).add_(net.net[4].bias, alpha=0.1).add_(1e-3 * step)
+        assert (type(after.vectors[0]).__module__ == "numpy") is host
+        names = [w.path for w in watch.tensors]
+        got[host] = ({names[i]: v for i, v in watch.changes().items()},
+                     {names[watch.pairs[k].buffer]: v[:2] for k, v in watch.averages().items()})
+        betas = {names[watch.pairs[k].buffer]: v[2:] for k, v in watch.averages().items()}
+        assert betas["ema.0.weight"] == pytest.approx((0.2, 0.2), abs=1e-5)
+        assert betas["ema.4.weight"] == pytest.approx((0.1, 0.1), abs=1e-5)
+    assert got[True] == got[False]
+    # the updates between releases are seen at the next step's start: steps 2 and 3
+    assert got[True][0] == {"ema.4.bias": (2, 2)}
+    assert got[True][1] == {"ema.0.weight": (3, 1), "ema.4.weight": (2, 2)}
