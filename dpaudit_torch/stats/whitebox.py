@@ -47,7 +47,6 @@ from __future__ import annotations
 import functools
 import logging
 import math
-import warnings
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from typing import Any
@@ -56,6 +55,7 @@ import numpy as np
 from scipy import optimize, special, stats
 
 from .._validation import check_alpha, check_delta
+from ._whitebox_epsilon import dpsgd_epsilon, smallest_sigma
 from .one_run_power import few_inclusions_warning
 
 logger = logging.getLogger(__name__)
@@ -74,9 +74,6 @@ __all__ = [
     "whitebox_power",
     "dpsgd_epsilon",
     "smallest_sigma",
-    "simulate_release",
-    "simulate_sums",
-    "flat_laplace_shape",
     "whole_null_tests",
     "FAMILY_PARTS",
     "NOISE_FREE_RATIO",
@@ -109,9 +106,6 @@ FAMILY_PARTS = ("variance ratio", "kurtosis", "whole-null shape", "lag signs")
 FAMILY_LAGS: tuple[int, ...] = (1, 2, 3, 4, 5, 8, 10, 16)
 #: steps of OUT values fed to the whole-null tests at a time (bounds their scratch memory)
 _FEED_ROWS = 256
-#: PRV discretisation: eps error, and the largest mesh (points) computed at finalize
-PRV_EPS_ERROR = 0.01
-PRV_MAX_POINTS = 1_000_000
 
 # CDF levels of the quadrature cells: fine in both tails, where a cell's worst corner is far
 # from its mass, and even in the bulk
@@ -458,104 +452,6 @@ def rho_lower_bound(mom: ReleaseMoments, q: float, alpha: float = WHITEBOX_ALPHA
 # ------------------------------------------------------------------------------------------------
 #: RDP orders of the PRV domain's tail bound: integer orders only (exact and fast); a tail bound
 #: from fewer orders is larger, so the domain is wider, never narrower, than Opacus's own
-_INT_ORDERS = [float(a) for a in (*range(2, 33), 40, 48, 64, 96, 128, 256)]
-
-
-def _rdp_epsilon(sigma: float, q: float, steps: int, delta: float) -> float:
-    from opacus.accountants.analysis import rdp as rdp_analysis
-
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore")
-        rdp = rdp_analysis.compute_rdp(q=q, noise_multiplier=sigma, steps=steps,
-                                       orders=_INT_ORDERS)
-        eps, _ = rdp_analysis.get_privacy_spent(orders=_INT_ORDERS, rdp=rdp, delta=delta)
-    return float(eps)
-
-
-def _prv_domain(sigma: float, q: float, steps: int, delta: float) -> tuple[float, float]:
-    """(L, mesh) of the PRV discretisation of Gopi, Lee & Wutschitz (NeurIPS 2021, remark 5.6),
-    as Opacus's PRV accountant computes it, with the tail bound over integer RDP orders."""
-    d_err = delta / 1000
-    big = max(_rdp_epsilon(sigma, q, steps, d_err / 4),
-              _rdp_epsilon(sigma, q, 1, d_err / (8 * steps)))
-    length = max(big, PRV_EPS_ERROR) + 3
-    mesh = PRV_EPS_ERROR / math.sqrt(steps * math.log(12 / d_err) / 2)
-    return length, mesh
-
-
-def _prv_points(sigma: float, q: float, steps: int, delta: float) -> int:
-    length, mesh = _prv_domain(sigma, q, steps, delta)
-    return int(2 * length / mesh) + 1
-
-
-@functools.lru_cache(maxsize=256)
-def smallest_sigma(q: float, steps: int, delta: float) -> float:
-    """The smallest noise multiplier whose PRV epsilon the bound computes (its mesh at most
-    :data:`PRV_MAX_POINTS` points): below it the bound uses this one (a smaller epsilon, so still a
-    lower bound), and the white-box ceiling is its epsilon."""
-    # doubling from 1, then bisection in log sigma to a factor 2^(1/8): a few mesh sizes
-    lo, hi = 0.5, 1.0
-    if _prv_points(hi, q, steps, delta) > PRV_MAX_POINTS:
-        while _prv_points(hi, q, steps, delta) > PRV_MAX_POINTS:
-            lo, hi = hi, hi * 2.0
-    else:
-        while _prv_points(lo, q, steps, delta) <= PRV_MAX_POINTS:
-            if lo < 1e-3:
-                return lo
-            lo, hi = lo / 2.0, lo
-    for _ in range(3):
-        mid = math.sqrt(lo * hi)
-        if _prv_points(mid, q, steps, delta) > PRV_MAX_POINTS:
-            lo = mid
-        else:
-            hi = mid
-    return hi
-
-
-@functools.lru_cache(maxsize=512)
-def dpsgd_epsilon(sigma: float, q: float, steps: int, delta: float, which: str = "lower"
-                  ) -> float:
-    """epsilon(delta) of DP-SGD (Poisson-subsampled Gaussian, rate q, ``steps`` steps, noise
-    multiplier ``sigma``) by Opacus's PRV accountant: ``which`` = "lower" / "estimate" / "upper"
-    end of its error interval (eps error 0.01, delta error delta / 1000).  A noise multiplier
-    below :func:`smallest_sigma` is raised to it ("lower" stays a lower bound).  inf for
-    sigma = 0."""
-    check_delta(delta)
-    if not (sigma >= 0) or not math.isfinite(sigma):
-        raise ValueError(f"sigma must be finite and >= 0, got {sigma!r}")
-    if which not in ("lower", "estimate", "upper"):
-        raise ValueError(f"which must be 'lower', 'estimate' or 'upper', got {which!r}")
-    if steps < 1 or q <= 0:
-        return 0.0
-    s_min = smallest_sigma(float(q), int(steps), float(delta))
-    if sigma < s_min:
-        if which != "lower":
-            return math.inf
-        sigma = s_min
-    from opacus.accountants.analysis.prv import (
-        Domain,
-        PoissonSubsampledGaussianPRV,
-        TruncatedPrivacyRandomVariable,
-        compose_heterogeneous,
-        discretize,
-    )
-
-    length, mesh = _prv_domain(float(sigma), float(q), int(steps), float(delta))
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore")
-        domain = Domain.create_aligned(-length, length, mesh)
-        prv = PoissonSubsampledGaussianPRV(float(q), float(sigma))
-        tprv = TruncatedPrivacyRandomVariable(prv, domain.t_min, domain.t_max)
-        dprv = compose_heterogeneous(dprvs=[discretize(tprv, domain)],
-                                     num_self_compositions=[int(steps)])
-        lo, est, up = dprv.compute_epsilon(delta, delta / 1000, PRV_EPS_ERROR)
-    val = {"lower": lo, "estimate": est, "upper": up}[which]
-    return max(0.0, float(val))
-
-
-# ------------------------------------------------------------------------------------------------
-# the bound
-# ------------------------------------------------------------------------------------------------
 @dataclass(frozen=True)
 class WhiteboxResult:
     """The white-box bound and how it was reached (``to_dict`` is the report's detail)."""
@@ -715,98 +611,16 @@ def whitebox_power(sigma: float, q: float, steps: int, m: int, *, delta: float,
 
 
 # ------------------------------------------------------------------------------------------------
-# simulation of the white-box release (tests, benchmarks, power checks)
+# simulation of the white-box release (tests, benchmarks, power checks): in _whitebox_sim.py,
+# importable from here as before
 # ------------------------------------------------------------------------------------------------
-def flat_laplace_shape() -> tuple[float, float]:
-    """(a, b) of the unit-variance noise with kurtosis exactly 3 made of a flat centre and
-    Laplace tails: density h on [-a, a] and h exp(-(|x| - a) / b) beyond, h = 1 / (2 (a + b)).
-    Its variance and fourth moment equal the standard normal's, so a kurtosis test cannot tell
-    them apart; it is more private than the Gaussian at a large signal (its tails are
-    exponential).  Solved once: the kurtosis is 1.8 at b = 0 (uniform) and 6 at a = 0
-    (Laplace)."""
-    return _flat_laplace()
+_SIMULATION = ("simulate_release", "simulate_sums", "flat_laplace_shape", "NOISES",
+               "_flat_laplace", "_flat_laplace_draw")
 
 
-@functools.lru_cache(maxsize=1)
-def _flat_laplace() -> tuple[float, float]:
-    def moments(a: float, b: float) -> tuple[float, float]:
-        h = 1.0 / (2.0 * (a + b))
-        m2 = 2 * h * (a ** 3 / 3 + b * (a * a + 2 * a * b + 2 * b * b))
-        m4 = 2 * h * (a ** 5 / 5 + b * (a ** 4 + 4 * a ** 3 * b + 12 * a * a * b * b
-                                        + 24 * a * b ** 3 + 24 * b ** 4))
-        return m2, m4
+def __getattr__(name: str) -> Any:
+    if name in _SIMULATION:
+        from . import _whitebox_sim
 
-    def excess(t: float) -> float:  # a / b = t, b = 1
-        m2, m4 = moments(t, 1.0)
-        return m4 / (m2 * m2) - 3.0
-
-    t = float(optimize.brentq(excess, 1e-6, 1e3, xtol=1e-14, rtol=1e-15))
-    m2, _ = moments(t, 1.0)
-    b = 1.0 / math.sqrt(m2)
-    return t * b, b
-
-
-def _flat_laplace_draw(rng: np.random.Generator, shape: tuple[int, ...]) -> np.ndarray:
-    a, b = _flat_laplace()
-    centre = rng.random(shape) < a / (a + b)
-    mag = np.where(centre, rng.random(shape) * a, a + rng.exponential(b, shape))
-    return np.where(rng.random(shape) < 0.5, -mag, mag)
-
-
-#: the noises :func:`simulate_release` draws
-NOISES = ("gaussian", "laplace", "uniform", "antithetic", "flat_laplace", "pair_correlated")
-
-
-def simulate_release(sigma: float, q: float, steps: int, m: int, rng: np.random.Generator, *,
-                     noise: str = "gaussian", c: float | np.ndarray = 1.0,
-                     chunk: int = 64, pair_r: float = -0.2, keep_values: bool = False
-                     ) -> tuple[np.ndarray, ...]:
-    """One white-box release of m canaries over ``steps`` steps, step by step: (is_in, sums,
-    sums of Z^2, sums of Z^4), and with ``keep_values`` the per-step values [steps, m]
-    (float32, as the one-run monitor keeps them).  ``noise`` (standard deviation ``sigma``):
-    "gaussian", "laplace", "uniform", "flat_laplace" (:func:`flat_laplace_shape`: kurtosis 3),
-    "antithetic" (Gaussian noise whose consecutive steps cancel: step 2k+1 repeats step 2k's
-    noise negated) or "pair_correlated" (Gaussian, steps 2k and 2k+1 with correlation
-    ``pair_r``); ``c``: the canary's contribution, a number or one per step."""
-    if noise not in NOISES:
-        raise ValueError(f"unknown noise {noise!r}; one of {NOISES}")
-    if chunk % 2:
-        raise ValueError(f"chunk must be even (steps are paired), got {chunk!r}")
-    is_in = rng.random(m) < 0.5
-    sums, sq, q4 = np.zeros(m), np.zeros(m), np.zeros(m)
-    vals = np.empty((steps, m), dtype=np.float32) if keep_values else None
-    cs = np.broadcast_to(np.asarray(c, dtype=np.float64), (steps,))
-    for t0 in range(0, steps, chunk):
-        n = min(chunk, steps - t0)
-        if noise in ("gaussian", "antithetic", "pair_correlated"):
-            e = rng.standard_normal((n, m)) * sigma
-        elif noise == "laplace":
-            e = rng.laplace(0.0, sigma / math.sqrt(2.0), (n, m))
-        elif noise == "uniform":
-            e = rng.uniform(-math.sqrt(3.0) * sigma, math.sqrt(3.0) * sigma, (n, m))
-        else:
-            e = _flat_laplace_draw(rng, (n, m)) * sigma
-        if noise == "antithetic":
-            e[1::2] = -e[0:n - n % 2:2]
-        elif noise == "pair_correlated":
-            e[1::2] = pair_r * e[0:n - n % 2:2] + math.sqrt(1.0 - pair_r ** 2) * e[1::2]
-        present = (rng.random((n, m)) < q) & is_in[None, :]
-        z = present * cs[t0:t0 + n, None] + e
-        if vals is not None:
-            vals[t0:t0 + n] = z
-        sums += z.sum(0)
-        z2 = z * z
-        sq += z2.sum(0)
-        q4 += (z2 * z2).sum(0)
-    if vals is not None:
-        return is_in, sums, sq, q4, vals
-    return is_in, sums, sq, q4
-
-
-def simulate_sums(sigma: float, q: float, steps: int, m: int, rng: np.random.Generator,
-                  c: float = 1.0) -> tuple[np.ndarray, np.ndarray]:
-    """The canaries' sums of a Gaussian release, exactly and without per-step values:
-    c Binomial(T, q) S + N(0, T sigma^2): (is_in, sums)."""
-    is_in = rng.random(m) < 0.5
-    k = rng.binomial(steps, q, size=m) * is_in
-    return is_in, c * k + rng.standard_normal(m) * sigma * math.sqrt(steps)
+        return getattr(_whitebox_sim, name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
