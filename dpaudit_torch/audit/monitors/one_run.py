@@ -126,6 +126,7 @@ class OneRunMonitor(Monitor):
         # TRACE_VALUES: the OUT canaries' rows feed the family check's whole-null tests
         self._trace: list[torch.Tensor] = []
         self._trace_n = 0
+        self._trace_np: np.ndarray | None = None  # the last CPU block's NumPy view
         self._trace_cap = TRACE_VALUES // max(self.m, 1)
         self.sigmas: set[float] = set()  # noise multipliers of the observed steps
         self.score_used: str | None = None
@@ -200,13 +201,18 @@ class OneRunMonitor(Monitor):
         i = self._trace_n % TRACE_BLOCK
         if i == 0:
             rows = min(TRACE_BLOCK, self._trace_cap - self._trace_n)
-            self._trace.append(torch.empty(rows, self.m, dtype=torch.float32,
-                                           device=self.device))
-        block = self._trace[-1]
-        if isinstance(z, np.ndarray):
-            block.numpy()[i] = z  # (the CPU path: a NumPy row)
+            if self.device.type == "cpu":  # mapped pages, off the training heap (_buffers)
+                arr = host_zeros((rows, self.m), np.float32)
+                self._trace.append(torch.from_numpy(arr))
+                self._trace_np = arr
+            else:
+                self._trace.append(torch.empty(rows, self.m, dtype=torch.float32,
+                                               device=self.device))
+        if isinstance(z, np.ndarray) and self._trace_np is not None \
+                and self._trace_np.shape[0] > i and self.device.type == "cpu":
+            self._trace_np[i] = z  # (the CPU path: a NumPy row, no torch call)
         else:
-            block[i].copy_(z)
+            self._trace[-1][i].copy_(torch.as_tensor(z))
         self._trace_n += 1
 
     def trace(self) -> np.ndarray:
@@ -462,7 +468,7 @@ class OneRunMonitor(Monitor):
         # the kept per-step values (absent in older checkpoints: the trace then holds the
         # steps after the resume, a window fixed before they were seen)
         tr = sd.get("trace")
-        self._trace, self._trace_n = [], 0
+        self._trace, self._trace_n, self._trace_np = [], 0, None
         if isinstance(tr, torch.Tensor) and tr.dim() == 2 and tr.shape[1] == self.m:
             for row in tr.to(torch.float32):
                 self._keep(row.to(self.device))
