@@ -252,10 +252,22 @@ class SequentialPairsMonitor(Monitor):
         """The noise multiplier changed: freeze the current wealth as a factor, start anew."""
         self._offset = self.log_wealth
         self._test_offset = dict(self.test_log_wealth)
-        self._warn(f"noise multiplier changed from {self.segment.sigma:.6g} to {sigma:.6g} at "
-                   f"step {step}: new per-step null; the sequential wealth carries over as a "
-                   f"factor")
+        text = (f"noise multiplier changed from {self.segment.sigma:.6g} to {sigma:.6g} at step "
+                f"{step}: new per-step null; the sequential wealth carries over as a factor")
+        if len(self.segments) == 1:  # a schedule (Opacus's noise schedulers) says so once
+            self._warn(text + " (later changes are logged at DEBUG and summed up at finalize)")
+        else:
+            logger.debug(text)
         self.segments.append(self._new_segment(sigma, step))
+
+    def finalize(self, claimed_epsilon: float | None) -> None:
+        """One line for a schedule of noise multipliers (more than one change)."""
+        if len(self.segments) > 2:
+            sig = [s.sigma for s in self.segments]
+            self._warn(f"noise multiplier changed {len(sig) - 1} times (a schedule), from "
+                       f"{sig[0]:.6g} at the start to {sig[-1]:.6g} "
+                       f"from step {self.segments[-1].start_step} (range {min(sig):.6g} to "
+                       f"{max(sig):.6g}); each change started a new per-step null")
 
     # ------------------------------------------------------------------ per step
     def reset_buffers(self) -> None:

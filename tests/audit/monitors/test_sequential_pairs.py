@@ -216,6 +216,22 @@ def test_a_change_of_noise_multiplier_starts_a_new_segment() -> None:
     assert [s["noise_multiplier"] for s in seg] == [1.0, 2.0]
 
 
+def test_a_schedule_of_noise_multipliers_says_so_once_and_sums_up_at_finalize() -> None:
+    """Opacus's noise schedulers change the multiplier at every epoch or step: one line when
+    the schedule is first seen, one summary at finalize, not a line per change."""
+    mon, warned = _monitor()
+    for i, sigma in enumerate((1.0, 1.5, 2.0, 2.5)):
+        _feed(mon, _records(5, sigma, sigma, seed=20 + i, start=1 + 5 * i))
+    assert [s.sigma for s in mon.segments] == [1.0, 1.5, 2.0, 2.5]
+    changed = [w for w in warned if "noise multiplier changed" in w]
+    assert len(changed) == 1 and "from 1 to 1.5 at step 6" in changed[0]
+    assert "summed up at finalize" in changed[0]
+    mon.finalize(None)
+    summary = [w for w in warned if "noise multiplier changed" in w][1:]
+    assert summary == ["noise multiplier changed 3 times (a schedule), from 1 at the start to 2.5 "
+                       "from step 16 (range 1 to 2.5); each change started a new per-step null"]
+
+
 def test_no_noise_claimed_means_no_per_step_null() -> None:
     mon, warned = _monitor(0.0)
     assert mon.segment.testers == {} and mon.segment.null["type"] == "none"
