@@ -17,7 +17,7 @@ from dpaudit_torch.testing.host_sync import force_device_path
 from dpaudit_torch.testing.op_count import added_ops_per_step, layer_stack, top_level_ops
 
 BLOCKS = 25  # 102 parameter tensors
-CHECK_EVERY = 5
+CHECK_EVERY = 5  # the default: the budget is per step averaged over whole check intervals
 
 
 def test_top_level_ops_counts_what_the_caller_dispatches() -> None:
@@ -86,6 +86,7 @@ def test_the_added_operations_per_step_do_not_grow_with_the_tensors(mode: str,
                                                                     device_path: bool) -> None:
     """The budget of docs/auditor.md "Cost": 100 + 2 per watched tensor (parameters and
     buffers: 102 here, no buffers), averaged over two whole check intervals."""
-    got = added_ops_per_step(_twin(mode, device_path), steps=2 * CHECK_EVERY)
+    got = added_ops_per_step(_twin(mode, device_path), steps=2 * CHECK_EVERY,
+                             warmup=10)  # past the first steps' one-time work (8 steps)
     watched = 4 * BLOCKS + 2
     assert got.per_step <= 100 + 2 * watched, got.top()
