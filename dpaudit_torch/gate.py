@@ -255,7 +255,7 @@ class GateResult:
             lines.append(f"{label:<{w}}{a:<{v}}{b}" + ("   *" if changed else ""))
         if self.comparison is not None:
             lines.append(self.strength_text())
-            changes = [c.sentence() for c in self.comparison.changes]
+            changes = [c.sentence() for c in self.comparison.changes if c.shows_change]
             lines.append("changed: " + ("; ".join(changes) if changes else "nothing"))
         lines += [f"warning: {x}" for x in self.warnings]
         lines.append(self.headline())
@@ -339,8 +339,14 @@ def _warnings(new: AuditInput, old: AuditInput | None, c: Comparison | None,
     elif claim is not None and math.isfinite(claim) and not c.strictly_stronger:
         rose = _rises(bounds, claim, margin)
         if rose:
-            out.append(f"L rose a lot with the claim unchanged: {_rise_text(rose, claim, margin)}"
-                       f"; still under the claim, but look for what changed in the training")
+            # "still under the claim" only where it is: not beside a failing verdict or a
+            # bound above the claim
+            under = _verdict_failure(r) is None and all(
+                b.new is not None and b.new <= claim for b in rose)
+            tail = ("; still under the claim, but look for what changed in the training"
+                    if under else "; look for what changed in the training")
+            out.append(f"L rose a lot with the claim unchanged: "
+                       f"{_rise_text(rose, claim, margin)}{tail}")
     if c.subject_unchecked:
         where = ("the baseline (schema " + old.written_schema + ")"
                  if any(k in old.fingerprint.not_recorded for k in c.subject_unchecked)
@@ -479,7 +485,7 @@ def render_html(result: GateResult) -> str:
         f"{body}</table>",
     ]
     if r.comparison is not None:
-        changes = [c.sentence() for c in r.comparison.changes] or ["nothing"]
+        changes = [c.sentence() for c in r.comparison.changes if c.shows_change] or ["nothing"]
         parts.append(f"<p>{esc(r.strength_text())}</p><p>Changed:</p><ul>"
                      + "".join(f"<li>{esc(x)}</li>" for x in changes) + "</ul>")
     if r.warnings:

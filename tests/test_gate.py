@@ -416,3 +416,43 @@ def test_reports_loaded_by_audit_report_are_gated_alike(baseline: AuditInput,
     a = gate(AuditInput.of(AuditReport.load(p)), baseline)
     b = gate(read_audit(p), baseline)
     assert (a.outcome, a.reason, a.warnings) == (b.outcome, b.reason, b.warnings)
+
+
+def test_a_failing_gate_never_says_still_under_the_claim(baseline: AuditInput) -> None:
+    """Issue: on a buggy release the gate printed 'L rose a lot ... still under the claim' and
+    then 'FAIL: L exceeds the claim'. The rise is still reported; the reassurance is not."""
+    refuted = _doc({"claim_refuted": True,
+                    "findings": [{"monitor": "one_run", "level": "refuted",
+                                  "where": "the whole training run",
+                                  "message": "the Steinke et al. one-run (2023) lower bound 7 on "
+                                             "the whole run's epsilon exceeds the claimed "
+                                             "epsilon 5.882"}]},
+                   bounds={"steinke": 7.0})
+    res = gate(_audit(refuted), baseline)
+    assert res.outcome == FAIL and res.reason.startswith("L exceeds the claim"), res.reason
+    rose = [w for w in res.warnings if w.startswith("L rose a lot")]
+    assert len(rose) == 1 and "rose from 0 to 7" in rose[0]
+    assert "still under the claim" not in res.text() and "still under" not in rose[0]
+    # a passing rise keeps its reassurance
+    ok = gate(_audit(_doc(bounds={"steinke": 1.6})), baseline)
+    assert ok.outcome == PASS and "still under the claim" in ok.text()
+
+
+def test_a_changed_line_shows_the_change_or_is_left_out(baseline: AuditInput) -> None:
+    """Issue: 'changed' lines showed values that print the same (3.001 -> 3.001). Numbers get
+    the digits that show their difference; values equal as written are not listed."""
+    from dpaudit_torch.report.fingerprint import Change
+
+    c = Change("expected_bound", 3.00112, 3.00114)  # both 3.001 at 4 digits
+    assert c.shows_change and c.shown() == ("3.00112", "3.00114")
+    assert c.sentence() == "expected bound (power): 3.00112 -> 3.00114"
+    assert Change("expected_bound", 1.5, 2.25).shown() == ("1.5", "2.25")  # 4 digits suffice
+    assert not Change("expected_bound", float("nan"), float("nan")).shows_change
+    old_audit = _audit(_doc({"power.expected_bound": 3.00112}), "old.json")
+    res = gate(_audit(_doc({"power.expected_bound": 3.00114})), old_audit)
+    line = next(ln for ln in res.text().splitlines() if ln.startswith("changed: "))
+    assert "expected bound (power): 3.00112 -> 3.00114" in line
+    for sentence in line[len("changed: "):].split("; "):
+        if " -> " in sentence:
+            old, new_v = sentence.split(": ", 1)[1].split(" -> ")
+            assert old != new_v, sentence

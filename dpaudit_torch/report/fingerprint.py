@@ -361,8 +361,26 @@ class Change:
     def label(self) -> str:
         return LABELS.get(self.key, self.key)
 
+    def shown(self) -> tuple[str, str]:
+        """(old, new) as written: numbers with as many significant digits as it takes to
+        show that they differ (4 at least, 17 at most)."""
+        a, b = _fmt(self.old), _fmt(self.new)
+        if a == b and isinstance(self.old, float) and isinstance(self.new, float):
+            for digits in range(5, 18):
+                a, b = f"{self.old:.{digits}g}", f"{self.new:.{digits}g}"
+                if a != b:
+                    break
+        return a, b
+
+    @property
+    def shows_change(self) -> bool:
+        """Whether the two values, as written, differ (NaN against NaN does not)."""
+        a, b = self.shown()
+        return a != b
+
     def sentence(self) -> str:
-        return f"{self.label}: {_fmt(self.old)} -> {_fmt(self.new)}"
+        a, b = self.shown()
+        return f"{self.label}: {a} -> {b}"
 
 
 @dataclass(frozen=True)
