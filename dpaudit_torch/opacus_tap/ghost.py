@@ -174,10 +174,7 @@ class GhostInjection:
         v_parts = (None if dt not in (np.dtype(np.float32), np.dtype(np.float64)) else
                    torch.from_numpy(self._entry_values(rec, order, dt)).to(
                        self.device, non_blocking=True).split(sizes))
-        w_sorted = (None if rec.entry_weight is None or v_parts is not None
-                    else torch.from_numpy(rec.entry_weight[order]).to(self.device,
-                                                                       non_blocking=True))
-        w_parts = None if w_sorted is None else w_sorted.split(sizes)
+        w_parts: tuple[torch.Tensor, ...] | None = None  # the weights, where needed (once)
         for i, cnt in enumerate(sizes):
             if not cnt:
                 continue
@@ -192,11 +189,11 @@ class GhostInjection:
                 val = v_parts[i] if v_parts[i].device == sg.device else v_parts[i].to(sg.device)
             else:
                 val = self.canary_value(rec.clip[i], sg).expand(cnt)
-                if w_parts is not None:  # a spread canary: 1 / sqrt(L) of it per coordinate
+                if rec.entry_weight is not None:  # a spread canary: 1 / sqrt(L) per coordinate
+                    if w_parts is None:
+                        w_parts = torch.from_numpy(rec.entry_weight[order]).to(
+                            self.device, non_blocking=True).split(sizes)
                     val = val * w_parts[i].to(device=sg.device, dtype=sg.dtype)
-                elif rec.entry_weight is not None:
-                    w = torch.from_numpy(rec.entry_weight[order][sum(sizes[:i]):][:cnt])
-                    val = val * w.to(device=sg.device, dtype=sg.dtype)
             add_at(sg, f, val, rec.added, i)
         host.finish_step(rec, True)
 

@@ -112,8 +112,21 @@ def _ghost_run(compiled_add: bool) -> tuple[torch.Tensor, ...]:
 
 def test_ghost_compiled_addition_equals_torch_addition():
     """On the CPU the clipped canaries are added by one compiled pass; twin runs against the
-    torch additions (one ``index_add_`` per tensor) are identical, spread canaries included."""
+    torch additions (one ``take`` and one ``put_`` per tensor) are identical, spread canaries
+    included."""
     for u, v in zip(_ghost_run(True), _ghost_run(False)):
+        assert torch.equal(u, v)
+
+
+def test_ghost_torch_addition_per_tensor_values_equal_the_copied_ones(monkeypatch):
+    """The torch path copies the entries' values made on the host once per step where the
+    gradients have one NumPy dtype; elsewhere (bfloat16, mixed dtypes) each tensor's clipped
+    canary, times the spread weights, is made by torch: the same additions bit for bit."""
+    import dpaudit_torch.opacus_tap.ghost as ghost
+
+    copied = _ghost_run(False)
+    monkeypatch.setattr(ghost, "NUMPY_FLOAT_OF", {})  # no NumPy dtype: the per-tensor values
+    for u, v in zip(copied, _ghost_run(False)):
         assert torch.equal(u, v)
 
 
