@@ -39,6 +39,13 @@ an auditor attached before or after sees it). The optimizer's ``noise_multiplier
   with per-layer bounds whose squares sum to C^2; this bug is the *flat* optimizer doing it with C
   for every tensor. Flat clipping only (refused under ghost, per-layer and adaptive clipping).
   A Dirac canary lies in one tensor and cannot see it; the auditor's spread canaries can.
+* ``"noise-flat-sliced"``: one flat noise draw per release, sliced for each tensor at
+  overlapping offsets (tensor i takes ``flat[16 i : 16 i + d_i]``): consecutive tensors share
+  most of their noise, shifted.
+* ``"noise-rolled"``: every other release adds the previous release's noise rolled by one
+  position within each tensor (a shifted copy of an earlier step's noise).
+* ``"noise-reused-subset"``: every other release repeats the previous release's noise on a
+  subset of the tensors (the first, and every third after it); the others draw fresh noise.
 
 **Setup bugs** (``apply_setup_bug(engine, optimizer, data_loader, name) -> (optimizer,
 data_loader)``) break the training *setup* around a correct optimizer: what the accountant is
@@ -60,6 +67,12 @@ optimizer and data loader for training (and give them to the auditor). Single pr
   poisson_sampling=False)`` with a shuffled ``DataLoader`` gives, while the accountant assumes
   Poisson sampling at rate 1 / len(loader) (Chua et al., "How private are DP-SGD
   implementations?", ICML 2024).
+* ``"noise-reseeded-each-epoch"``: the optimizer's noise generator is reset to its seed when
+  each epoch of the returned loader starts: the noise of every epoch repeats the first's, at
+  the lag of the epoch's length (the steps themselves are correct Gaussian steps).
+* ``"manual-seed-each-epoch"``: ``torch.manual_seed`` is called when each epoch starts, with the
+  loader's Poisson sampling and the noise both on the global generator (the optimizer's and
+  the sampler's own generators dropped): the batches and the noise of every epoch repeat.
 
 ``apply_to_training(engine, optimizer, data_loader, name)`` applies a bug of either kind (what
 ``dpaudit demo --bug`` uses). ``remove_bug(optimizer)`` undoes an optimizer bug.
@@ -74,6 +87,8 @@ import math
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
+
+from . import reuse_bugs
 
 if TYPE_CHECKING:  # the registry imports no torch (``dpaudit --help`` lists the names)
     import torch
@@ -317,6 +332,15 @@ BUGS: dict[str, Bug] = {
         Bug("per-tensor-clipping",
             "the flat optimizer clips every parameter tensor of a sample to C separately",
             _per_tensor_clipping, ghost_ok=False, flat_only=True),
+        Bug("noise-flat-sliced",
+            "one flat noise draw per release, sliced for each tensor at overlapping offsets",
+            reuse_bugs.flat_sliced),
+        Bug("noise-rolled",
+            "every other release adds the previous release's noise rolled by one position",
+            reuse_bugs.rolled),
+        Bug("noise-reused-subset",
+            "every other release repeats the previous release's noise on a subset of tensors",
+            reuse_bugs.subset_reused),
     )
 }
 
@@ -399,6 +423,12 @@ SETUP_BUGS: dict[str, SetupBug] = {
         SetupBug("fixed-size-batches",
                  "shuffled fixed-size batches; the accountant assumes Poisson sampling",
                  _fixed_size),
+        SetupBug("noise-reseeded-each-epoch",
+                 "the optimizer's noise generator is reset to its seed at each epoch's start",
+                 reuse_bugs.reseeded_each_epoch),
+        SetupBug("manual-seed-each-epoch",
+                 "torch.manual_seed at each epoch's start, the loader's sampling and the noise "
+                 "on the global generator", reuse_bugs.manual_seed_each_epoch),
     )
 }
 

@@ -24,8 +24,10 @@ def _one_step(setup, seed: int = 0):
 
 OPTIMIZER_BUGS = ["no-noise", "noise-divided-by-batch", "noise-halved", "no-clipping",
                   "bias-no-noise", "noise-reused", "noise-reseeded", "noise-bf16", "noise-0.8",
-                  "noise-divided-one-tensor", "per-tensor-clipping"]
-SETUP_BUGS = ["accountant-rate-4x", "accumulation-counted-per-micro-step", "fixed-size-batches"]
+                  "noise-divided-one-tensor", "per-tensor-clipping", "noise-flat-sliced",
+                  "noise-rolled", "noise-reused-subset"]
+SETUP_BUGS = ["accountant-rate-4x", "accumulation-counted-per-micro-step", "fixed-size-batches",
+              "noise-reseeded-each-epoch", "manual-seed-each-epoch"]
 
 
 def test_registry():

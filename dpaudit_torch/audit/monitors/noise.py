@@ -229,6 +229,12 @@ class NoiseMonitor(Monitor):
         self._sums = _TensorSums(self.tensor_of, self.group_of, n_t, n_g)
         self.independence = NoiseIndependenceTest(alpha=alpha)
         self.whole = self._whole_null_test(ctx, alpha)
+        from ._noise_reuse import ReuseWatch
+
+        #: reuse of noise values by near-equality (None: a run resumed from a checkpoint made
+        #: before it existed keeps its earlier e-process)
+        self.reuse: ReuseWatch | None = ReuseWatch(
+            self.tensor_of, ctx.fact_or(OPTIMIZER_PARAMS), alpha, self.config.check_every)
         #: whether the whole-null test bets: not in a run resumed from a checkpoint made before
         #: it existed (it would join the average mid-run; the run keeps its earlier e-process)
         self.whole_on = True
@@ -279,6 +285,8 @@ class NoiseMonitor(Monitor):
         hv = record.host
         self._buffer.append(record.step, record.noise, record.finite,
                             None if hv is None else hv.noise, self.host_rows)
+        if self.reuse is not None:
+            self.reuse.observe(record, self.host_rows)
         # a finite sum of squares proves every noise value of the step finite (a NaN or an
         # infinity would make it NaN or infinite); otherwise the check looks at the values
         ss = record.noise_sumsq
@@ -312,7 +320,8 @@ class NoiseMonitor(Monitor):
         """The accelerator's path: the floating-point check's values still held as tensors, the
         buffered rows and their finiteness flags."""
         held = [v for pair in self._precision for v in pair if isinstance(v, torch.Tensor)]
-        return held + self._buffer.pending()
+        return held + self._buffer.pending() + (
+            [] if self.reuse is None else self.reuse.pending())
 
     def take_host_copies(self, arrays: list[np.ndarray]) -> None:
         it = iter(arrays)
@@ -324,6 +333,8 @@ class NoiseMonitor(Monitor):
 
         self._precision = [(back(a), back(b)) for a, b in self._precision]
         self._buffer.take_host_copies(it)
+        if self.reuse is not None:
+            self.reuse.take_host_copies(it)
 
     def _precision_to_host(self) -> list[tuple[np.ndarray, np.ndarray]]:
         """The floating-point check's values as host arrays: those still held as tensors (kept
@@ -354,11 +365,16 @@ class NoiseMonitor(Monitor):
         if self.reason_off is not None or not len(self._buffer):
             return None
         steps, flags, rows = self._buffer.take()  # host copies (the engine's one transfer)
+        rel, stds = (None, None) if self.reuse is None else self.reuse.take()
+        if rel is not None and rel.shape[0] != len(steps):
+            rel = None  # (not kept at every buffered step: no reuse check for this block)
         proven, self._sumsq_finite = self._sumsq_finite, []
         keep = host_flags(flags)  # drop steps flagged non-finite
         if not all(keep):
             steps = [s for s, k in zip(steps, keep) if k]
             rows = rows[np.asarray(keep)] if rows is not None else None
+            if rel is not None and stds is not None:
+                rel, stds = rel[np.asarray(keep)], stds[np.asarray(keep)]
         if not steps or rows is None:
             return None
         xs = rows  # [steps, U], host
@@ -379,6 +395,10 @@ class NoiseMonitor(Monitor):
             parts = [tensor_lw, group_lw, indep_lw]
             if self.whole_on:
                 parts.append(self.whole.update_steps(rows))
+            if self.reuse is not None and rel is not None and stds is not None:
+                parts.append(self.reuse.update(rows, rel if ok.all() else rel[ok],
+                                               stds if ok.all() else stds[ok],
+                                               [s for s, k in zip(steps, ok) if k]))
             from ...stats.betting import log_mean_exp  # here: importing it loads Numba
 
             mixed = log_mean_exp(np.stack(parts), axis=0)
@@ -438,6 +458,10 @@ class NoiseMonitor(Monitor):
                     f"the noise is not iid Gaussian with the claimed variance: "
                     f"{_WHOLE_NULL_WORDS.get(fam, fam)} (anytime-valid test at level "
                     f"{self.config.alpha:g})", f"noise-audit coordinates ({fam})"))
+            if self.reuse is not None and self.reuse.test.rejected and not (
+                    self.by_tensor.rejected or self.by_group.rejected):
+                out.append(Finding(self.name, "violation", self.reuse.finding_text(),
+                                   "noise-audit coordinates (reuse)"))
         p = self._precision_result
         if p is not None and p.get("finding"):
             fmt = p["finding"]
@@ -487,6 +511,8 @@ class NoiseMonitor(Monitor):
             out["independence"] = self.independence.summary()
             if self.whole_on:
                 out["whole_null"] = self.whole.summary()
+            if self.reuse is not None:
+                out["reuse"] = self.reuse.test.summary()
             ci = self.sigma_interval(self.config.alpha)
             out["noise_std_ratio_interval"] = None if ci is None else list(ci)
         out["precision"] = self._precision_result
@@ -496,6 +522,7 @@ class NoiseMonitor(Monitor):
         return {"by_tensor": self.by_tensor.state_dict(), "by_group": self.by_group.state_dict(),
                 "independence": self.independence.state_dict(),
                 **({"whole_null": self.whole.state_dict()} if self.whole_on else {}),
+                **({"reuse": self.reuse.state_dict()} if self.reuse is not None else {}),
                 "buffer_steps": list(self._buffer.steps),
                 "buffer": self._buffer.copy_rows(),
                 "precision": [(torch.from_numpy(a), torch.from_numpy(b))
@@ -510,6 +537,10 @@ class NoiseMonitor(Monitor):
         self.whole_on = "whole_null" in sd
         if self.whole_on:
             self.whole.load_state_dict(sd["whole_null"])
+        if "reuse" in sd and self.reuse is not None:
+            self.reuse.load_state_dict(sd["reuse"])
+        else:
+            self.reuse = None
         self._buffer = _StepRows(self.config.check_every)
         self._sumsq_finite = []  # the restored rows are checked value by value
         for i, step in enumerate(sd["buffer_steps"]):
