@@ -161,16 +161,16 @@ class NoiseReuseTest(_Decision):
         alpha: level of the test.
         signature_size: values kept per step for the search across steps (K).
         rhos: the rate ratios rho > 1 bet on (the grid is averaged).
-        signature_pool: optional bool mask [U]: the positions a signature is drawn from (the
-            densest-sampled tensors, where a shifted copy still lands on sampled coordinates);
-            None: every position.
+        strata: optional boundaries [0, ..., U] of contiguous strata of the positions (the
+            tensors, where the coordinates are tensor-major): a signature's slots are dealt
+            over them, so that reuse confined to a few tensors is seen; None: one stratum.
     """
 
     kind: str = "noise_reuse"
 
     def __init__(self, alpha: float = 0.05, signature_size: int = SIGNATURE_SIZE,
                  rhos: tuple[float, ...] = DEFAULT_RHOS,
-                 signature_pool: np.ndarray | None = None) -> None:
+                 strata: np.ndarray | None = None) -> None:
         self.alpha = check_alpha(alpha)
         self.signature_size = check_positive_int(signature_size, "signature_size")
         r = np.asarray(rhos, dtype=np.float64)
@@ -179,8 +179,11 @@ class NoiseReuseTest(_Decision):
                              f"got {rhos!r}")
         self.rhos = r
         self._log_rho = np.log(r)
-        self.pool = None if signature_pool is None else np.flatnonzero(
-            np.asarray(signature_pool, dtype=bool))
+        self._strata = None if strata is None else np.asarray(strata, dtype=np.int64)
+        if self._strata is not None and (self._strata.ndim != 1 or self._strata.size < 2
+                                         or self._strata[0] != 0
+                                         or np.any(np.diff(self._strata) <= 0)):
+            raise ValueError(f"strata must be increasing boundaries from 0, got {strata!r}")
         self.reset()
 
     def reset(self) -> None:
@@ -284,18 +287,40 @@ class NoiseReuseTest(_Decision):
         self._expected += float(pi.sum())
         if n_across:
             self._lags.update((step - ss[which[across]]).tolist())
-        if n_d and self._first_match is None and self._t + 1 > 0:
+        if n_d and self._first_match is None:
             self._first_match = step
-        # this step's signature: its K largest values in magnitude (in the pool)
-        pool = self.pool if self.pool is not None and self.pool.size >= self.signature_size \
-            else np.arange(n)
-        k = min(self.signature_size, pool.size)
-        if k:
-            top = pool[np.argpartition(-np.abs(x[pool]), k - 1)[:k]]
+        # this step's signature: the largest values in magnitude, spread over the strata
+        top = self._signature(x, step)
+        if top.size:
             block_v.append(x[top].copy())
             block_t.append(tau[top].astype(np.float32).astype(np.float64))
-            block_s.append(np.full(k, step, dtype=np.int32))
+            block_s.append(np.full(top.size, step, dtype=np.int32))
         return log_e
+
+    def _signature(self, x: np.ndarray, step: int) -> np.ndarray:
+        """Positions of this step's signature: K slots dealt over the strata (tensors), every
+        stratum at least one slot per step where there are at most K, else K strata in turn
+        (each stratum every ceil(strata / K) steps); in each stratum its values of largest
+        magnitude (the least likely to coincide by chance)."""
+        K = self.signature_size
+        strata = self._strata if self._strata is not None and self._strata[-1] == x.size \
+            else np.array([0, x.size])
+        m = strata.size - 1
+        if m <= K:
+            chosen = np.arange(m)
+            slots = np.full(m, K // m)
+            slots[:K % m] += 1
+        else:
+            chosen = (step * K + np.arange(K)) % m
+            slots = np.ones(K, dtype=np.int64)
+        out = []
+        for g, k in zip(chosen, slots):
+            lo, hi = int(strata[g]), int(strata[g + 1])
+            k = min(int(k), hi - lo)
+            if k > 0:
+                seg = np.abs(x[lo:hi])
+                out.append(lo + np.argpartition(-seg, k - 1)[:k])
+        return np.concatenate(out) if out else np.zeros(0, dtype=np.int64)
 
     def _insert(self, v: np.ndarray, t: np.ndarray, s: np.ndarray) -> None:
         order = np.argsort(v, kind="stable")

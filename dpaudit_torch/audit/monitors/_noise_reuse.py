@@ -22,19 +22,14 @@ logger = logging.getLogger(__name__)
 
 __all__ = ["ReuseWatch"]
 
-#: a tensor whose sampled share is at least this is "dense": signatures are drawn from these
-#: tensors first (a shifted copy of their noise still lands on sampled coordinates)
-DENSE_SHARE = 0.5
-
-
 class ReuseWatch:
     """Released values per buffered step, and the reuse test they feed."""
 
     def __init__(self, tensor_of: np.ndarray, params: list[Any] | None, alpha: float,
-                 capacity: int) -> None:
-        from .noise import _StepRows
-
-        self._rows_class = _StepRows
+                 capacity: int, rows_class: Any) -> None:
+        """``rows_class(capacity)``: the monitor's per-step row buffer (its ``append``,
+        ``pending``, ``take_host_copies``, ``take`` and ``copy_rows``)."""
+        self._rows_class = rows_class
         self.capacity = capacity
         t = np.asarray(tensor_of, dtype=np.int64)
         if params is not None and t.size and int(t.max()) < len(params):
@@ -42,14 +37,13 @@ class ReuseWatch:
             # (at least 2^-50: the monitor's rows are standardized and scaled back, two
             # float64 roundings of the noise value)
             self.u = np.maximum(u_t[t], 2.0 ** -50)
-            sizes = np.array([max(1, int(p.numel())) for p in params], dtype=np.float64)
-            share = np.bincount(t, minlength=len(params)) / sizes
-            pool: np.ndarray | None = share[t] >= DENSE_SHARE
         else:  # dtypes unknown: float32's roundoff (a coarser release would only lose power)
             self.u = np.full(t.size, unit_roundoff("float32"))
-            pool = None
-        self.test = NoiseReuseTest(alpha=alpha, signature_pool=pool)
-        self._rel = _StepRows(capacity)
+        # the signature's strata: the tensors, where the coordinates are tensor-major
+        strata = (np.r_[0, np.flatnonzero(np.diff(t)) + 1, t.size]
+                  if t.size and np.all(np.diff(t) >= 0) else None)
+        self.test = NoiseReuseTest(alpha=alpha, strata=strata)
+        self._rel = rows_class(capacity)
         self._stds: list[float] = []
         #: why the check does not run (None: it runs)
         self.reason_off: str | None = None if t.size else "no noise-audit coordinates"
@@ -102,7 +96,7 @@ class ReuseWatch:
         return (f"the noise is reused: of the sampled noise values, {' and '.join(where)}, to "
                 f"the release's rounding, where fresh draws give about "
                 f"{s['null_bound_matches']:.3g} such coincidences at most (anytime-valid test at "
-                f"level {self.test.alpha:g}; first at step {s['first_match_step']})")
+                f"level {self.test.alpha:g}, crossed at step {s['rejected_at']})")
 
     def state_dict(self) -> dict[str, Any]:
         return {"test": self.test.state_dict(), "reason_off": self.reason_off,

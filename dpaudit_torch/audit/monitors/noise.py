@@ -234,7 +234,8 @@ class NoiseMonitor(Monitor):
         #: reuse of noise values by near-equality (None: a run resumed from a checkpoint made
         #: before it existed keeps its earlier e-process)
         self.reuse: ReuseWatch | None = ReuseWatch(
-            self.tensor_of, ctx.fact_or(OPTIMIZER_PARAMS), alpha, self.config.check_every)
+            self.tensor_of, ctx.fact_or(OPTIMIZER_PARAMS), alpha, self.config.check_every,
+            _StepRows)
         #: whether the whole-null test bets: not in a run resumed from a checkpoint made before
         #: it existed (it would join the average mid-run; the run keeps its earlier e-process)
         self.whole_on = True
