@@ -59,6 +59,9 @@ __all__ = ["NoiseReuseTest", "near_probability", "rounding_tolerance", "unit_rou
 KAPPA = 2.0
 #: values kept per step for the search across steps (8 + 4 + 4 bytes each)
 SIGNATURE_SIZE = 24
+#: the search within a step takes the values whose clipped sum is at most this many noise stds
+#: (or the median clipped sum, if larger)
+SMALL_SUM = 4.0
 #: the rate ratios bet on (an excess of matches of about rho over the null bound)
 DEFAULT_RHOS: tuple[float, ...] = (2.0, 8.0, 32.0, 128.0, 512.0, 2048.0, 8192.0, 32768.0)
 #: the low-precision grids a cast noise may lie on: (fraction bits, smallest normal exponent,
@@ -261,18 +264,23 @@ class NoiseReuseTest(_Decision):
         else:
             pi_across = np.zeros(n)
         across, which = _sorted_matches(x, tau, sv, st, float(st.max()) if st.size else 0.0)
-        # this step: one sort, adjacent differences; a match counts for the later value
-        order = np.argsort(x, kind="stable")
-        xs = x[order]
-        near = np.abs(np.diff(xs)) <= tau[order][1:] + tau[order][:-1]
+        # this step, among the values whose clipped sum is small (a choice made from the sums
+        # alone, before the noise: a large sum makes a wide tolerance, which fresh values fall
+        # into by chance): one sort, adjacent differences; a match counts for the later value
+        small = np.flatnonzero(s_abs <= max(SMALL_SUM * std, float(np.median(s_abs))))
+        xj, tj, aj = x[small], tau[small], a[small]
+        order = np.argsort(xj, kind="stable")
+        xs = xj[order]
+        near = np.abs(np.diff(xs)) <= tj[order][1:] + tj[order][:-1]
         within = np.zeros(n, dtype=bool)
         if near.any():
             k = np.flatnonzero(near)
-            within[np.maximum(order[k], order[k + 1])] = True
-        A_h, B_h = near_probability(x, tau, a_max, umax, std)
+            within[small[np.maximum(order[k], order[k + 1])]] = True
+        A_h, B_h = near_probability(xj, tj, float(aj.max()) if aj.size else 0.0, umax, std)
         cum_a = np.concatenate(([0.0], np.cumsum(A_h)[:-1]))
         cum_b = np.concatenate(([0.0], np.cumsum(B_h)[:-1]))
-        pi_within = np.minimum(cum_a + a * cum_b, 1.0)
+        pi_within = np.zeros(n)
+        pi_within[small] = np.minimum(cum_a + aj * cum_b, 1.0)
         r1 = self.rhos - 1.0
         log_e = np.stack([
             int(across.sum()) * self._log_rho - np.log1p(np.outer(pi_across, r1)).sum(axis=0),
@@ -290,18 +298,19 @@ class NoiseReuseTest(_Decision):
         if n_d and self._first_match is None:
             self._first_match = step
         # this step's signature: the largest values in magnitude, spread over the strata
-        top = self._signature(x, step)
+        top = self._signature(x, step, small)
         if top.size:
             block_v.append(x[top].copy())
             block_t.append(tau[top].astype(np.float32).astype(np.float64))
             block_s.append(np.full(top.size, step, dtype=np.int32))
         return log_e
 
-    def _signature(self, x: np.ndarray, step: int) -> np.ndarray:
+    def _signature(self, x: np.ndarray, step: int, small: np.ndarray) -> np.ndarray:
         """Positions of this step's signature: K slots dealt over the strata (tensors), every
         stratum at least one slot per step where there are at most K, else K strata in turn
         (each stratum every ceil(strata / K) steps); in each stratum its values of largest
-        magnitude (the least likely to coincide by chance)."""
+        magnitude (the least likely to coincide by chance), among the positions ``small`` (a
+        small clipped sum: a narrow tolerance) where the stratum has enough of them."""
         K = self.signature_size
         strata = self._strata if self._strata is not None and self._strata[-1] == x.size \
             else np.array([0, x.size])
@@ -318,8 +327,9 @@ class NoiseReuseTest(_Decision):
             lo, hi = int(strata[g]), int(strata[g + 1])
             k = min(int(k), hi - lo)
             if k > 0:
-                seg = np.abs(x[lo:hi])
-                out.append(lo + np.argpartition(-seg, k - 1)[:k])
+                inside = small[(small >= lo) & (small < hi)]
+                at = inside if inside.size >= k else np.arange(lo, hi)
+                out.append(at[np.argpartition(-np.abs(x[at]), k - 1)[:k]])
         return np.concatenate(out) if out else np.zeros(0, dtype=np.int64)
 
     def _insert(self, v: np.ndarray, t: np.ndarray, s: np.ndarray) -> None:
