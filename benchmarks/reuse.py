@@ -28,60 +28,21 @@ import logging
 import statistics
 import sys
 import time
-import warnings
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 import torch
 from scipy import stats as sps
-from torch import nn
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from _common import command, machine, markdown_table, write_section  # noqa: E402
 
-from dpaudit_torch.audit import PrivacyAuditor  # noqa: E402
 from dpaudit_torch.stats.reuse import NoiseReuseTest, unit_roundoff  # noqa: E402
-from dpaudit_torch.testing import bugs  # noqa: E402
-from dpaudit_torch.testing.harness import digits_training  # noqa: E402
-from dpaudit_torch.testing.reuse_bugs import opacus_release  # noqa: E402
+from dpaudit_torch.testing.reuse_bugs import FORMS, opacus_release, run_form  # noqa: E402
 
-#: the reuse forms and their first reusing release (None: the loader's epoch length + 1)
-FORMS: dict[str, int | None] = {
-    "noise-reused": 2, "noise-reseeded": bugs.RESEED_EVERY + 1, "noise-flat-sliced": 1,
-    "noise-rolled": 2, "noise-reused-subset": 2, "noise-reseeded-each-epoch": None,
-    "manual-seed-each-epoch": None,
-}
 #: decided within this many steps of the first reuse
 WITHIN = 10
-
-
-def run_form(form: str, seed: int, after: int) -> dict[str, Any]:
-    """One audited run of the digits CNN broken by ``form``."""
-    tr = digits_training(seed)
-    opt, dl = bugs.apply_to_training(tr.engine, tr.optimizer, tr.data_loader, form)
-    first = FORMS[form] or len(dl) + 1
-    aud = PrivacyAuditor(tr.engine, opt, dl, delta=1e-5, seed=seed, model=tr.model)
-    crit = nn.CrossEntropyLoss(reduction="sum")
-    done, limit = 0, first + after
-    t0 = time.process_time()
-    while done < limit and not aud.should_stop:
-        for x, y in dl:
-            opt.zero_grad()
-            with warnings.catch_warnings():
-                warnings.simplefilter("ignore")
-                (crit(tr.model(x), y) / 64.0).backward()
-            opt.step()
-            done += 1
-            if aud.should_stop or done >= limit:
-                break
-    rep = aud.finalize()
-    reuse = rep.audits["noise"].get("reuse") or {}
-    where = [f.get("where") or "" for f in rep.findings if f["monitor"] == "noise"
-             and f["level"] == "violation"]
-    return {"first": first, "step": rep.violation_step if rep.violation else None,
-            "reuse_at": reuse.get("rejected_at"), "reuse_found": any("reuse" in w for w in where),
-            "cpu_s": time.process_time() - t0}
 
 
 def power_table(forms: list[str], seeds: int, after: int) -> tuple[str, bool]:
