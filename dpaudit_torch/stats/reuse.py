@@ -60,7 +60,7 @@ KAPPA = 2.0
 #: values kept per step for the search across steps (8 + 4 + 4 bytes each)
 SIGNATURE_SIZE = 24
 #: the search within a step takes the values whose clipped sum is at most this many noise stds
-#: (or the median clipped sum, if larger)
+#: (or the lower quartile of the clipped sums, if larger: at least a quarter of the values)
 SMALL_SUM = 4.0
 #: the rate ratios bet on (an excess of matches of about rho over the null bound)
 DEFAULT_RHOS: tuple[float, ...] = (2.0, 8.0, 32.0, 128.0, 512.0, 2048.0, 8192.0, 32768.0)
@@ -267,7 +267,7 @@ class NoiseReuseTest(_Decision):
         # this step, among the values whose clipped sum is small (a choice made from the sums
         # alone, before the noise: a large sum makes a wide tolerance, which fresh values fall
         # into by chance): one sort, adjacent differences; a match counts for the later value
-        small = np.flatnonzero(s_abs <= max(SMALL_SUM * std, float(np.median(s_abs))))
+        small = np.flatnonzero(s_abs <= max(SMALL_SUM * std, float(np.quantile(s_abs, 0.25))))
         xj, tj, aj = x[small], tau[small], a[small]
         order = np.argsort(xj, kind="stable")
         xs = xj[order]
