@@ -39,7 +39,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from _common import command, machine, markdown_table, write_section  # noqa: E402
 
 from dpaudit_torch.stats.reuse import NoiseReuseTest, unit_roundoff  # noqa: E402
-from dpaudit_torch.testing.reuse_bugs import FORMS, opacus_release, run_form  # noqa: E402
+from dpaudit_torch.testing.reuse_bugs import opacus_release  # noqa: E402
+from dpaudit_torch.testing.reuse_runs import FORMS, run_form  # noqa: E402
 
 #: decided within this many steps of the first reuse
 WITHIN = 10

@@ -1,6 +1,6 @@
 """The noise monitor's reuse check (docs/design.md section 11, "Reuse by near-equality"):
-records built as the adapter fills them (fast), and every reuse form of testing.bugs on the
-digits CNN (slow): proven within 10 steps of the first reuse."""
+records built as the adapter fills them. The reuse forms of testing.bugs on the digits CNN:
+tests/testing/test_reuse_runs.py."""
 
 from __future__ import annotations
 
@@ -75,16 +75,3 @@ def test_fresh_noise_is_quiet_and_an_old_checkpoint_keeps_its_e_process():
     old.load_state_dict(sd)
     assert old.reuse is None and "reuse" not in old.report_section()
     _feed(old, 5, reuse_from=None, lag=1, seed=2)  # still runs, without it
-
-
-# ---------------------------------------------------------------------- the digits CNN (slow)
-@pytest.mark.slow
-@pytest.mark.parametrize("form", ["noise-reused", "noise-reseeded", "noise-flat-sliced",
-                                  "noise-rolled", "noise-reused-subset",
-                                  "noise-reseeded-each-epoch", "manual-seed-each-epoch"])
-def test_every_reuse_form_is_proven_within_ten_steps_on_the_digits_cnn(form):
-    from dpaudit_torch.testing.reuse_bugs import run_form  # (benchmarks/reuse.py's run)
-
-    r = run_form(form, seed=0, after=12)
-    assert r["step"] is not None and r["step"] - r["first"] < 10, r
-    assert r["reuse_found"] and r["first"] <= r["reuse_at"] < r["first"] + 10
