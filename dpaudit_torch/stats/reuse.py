@@ -48,7 +48,7 @@ from .._validation import check_alpha, check_positive_int
 from ._noise_precision import _grid_distance
 from .betting import log_mean_exp
 from .noise import _advance_mixed, _component_log_wealth
-from .sampling import _Decision
+from .sampling import _Decision, _host
 
 logger = logging.getLogger(__name__)
 
@@ -382,10 +382,10 @@ class NoiseReuseTest(_Decision):
         self.reset()
         self._t, self._rejected_at = int(sd["t"]), sd["rejected_at"]
         self._max_lw = float(sd["max_lw"])
-        self._log_s = np.array(sd["log_s"], dtype=np.float64).reshape(2, self.rhos.size)
-        self._sv = np.array(sd["sv"], dtype=np.float64)
-        self._st = np.array(sd["st"], dtype=np.float32)
-        self._ss = np.array(sd["ss"], dtype=np.int32)
+        self._log_s = np.array(_host(sd["log_s"]), dtype=np.float64).reshape(2, self.rhos.size)
+        self._sv = np.array(_host(sd["sv"]), dtype=np.float64)
+        self._st = np.array(_host(sd["st"]), dtype=np.float32)
+        self._ss = np.array(_host(sd["ss"]), dtype=np.int32)
         self._across, self._within = int(sd["across"]), int(sd["within"])
         self._expected = float(sd["expected"])
         self._lags = Counter({int(k): int(v) for k, v in sd["lags"].items()})
