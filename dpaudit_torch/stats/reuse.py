@@ -197,6 +197,9 @@ class NoiseReuseTest(_Decision):
         self._sv = np.zeros(0)
         self._st = np.zeros(0, dtype=np.float32)
         self._ss = np.zeros(0, dtype=np.int32)
+        self._st_max = 0.0
+        #: (cap, roundoff, std, sum A, sum B) of the store's null bound (_store_bound)
+        self._cache: tuple[float, float, float, float, float] | None = None
         self._across = 0  # matched values against a past step's signature
         self._within = 0  # matched values against an earlier value of the same step
         self._expected = 0.0  # sum of pi_j: the null bound on the number of matches
@@ -248,22 +251,26 @@ class NoiseReuseTest(_Decision):
         tau = rounding_tolerance(rel, rel - x, u)
         umax = float(u.max()) if n else 0.0
         a_max = float((2.0 * KAPPA * u * s_abs).max()) if n else 0.0
-        # the earlier steps' signatures: the sorted store and this block's earlier steps
-        if block_v:
-            sv = np.concatenate([self._sv, *block_v])
-            st = np.concatenate([self._st.astype(np.float64), *block_t])
-            ss = np.concatenate([self._ss, *block_s])
-            order = np.argsort(sv, kind="stable")
-            sv, st, ss = sv[order], st[order], ss[order]
-        else:
-            sv, st, ss = self._sv, self._st.astype(np.float64), self._ss
         a = 2.0 * KAPPA * u * s_abs  # each value's tolerance term known before its noise
-        if sv.size:
-            A_sig, B_sig = near_probability(sv, st, a_max, umax, std)
-            pi_across = np.minimum(float(A_sig.sum()) + a * float(B_sig.sum()), 1.0)
-        else:
-            pi_across = np.zeros(n)
-        across, which = _sorted_matches(x, tau, sv, st, float(st.max()) if st.size else 0.0)
+        # the earlier steps' signatures: the sorted store (its bound's sums cached) and this
+        # block's earlier steps (a few values, sorted here)
+        A_sum, B_sum = self._store_bound(a_max, umax, std)
+        st_main = self._st.astype(np.float64)
+        across, which = _sorted_matches(x, tau, self._sv, st_main, self._st_max)
+        lag_of = np.zeros(n, dtype=np.int64)
+        lag_of[across] = step - self._ss[which[across]]
+        if block_v:
+            bv, bt = np.concatenate(block_v), np.concatenate(block_t)
+            bs = np.concatenate(block_s)
+            order = np.argsort(bv, kind="stable")
+            bv, bt, bs = bv[order], bt[order], bs[order]
+            A_b, B_b = near_probability(bv, bt, a_max, umax, std)
+            A_sum, B_sum = A_sum + float(A_b.sum()), B_sum + float(B_b.sum())
+            hit_b, which_b = _sorted_matches(x, tau, bv, bt, float(bt.max()))
+            new = hit_b & ~across
+            lag_of[new] = step - bs[which_b[new]]
+            across |= hit_b
+        pi_across = np.minimum(A_sum + a * B_sum, 1.0) if (A_sum or B_sum) else np.zeros(n)
         # this step, among the values whose clipped sum is small (a choice made from the sums
         # alone, before the noise: a large sum makes a wide tolerance, which fresh values fall
         # into by chance): one sort, adjacent differences; a match counts for the later value
@@ -294,7 +301,7 @@ class NoiseReuseTest(_Decision):
         self._within += n_within
         self._expected += float(pi.sum())
         if n_across:
-            self._lags.update((step - ss[which[across]]).tolist())
+            self._lags.update(lag_of[across].tolist())
         if n_d and self._first_match is None:
             self._first_match = step
         # this step's signature: the largest values in magnitude, spread over the strata
@@ -332,7 +339,29 @@ class NoiseReuseTest(_Decision):
                 out.append(at[np.argpartition(-np.abs(x[at]), k - 1)[:k]])
         return np.concatenate(out) if out else np.zeros(0, dtype=np.int64)
 
+    def _store_bound(self, a_max: float, u: float, std: float) -> tuple[float, float]:
+        """(sum of A, sum of B) of :func:`near_probability` over the sorted store, computed at a
+        cap a_cap >= a_max (a larger a only widens the windows: still a bound) and kept, so that
+        a step costs O(1) here; recomputed when a_max exceeds the cap (then 2 a_max) or the
+        release's roundoff or the noise std changes (a noise schedule)."""
+        c = self._cache
+        if c is not None and a_max <= c[0] and c[1] == u and c[2] == std:
+            return c[3], c[4]
+        cap = 2.0 * a_max
+        if self._sv.size:
+            A, B = near_probability(self._sv, self._st.astype(np.float64), cap, u, std)
+            sums = (float(A.sum()), float(B.sum()))
+        else:
+            sums = (0.0, 0.0)
+        self._cache = (cap, u, std, *sums)
+        return sums
+
     def _insert(self, v: np.ndarray, t: np.ndarray, s: np.ndarray) -> None:
+        c = self._cache
+        if c is not None:  # the new values' bounds at the cached cap, added to the sums
+            A, B = near_probability(v, t.astype(np.float32).astype(np.float64), c[0], c[1], c[2])
+            self._cache = (c[0], c[1], c[2], c[3] + float(A.sum()), c[4] + float(B.sum()))
+        self._st_max = max(self._st_max, float(t.max())) if t.size else self._st_max
         order = np.argsort(v, kind="stable")
         v, t, s = v[order], t[order], s[order]
         at = np.searchsorted(self._sv, v)
@@ -374,7 +403,8 @@ class NoiseReuseTest(_Decision):
                 "max_lw": self._max_lw, "log_s": self._log_s.copy(), "sv": self._sv.copy(),
                 "st": self._st.copy(), "ss": self._ss.copy(), "across": self._across,
                 "within": self._within, "expected": self._expected,
-                "lags": dict(self._lags), "first_match": self._first_match}
+                "lags": dict(self._lags), "first_match": self._first_match,
+                "cache": None if self._cache is None else list(self._cache)}
 
     def load_state_dict(self, sd: dict[str, Any]) -> None:
         if not isinstance(sd, dict) or sd.get("config") != self._config():
@@ -386,6 +416,10 @@ class NoiseReuseTest(_Decision):
         self._sv = np.array(_host(sd["sv"]), dtype=np.float64)
         self._st = np.array(_host(sd["st"]), dtype=np.float32)
         self._ss = np.array(_host(sd["ss"]), dtype=np.int32)
+        self._st_max = float(self._st.max()) if self._st.size else 0.0
+        c = sd.get("cache")
+        self._cache = None if c is None else (float(c[0]), float(c[1]), float(c[2]),
+                                              float(c[3]), float(c[4]))
         self._across, self._within = int(sd["across"]), int(sd["within"])
         self._expected = float(sd["expected"])
         self._lags = Counter({int(k): int(v) for k, v in sd["lags"].items()})
