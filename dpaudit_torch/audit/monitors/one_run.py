@@ -388,12 +388,24 @@ class OneRunMonitor(Monitor):
                         "min_refutable_sigma"):
                 if key in out:
                     out[key] = None
+        self._stopped_wording(out)
         for w in out.get("warnings", []):
             self._warn(w)
         # the report holds what the audit could find, not how long the simulation took
         out.pop("seconds", None)
         logger.info("one-run power simulation took %.2f s", time.perf_counter() - t0)
         return out
+
+    def _stopped_wording(self, power: dict[str, Any]) -> None:
+        """Where the audit itself stopped training, the few-inclusions warning says so instead
+        of advising more steps."""
+        from ...stats.one_run_power import few_inclusions_warning
+
+        if not self.ctx.stopped_training():
+            return
+        usual = few_inclusions_warning(self.sample_rate, self.steps)
+        stopped = few_inclusions_warning(self.sample_rate, self.steps, stopped=True)
+        power["warnings"] = [stopped if w == usual else w for w in power.get("warnings", [])]
 
     def _whitebox_power(self, sigma: float, claimed: float | None) -> dict[str, Any]:
         """The default bound's power statement: exact, from the law of its statistic."""
@@ -413,6 +425,7 @@ class OneRunMonitor(Monitor):
             return {"note": f"no power statement: the computation failed ({e!r})"}
         out["claimed_epsilon"] = claimed
         out["sigma"] = sigma
+        self._stopped_wording(out)
         for w in out.get("warnings", []):
             self._warn(w)
         logger.info("white-box power took %.2f s", time.perf_counter() - t0)
