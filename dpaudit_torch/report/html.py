@@ -21,6 +21,7 @@ the sequential tests (docs/design.md section 4) is about one training step.
 from __future__ import annotations
 
 from .bounds import bounds_section
+from .checks import checks_section
 from .formatting import NO_STEPS_SENTENCE, bound_alpha, pairs_sentence, power_sentence
 from .markup import esc, json_for_script, kv_section, method_label, num
 from .schema import JSON_NAME, ReportData, no_steps_audited
@@ -98,6 +99,7 @@ def render_page(v: ReportView) -> str:
         f'<span data-field="schema_version">{esc(d["schema_version"])}</span></p></header>',
         verdict_section(v),
         bounds_section(v),
+        checks_section(v),
         sequential_section(v),
         plots_section(v),
         strength_section(v),

@@ -307,6 +307,7 @@ def _drop_new(d: Any, new: set[str]) -> Any:
     d["training"].pop("audit_incomplete_from_step", None)
     d["training"].pop("architecture_hash", None)
     d.pop("fingerprint", None)
+    d.pop("checks", None)  # the monitors' check sections (schema 1.5)
     # the white-box release bound and its power statement (the report's power is the default
     # bound's), added since; the resumed run has no per-step moments before the resume, so it
     # gets no white-box bound (tested in tests/audit/monitors/test_one_run.py)

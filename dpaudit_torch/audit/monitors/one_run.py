@@ -38,6 +38,7 @@ from ...contract import EPSILON_OF_SIGMA, NOISE_MULTIPLIER, SAMPLE_RATE, StepRec
 from ...registry import methods_of
 from ...stats.whitebox import WHITEBOX_ALPHA
 from .base import Contribution, Evidence, Monitor, MonitorConfig, MonitorContext, register_monitor
+from .checks import CheckSection
 
 logger = logging.getLogger(__name__)
 
@@ -439,6 +440,26 @@ class OneRunMonitor(Monitor):
             bounds={m: (sec["bounds"][m], sec["details"][m]) for m in sec["bounds"]},
             fields={"one_run_scores": sec["scores"], "power": sec["power"]},
             canaries={"one_run_in": sec["n_in"]})
+
+    def check_section(self) -> CheckSection:
+        """The whole-run bounds against the claim (the bounds table has them in full), the
+        power; a bound withheld (e.g. the white-box bound's family check failed) says why."""
+        sec = CheckSection("One-run canaries (whole-run bounds)")
+        for m in self.methods:
+            if m in self.bounds:
+                sec.check(f"{m} lower bound on the whole run's ε at most the claim",
+                          "see the bounds table")
+                sec.measure(f"{m} lower bound", self.bounds[m])
+            else:
+                note = (self.details.get(m) or {}).get("note")
+                sec.skip(f"{m} lower bound", note or "withheld or not computed")
+        sec.measure("one-run canaries (IN)", [self.m, int(self._in_mask.sum())]
+                    if self._in_mask is not None else None)
+        sec.measure("audited steps", self.steps)
+        sec.measure("expected bound of a correct implementation",
+                    self.power.get("expected_bound"))
+        sec.measure("smallest refutable ε", self.power.get("min_refutable_epsilon"))
+        return sec
 
     def report_section(self) -> dict[str, Any]:
         """The bounds, their details, the scores split by the revealed coins and the power

@@ -1,0 +1,95 @@
+"""Every check visible (issue 38 parts 4 and 6): each monitor's check section on the page of a
+short real run, and the wording of the report's text, read from the produced files."""
+
+from __future__ import annotations
+
+import html
+import json
+import re
+from pathlib import Path
+
+import pytest
+from conftest import make_report
+
+from dpaudit_torch.audit.monitors import DEFAULT_MONITORS
+from dpaudit_torch.demo import DemoConfig, run_demo
+from dpaudit_torch.report import AuditReport
+
+pytestmark = pytest.mark.usefixtures("one_thread")
+
+
+def _run(tmp: Path, bug: str | None, steps: int = 10) -> tuple[dict, str]:
+    res = run_demo(DemoConfig(steps=steps, bug=bug, seed=1), out_dir=tmp)
+    data = json.loads((res.report_dir / "audit.json").read_text(encoding="utf-8"))
+    page = (res.report_dir / "report.html").read_text(encoding="utf-8")
+    return data, page
+
+
+def _text(page: str) -> str:
+    """The page's visible text (tags removed, entities decoded; the embedded JSON dropped)."""
+    body = page.split('<script type="application/json"')[0]
+    return html.unescape(re.sub(r"<[^>]+>", " ", body))
+
+
+def test_a_clean_run_has_a_section_for_each_monitor(tmp_path: Path) -> None:
+    data, page = _run(tmp_path, None)
+    names = [s["monitor"] for s in data["checks"]]
+    assert names == list(DEFAULT_MONITORS)  # every monitor, in the order they run
+    for sec in data["checks"]:
+        assert sec["status"] == "checked, nothing found", sec
+        assert sec["checked"] or sec["measured"], sec["monitor"]
+        assert f'id="check-{sec["monitor"]}"' in page
+    # after the verdict and the bounds, before the sequential tests
+    at = page.index('id="checks"')
+    assert page.index('id="verdict"') < page.index('id="bounds"') < at
+    assert at < page.index('id="sequential"')
+    noise = next(s for s in data["checks"] if s["monitor"] == "noise")
+    interval = next(m["value"] for m in noise["measured"]
+                    if m["quantity"].startswith("interval for the noise multiplier"))
+    assert interval == data["audits"]["noise"]["noise_std_ratio_interval"]
+    accounting = next(s for s in data["checks"] if s["monitor"] == "accounting")
+    recomputed = next(m["value"] for m in accounting["measured"]
+                      if m["quantity"] == "recomputed ε")
+    assert recomputed == data["audits"]["accounting"]["recomputed_epsilon"]
+    text = _text(page)
+    assert text.count("Checked, nothing found.") == len(DEFAULT_MONITORS)
+    assert "Not checked" in text and "the canary coordinates" in text
+    assert AuditReport.from_dict(data).checks == data["checks"]  # validates
+
+
+def test_a_noise_bug_names_the_tensor_by_module_path_and_gives_no_steps_advice(
+        tmp_path: Path) -> None:
+    data, page = _run(tmp_path, "noise-divided-one-tensor")
+    assert data["stopped_early"]
+    noise = next(s for s in data["checks"] if s["monitor"] == "noise")
+    assert noise["status"] == "violation"
+    text = _text(page)
+    # the model was handed over: the finding names the tensor by its module path
+    assert "too little noise: on features.0.weight (group 0, shape 16x1x3x3)" in text
+    assert "tensor 0 (group" not in text
+    # the audit itself stopped training: no advice to raise the number of steps
+    assert "raise the number of steps" not in text
+    assert "the audit stopped training after" in text
+
+
+@pytest.mark.slow
+def test_a_clipping_violation_says_the_noise_check_passed(tmp_path: Path) -> None:
+    data, page = _run(tmp_path, "no-clipping")
+    noise = next(s for s in data["checks"] if s["monitor"] == "noise")
+    assert noise["status"] == "checked, nothing found"
+    text = _text(page)
+    assert "allows: noise check passed: clipping or scaling" in text
+    assert "bad noise, clipping or scaling" not in text
+
+
+def test_a_withheld_bound_reads_as_no_bound_not_0() -> None:
+    report = make_report("nothing")
+    report.epsilon_lower_bounds["whitebox"] = 0.0
+    report.lower_bound_details["whitebox"] = {
+        "bound": 0.0, "method": "whitebox", "family_verified": False,
+        "note": "no white-box bound: the noise multiplier changed during the run"}
+    page = report.to_html()
+    row = re.search(r'<tr data-method="whitebox">(.*?)</tr>', page, re.S)
+    assert row is not None
+    cells = re.findall(r"<td[^>]*>(.*?)</td>", row.group(1), re.S)
+    assert _text(cells[2]).strip() == "withheld: no bound"
