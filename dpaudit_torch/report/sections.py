@@ -11,6 +11,7 @@ from __future__ import annotations
 
 from . import plots
 from .formatting import pairs_sentence
+from .labels import INTERFERENCE_LABELS, labelled
 from .markup import esc, generic, method_label, num, scalar, tester_label
 from .schema import is_num
 from .view import ReportView
@@ -207,7 +208,8 @@ def strength_section(v: ReportView) -> str:
     inter_html = (
         "<h3>Interference from real data</h3><p>Spread of the real-data gradient at the "
         "canary coordinates, in units of the clipping norm C. Interference costs power "
-        "(weaker bounds), not validity.</p>" + generic(inter) if inter else ""
+        "(weaker bounds), not validity.</p>" + labelled(inter, INTERFERENCE_LABELS)
+        if inter else ""
     )
     power = d["power"]
     for w in power.get("warnings") or []:

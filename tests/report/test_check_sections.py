@@ -28,7 +28,7 @@ def _run(tmp: Path, bug: str | None, steps: int = 10) -> tuple[dict, str]:
 def _text(page: str) -> str:
     """The page's visible text (tags removed, entities decoded; the embedded JSON dropped)."""
     body = page.split('<script type="application/json"')[0]
-    return html.unescape(re.sub(r"<[^>]+>", " ", body))
+    return re.sub(r"\s+", " ", html.unescape(re.sub(r"<[^>]+>", " ", body)))
 
 
 def test_a_clean_run_has_a_section_for_each_monitor(tmp_path: Path) -> None:
@@ -55,6 +55,16 @@ def test_a_clean_run_has_a_section_for_each_monitor(tmp_path: Path) -> None:
     assert text.count("Checked, nothing found.") == len(DEFAULT_MONITORS)
     assert "Not checked" in text and "the canary coordinates" in text
     assert AuditReport.from_dict(data).checks == data["checks"]  # validates
+    # the Interference and Training sections: readable labels, the key only beside them
+    for key, label in (("std_from_observation_minus_noise", "Part of it not explained by the "
+                        "noise"), ("audited_steps", "Steps the auditor observed")):
+        row = re.search(rf'<tr data-key="{key}"><th>(.*?)</th>', page)
+        assert row is not None and _text(row.group(1)).strip().startswith(label), key
+    # the Canaries and Configuration sections' spread_tensors: the difference explained
+    got, asked = data["canaries"]["spread_tensors"], data["config"]["spread_tensors"]
+    assert (got, asked) == (3, 4)
+    assert (f"Each spread pair covers {got} tensors ( spread_tensors here), not the {asked} "
+            "the configuration asks for") in text
 
 
 def test_a_noise_bug_names_the_tensor_by_module_path_and_gives_no_steps_advice(
