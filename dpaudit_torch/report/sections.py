@@ -9,6 +9,8 @@ combined log-wealth with log(1/alpha) (Ville's inequality). The testers' names c
 
 from __future__ import annotations
 
+import json
+
 from . import plots
 from .formatting import pairs_sentence
 from .labels import INTERFERENCE_LABELS, labelled
@@ -120,9 +122,12 @@ def plots_section(v: ReportView) -> str:
     )
     figs = [
         ("plot-wealth", plots.plot_log_wealth(wh, v.threshold_log(), d["violation_step"],
-                                              crossed if is_num(crossed) else None),
-         "Log-wealth of each sequential test over training steps. A test proves a violation "
-         "when its log-wealth reaches the dashed line log(1/α); under a true null it "
+                                              crossed if is_num(crossed) else None,
+                                              d["monitor_labels"]),
+         "Log-wealth over training steps: one line per monitor that bets in the decision, "
+         "the decision itself (black: the log of the average of the monitors' e-values) and "
+         "each sequential test of the canary pairs (dashed). The audit proves a violation "
+         "when the decision's line reaches the dashed line log(1/α); under a true null it "
          "stays below it with probability at least 1 − α."),
         ("plot-epsilon", plots.plot_epsilon_lower_bound(wh, grid_max, d["violation_step"]),
          "Sequential ε lower bound for ONE training step (anytime form: once a grid point "
@@ -146,9 +151,11 @@ def plots_section(v: ReportView) -> str:
             f'<img src="data:image/png;base64,{plot.png}" '
             f'alt="{esc(caption.split(".")[0])}">'
         )
+        drawn = (f'<p class="notes" data-part="legend">Lines: {esc("; ".join(plot.legend))}.'
+                 f'</p>' if plot.legend else "")
         out.append(
-            f'<figure id="{anchor}">{body}<figcaption>{esc(caption)}</figcaption>{notes}'
-            "</figure>"
+            f'<figure id="{anchor}" data-xticks="{esc(json.dumps(plot.xticks))}">{body}'
+            f"<figcaption>{esc(caption)}</figcaption>{drawn}{notes}</figure>"
         )
     out.append("</section>")
     return "".join(out)

@@ -1,10 +1,12 @@
-"""Every check visible (issue 38 parts 4 and 6): each monitor's check section on the page of a
-short real run, and the wording of the report's text, read from the produced files."""
+"""Every check visible (issue 38 parts 4 to 6): each monitor's check section on the page of a
+short real run, the log-wealth plot's lines and ticks, and the wording of the report's text,
+read from the produced files."""
 
 from __future__ import annotations
 
 import html
 import json
+import math
 import re
 from pathlib import Path
 
@@ -67,6 +69,31 @@ def test_a_clean_run_has_a_section_for_each_monitor(tmp_path: Path) -> None:
             "the configuration asks for") in text
 
 
+def _wealth_figure(page: str) -> tuple[list[str], str]:
+    fig = re.search(r'<figure id="plot-wealth" data-xticks="([^"]*)">(.*?)</figure>', page, re.S)
+    assert fig is not None
+    return json.loads(html.unescape(fig.group(1))), _text(fig.group(2))
+
+
+def _lines_of_the_decision(data: dict, page: str) -> None:
+    """One line per monitor that bets, the decision labelled as the average it is (and equal
+    to the log-mean-exp of the monitors' lines), integer step ticks."""
+    wh = data["wealth_history"]
+    betting = sorted(k[len("monitor."):] for k in wh if k.startswith("monitor."))
+    assert betting == ["noise", "sampling", "sequential_pairs"]
+    for i in range(len(wh["step"])):
+        terms = [wh[f"monitor.{m}"][i] for m in betting]
+        top = max(terms)
+        mean = top + math.log(sum(math.exp(t - top) for t in terms) / len(terms))
+        # float64 log-sum-exp of 3 terms: a few ulps of the largest magnitude involved
+        assert abs(wh["combined"][i] - mean) <= 1e-12 * max(1.0, abs(top), abs(mean))
+    ticks, text = _wealth_figure(page)
+    assert ticks and all(re.fullmatch(r"−?\d+", t) for t in ticks), ticks
+    for label in ("monitor: noise", "monitor: sampling", "monitor: sequential pairs",
+                  "the decision: log of the average of the monitors' e-values"):
+        assert label in text, label
+
+
 def test_a_noise_bug_names_the_tensor_by_module_path_and_gives_no_steps_advice(
         tmp_path: Path) -> None:
     data, page = _run(tmp_path, "noise-divided-one-tensor")
@@ -80,6 +107,9 @@ def test_a_noise_bug_names_the_tensor_by_module_path_and_gives_no_steps_advice(
     # the audit itself stopped training: no advice to raise the number of steps
     assert "raise the number of steps" not in text
     assert "the audit stopped training after" in text
+    # a 5-step run's wealth plot: whole-number step ticks, one line per betting monitor
+    assert data["wealth_history"]["step"][-1] == 5
+    _lines_of_the_decision(data, page)
 
 
 @pytest.mark.slow
