@@ -137,13 +137,7 @@ class PrivacyAuditor:
         assert cfg.m_canaries is not None
         return MonitorContext(config=cfg, k_pairs=cfg.k_pairs, m_canaries=cfg.m_canaries,
             device=self.device, warn=self.warn, coins=coins, facts=self.tap,
-            noise_tensor=noise_coords[0].numpy(), noise_flat=noise_coords[1].numpy(),
-            stopped_training=self._stopped_training)
-
-    def _stopped_training(self) -> bool:
-        """Whether the audit itself stopped training (its engine's ``should_stop``)."""
-        engine = getattr(self, "engine", None)
-        return bool(engine is not None and engine.should_stop)
+            noise_tensor=noise_coords[0].numpy(), noise_flat=noise_coords[1].numpy())
 
     # ------------------------------------------------------------------ public state
     def warn(self, msg: str) -> None:

@@ -92,6 +92,8 @@ class AuditEngine:
                  callbacks: list[StepCallback] | None = None) -> None:
         self.config = config
         self.monitors = monitors
+        for m in monitors.values():  # whether the audit stopped training, read at finalize
+            m.ctx.stopped_training = self._stopped_training
         self.warn = warn
         self._read_claim = read_claim
         self._share = share_decision
@@ -112,6 +114,10 @@ class AuditEngine:
         #: there and it detached), and that failure in words; None while complete
         self.incomplete_from: int | None = None
         self.internal_failure: str | None = None
+
+    def _stopped_training(self) -> bool:
+        """Whether this audit stopped training on a proven violation (``should_stop``)."""
+        return self.should_stop
 
     def new_decision(self, monitors: dict[str, Monitor]) -> Decision:
         """A fresh decision whose history has the monitors' columns."""

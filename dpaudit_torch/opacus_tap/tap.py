@@ -158,12 +158,10 @@ class OpacusTap:
         handed over (``model=``; wrapper prefixes such as Opacus's ``_module.`` removed), else
         its index; then its parameter group and shape, e.g. ``"head.weight (group 0, shape
         10x128)"`` or ``"tensor 8 (group 0, shape 10x128)"``."""
-        from ..audit.monitors._tensor_watch import module_path
-
         groups = self.tensor_groups()
         paths: dict[int, str] = {}
         if self.model is not None:
-            paths = {id(p): module_path(n) for n, p in self.model.named_parameters()}
+            paths = {id(p): facts.module_path(n) for n, p in self.model.named_parameters()}
         return [f"{paths.get(id(p)) or f'tensor {i}'} (group {g}, shape "
                 f"{'x'.join(map(str, s)) or 'scalar'})"
                 for i, (p, g, s) in enumerate(zip(self.params, groups, self.shapes))]

@@ -188,8 +188,8 @@ class MonitorContext:
     facts: FactSource | Mapping[Fact[Any], Any] | None = None
     options: Any = None
     needs: tuple[Fact[Any], ...] | None = None
-    #: whether the audit itself stopped training on a proven violation (``should_stop``; read
-    #: at finalize, e.g. so that no warning advises training longer)
+    #: whether the audit itself stopped training on a proven violation (``should_stop``; set by
+    #: the engine, read at finalize, e.g. so that no warning advises training longer)
     stopped_training: Callable[[], bool] = lambda: False
 
     def fact(self, fact: Fact[T]) -> T:
