@@ -52,7 +52,7 @@ def _value(v: Any) -> str:
 
 def _one(v: ReportView, i: int, sec: dict[str, Any]) -> str:
     name = str(sec.get("monitor"))
-    label = monitor_label(name, v.d["monitor_labels"])
+    label = monitor_label(name, v.d["monitor_labels"]).split(" (")[0]  # not its violation
     status = str(sec.get("status"))
     css = "ok" if status == NOTHING_FOUND else "" if status == NOT_RUN else "bad"
     found = [f for f in sec.get("findings", []) if isinstance(f, dict)]
@@ -65,7 +65,7 @@ def _one(v: ReportView, i: int, sec: dict[str, Any]) -> str:
     finds = "".join(f'<li data-level="{esc(f.get("level"))}"><strong>{esc(f.get("level"))}'
                     f"</strong>: {esc(f.get('message'))}</li>" for f in found)
     parts = [f'<div class="check" id="check-{esc(name)}" data-monitor="{esc(name)}">'
-             f"<h3>{esc(sec.get('title'))} <small>({esc(label)})</small></h3>"
+             f"<h3>{esc(sec.get('title'))} <small>(monitor: {esc(label)})</small></h3>"
              f'<p class="{css}" data-field="checks.{i}.status" data-value="{esc(status)}">'
              f"{lead}</p>"]
     if finds:

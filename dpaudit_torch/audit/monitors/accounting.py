@@ -216,11 +216,12 @@ class AccountingMonitor(Monitor):
                       "the intervals)", "inconsistent" if r.get("inconsistent") else "passed")
         sec.measure("recomputed ε", r.get("recomputed_epsilon"))
         sec.measure("claimed ε", r.get("claimed_epsilon"))
-        sec.measure("noisy releases (optimizer steps, micro-batches included)",
+        sec.measure("noisy releases, and optimizer steps (micro-batches included)",
                     [r.get("releases"), r.get("micro_steps")])
         sec.measure("steps the accountant counted", r.get("accountant_steps"))
-        sec.measure("interval for the rate really used", r.get("rate_interval"))
-        sec.measure("interval for the noise multiplier measured",
+        each = f"{100 * (1 - self.config.alpha / 2):g}% confidence each, Bonferroni"
+        sec.measure(f"interval for the rate really used ({each})", r.get("rate_interval"))
+        sec.measure(f"interval for the noise multiplier measured ({each})",
                     r.get("noise_multiplier_interval"))
         sec.measure("explanation", r.get("explanation"))
         for why in r.get("checks_not_run", []):
