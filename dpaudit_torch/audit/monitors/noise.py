@@ -498,7 +498,8 @@ class NoiseMonitor(Monitor):
             if key in data:
                 sec.check(what, outcome_of(data[key]))
             elif sec.ran and self.by_tensor.n_steps:
-                sec.skip(what, "turned off in this audit's settings")
+                sec.skip(what, "not run in this audit (e.g. it resumed from a checkpoint "
+                         "written before this test existed)")
         p = data.get("precision")
         if p:
             sec.check("noise drawn in full precision (not on the bfloat16 / float16 grid)",
