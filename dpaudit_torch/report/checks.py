@@ -14,7 +14,7 @@ from __future__ import annotations
 from typing import Any
 
 from .markup import esc, generic, scalar
-from .schema import CHECK_STATUSES, NOT_RUN, NOTHING_FOUND
+from .schema import NOT_RUN, NOTHING_FOUND, check_status
 from .view import ReportView
 from .wording import monitor_label
 
@@ -28,11 +28,7 @@ def with_status(checks: list[dict[str, Any]], findings: list[dict[str, Any]]
     out = []
     for sec in checks:
         own = [f for f in findings if f.get("monitor") == sec.get("monitor")]
-        levels = {f.get("level") for f in own}
-        status = next((s for s in CHECK_STATUSES[:4] if s in levels), None)
-        if status is None:
-            status = NOTHING_FOUND if sec.get("ran", True) else NOT_RUN
-        out.append({**sec, "status": status,
+        out.append({**sec, "status": check_status(sec, findings),
                     "findings": [{"level": f.get("level"), "message": f.get("message")}
                                  for f in own]})
     return out

@@ -79,6 +79,7 @@ __all__ = [
     "CHECK_STATUSES",
     "NOTHING_FOUND",
     "NOT_RUN",
+    "check_status",
 ]
 
 #: version of the ``audit.json`` schema written by this module (see docs/report.md)
@@ -292,6 +293,17 @@ NOT_RUN = "not run"
 CHECK_STATUSES = ("violation", "refuted", "inconsistent", "finding", NOT_RUN, NOTHING_FOUND)
 _SECTION_KEYS = {"monitor": str, "title": str, "ran": bool, "status": str, "checked": list,
                  "measured": list, "not_checked": list, "findings": list}
+
+
+def check_status(section: dict[str, Any], findings: list[dict[str, Any]]) -> str:
+    """The status of a monitor's check section from the report's findings of its monitor: the
+    strongest finding level among them (notes aside), else "not run" (the monitor did not run)
+    or "checked, nothing found"."""
+    levels = {f.get("level") for f in findings if f.get("monitor") == section.get("monitor")}
+    found = next((s for s in CHECK_STATUSES[:4] if s in levels), None)
+    if found is not None:
+        return found
+    return NOTHING_FOUND if section.get("ran", True) else NOT_RUN
 
 
 def _check_checks(checks: Any) -> None:
