@@ -17,7 +17,8 @@ order of docs/auditor.md, "How strong an audit is").
   baseline's audit was too weak to be trusted.
 * **impossible** (exit 2): the comparison means nothing: the new report holds no claim, the two
   audits have different threat models, or a different model, dataset or architecture (unless
-  ``allow_change``). Unreadable input (:func:`read_audit`) is exit 2 too.
+  ``allow_change``). Unreadable, incomplete or hostile input (:func:`read_audit`,
+  :mod:`dpaudit_torch.gate_input`) is exit 2 too.
 
 A pass shows only that no counterexample was found; it never proves the claimed epsilon, whose
 upper bound still comes from the accountant. This module prints nothing: :func:`gate` returns a
@@ -27,27 +28,23 @@ upper bound still comes from the accountant. This module prints nothing: :func:`
 
 from __future__ import annotations
 
-import json
 import logging
 import math
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from .gate_input import AuditInput, GateInputError, read_audit
 from .registry import BOUND_METHODS, WHOLE_RUN, bound_method
 from .report.fingerprint import (
     LABELS,
     UNKNOWN,
     Comparison,
-    Fingerprint,
     compare,
-    fingerprint_of,
 )
 from .report.formatting import format_number
 from .report.markup import esc, method_label
 from .report.schema import (
-    JSON_NAME,
-    SCHEMA_VERSION,
     VERDICT_INCONSISTENT,
     VERDICT_NOTHING,
     VERDICT_REFUTED,
@@ -76,72 +73,6 @@ CLAIM_RTOL = 1e-6
 GATE_HTML = "gate.html"
 #: verdicts of the new audit that fail the gate: each shows the claim does not hold
 _FAILING_VERDICTS = (VERDICT_REFUTED, VERDICT_VIOLATION, VERDICT_INCONSISTENT)
-
-
-class GateInputError(ValueError):
-    """An input the gate cannot use: unreadable, not an audit report, another schema major
-    version, or inconsistent. Its message is one line."""
-
-
-@dataclass(frozen=True)
-class AuditInput:
-    """One audit as the gate reads it: where from, the report, the schema version it was written
-    with (an older document is read as this version, its new fields at their defaults) and its
-    fingerprint."""
-
-    path: str
-    report: ReportData
-    written_schema: str
-    fingerprint: Fingerprint
-
-    @classmethod
-    def of(cls, report: ReportData, path: str = "<report>") -> AuditInput:
-        """A report already in memory (its written schema: the one it carries)."""
-        return cls(path, report, report.schema_version, fingerprint_of(report))
-
-
-def read_audit(path: str | Path, role: str = "report") -> AuditInput:
-    """Read ``audit.json`` (or the directory holding it) for the gate.
-
-    Raises:
-        GateInputError: one line naming ``role`` and the path: the file cannot be read, is not
-            JSON, is not an audit report (no ``schema_version``), has another schema major
-            version, fails a field's check, or contradicts itself
-            (:func:`dpaudit_torch.report.validate`).
-    """
-    from .report.validate import validate
-
-    p = Path(path)
-    if p.is_dir():
-        p = p / JSON_NAME
-    where = f"the {role} {str(path)!r}"
-    try:
-        text = p.read_text(encoding="utf-8")
-    except FileNotFoundError:
-        raise GateInputError(f"cannot read {where}: no such file") from None
-    except UnicodeDecodeError:
-        raise GateInputError(f"cannot read {where}: it is not UTF-8 text") from None
-    except OSError as exc:
-        raise GateInputError(f"cannot read {where}: {exc.strerror or exc}") from None
-    try:
-        raw = json.loads(text)
-    except json.JSONDecodeError as exc:
-        raise GateInputError(f"cannot read {where}: not valid JSON (line {exc.lineno}, column "
-                             f"{exc.colno}: {exc.msg})") from None
-    if not isinstance(raw, dict) or "schema_version" not in raw:
-        raise GateInputError(f"{where} is not an audit report (a JSON object with a "
-                             f"'schema_version', as dpaudit_torch writes in audit.json)")
-    version = raw["schema_version"]
-    major = SCHEMA_VERSION.split(".")[0]
-    if not isinstance(version, str) or version.split(".")[0] != major:
-        raise GateInputError(f"{where} has audit schema {version!r}: this dpaudit_torch reads "
-                             f"schema {major}.x (writes {SCHEMA_VERSION}) and cannot compare it")
-    try:
-        report = ReportData.from_dict(raw)
-        validate(report)
-    except ValueError as exc:
-        raise GateInputError(f"{where} is not a valid audit report: {exc}") from None
-    return AuditInput(str(path), report, version, fingerprint_of(report))
 
 
 @dataclass(frozen=True)
