@@ -175,7 +175,7 @@ def _mutation(draw: st.DrawFn) -> tuple[str, Any]:
     return text, doc
 
 
-@settings(max_examples=120, deadline=None, derandomize=True,
+@settings(max_examples=150, deadline=None, derandomize=True,
           suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow,
                                  HealthCheck.data_too_large])
 @given(_mutation())
