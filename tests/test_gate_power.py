@@ -197,3 +197,24 @@ def test_more_power_passes_and_a_jump_is_measured_beyond_it() -> None:
             "17.41): +0.5453 x the claim, of which the added power explains 0.2493") in \
         res.reason
     assert gate(jumped, short, jump_margin=0.35).outcome == PASS
+
+
+@pytest.mark.slow
+def test_live_runs_of_the_fixtures_settings(tmp_path: Path) -> None:
+    """The fixtures' runs again with other coins (seed 8, tests/data/make_gate_power.py): the
+    30-step audit fails against the 300-step one; the new 300-step audit passes against the
+    stored one as the same strength (another IN count, within the power's tolerance)."""
+    import sys
+
+    sys.path.insert(0, str(DATA))
+    try:
+        import make_gate_power as script
+    finally:
+        sys.path.remove(str(DATA))
+    short = script.audit(30, seed=8).save(tmp_path / "short")
+    long = script.audit(300, seed=8).save(tmp_path / "long")
+    code, out, err = _run("gate", str(short), "--baseline", str(long))
+    assert code == EXIT_FAIL and "smallest refutable epsilon (power)" in out[-1], err
+    res = gate(read_audit(long), read_audit(LONG))
+    assert res.outcome == PASS and not res.comparison.strictly_stronger, res.reason
+    assert res.comparison.relations["refutable_ratio"] == "same"

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import sys
 from pathlib import Path
+from typing import Any
 
 import torch
 
@@ -23,14 +24,19 @@ CONFIG = dict(delta=1e-5, k_pairs=8, m_canaries=1000, check_every=3, model_name=
               dataset_name="synthetic-256")
 
 
-def main() -> None:
+def audit(steps: int, seed: int | None = 7) -> Any:
+    """The report of a run of ``steps`` steps audited with ``CONFIG`` (``seed``: the canaries'
+    coins; the data, model and noise are the same for every seed)."""
     torch.set_num_threads(1)
+    s = make_private_setup(sigma=1.0, noise_seed=11, hidden=128)
+    aud = PrivacyAuditor(s.engine, s.optimizer, s.loader, seed=seed, model=s.model, **CONFIG)
+    s.train(steps, auditor=aud)
+    return aud.finalize()
+
+
+def main() -> None:
     for steps in (30, 300):
-        s = make_private_setup(sigma=1.0, noise_seed=11, hidden=128)
-        aud = PrivacyAuditor(s.engine, s.optimizer, s.loader, seed=7, model=s.model, **CONFIG)
-        s.train(steps, auditor=aud)
-        report = aud.finalize()
-        (HERE / f"gate_{steps}_steps.json").write_text(report.to_json(indent=None) + "\n",
+        (HERE / f"gate_{steps}_steps.json").write_text(audit(steps).to_json(indent=None) + "\n",
                                                        encoding="utf-8")
 
 
