@@ -109,7 +109,12 @@ class OneRunMonitor(Monitor):
     def __init__(self, ctx: MonitorContext) -> None:
         super().__init__(ctx)
         self.config = self.settings
-        self.m = ctx.m_canaries
+        # per-layer clipping: layered canaries (dpaudit_torch.canary_layers), each the
+        # weighted sum of its members' values, in units of C; else one value per canary
+        self._layout = ctx.layout
+        self._members = ctx.m_canaries
+        self.m = ctx.m_canaries if self._layout is None else int(self._layout.groups)
+        self._weights = None if self._layout is None else self._layout.weights()
         self.device = torch.device(ctx.device)
         self.coins = ctx.coins
         self.sample_rate = float(ctx.fact_or(SAMPLE_RATE, 1.0))
@@ -231,9 +236,13 @@ class OneRunMonitor(Monitor):
             hv = record.host  # the compiled CPU path's NumPy buffers (no torch call needed)
             if (scored and hv is not None and isinstance(record.finite, bool)
                     and self._host_scores() and self._moments.device.type == "cpu"):
-                z_np = hv.vals[2 * hv.k:2 * hv.k + self.m]
+                z_np = hv.vals[2 * hv.k:2 * hv.k + self._members]
+                members = self._weights is not None  # (combined below, into its row)
             else:
+                members = False
                 z = record.one_run
+                if self._layout is not None:
+                    z = self._layout.combine(z)
                 total, llr = self._scores["sum"], self._scores["llr"]
                 z_np = (z.numpy() if scored and isinstance(record.finite, bool)
                         and _host_f64(z, total, llr, self._moments) else None)
@@ -248,7 +257,11 @@ class OneRunMonitor(Monitor):
                                      host_zeros((self._rows, self.m)))
                 if len(self._pending_sigma) == self._rows:
                     self._flush()
-                self._pending[len(self._pending_sigma)] = z_np
+                if members:
+                    np.matmul(self._weights, z_np.reshape(self._weights.shape[0], self.m),
+                              out=self._pending[len(self._pending_sigma)])
+                else:
+                    self._pending[len(self._pending_sigma)] = z_np
                 self._pending_sigma.append(float(record.sigma))
             else:
                 self._flush()
@@ -289,6 +302,8 @@ class OneRunMonitor(Monitor):
         """Reveal the secret coins, compute every whole-run bound of this monitor and the
         power statement."""
         self._in_mask = self.coins.reveal()
+        if self._layout is not None:  # a canary's members share its coin
+            self._in_mask = self._layout.group_mask(self._in_mask)
         self.score_used = score = self._score()
         scores = self.scores[score].detach().cpu()
         ins, outs = scores[self._in_mask], scores[~self._in_mask]
@@ -340,6 +355,8 @@ class OneRunMonitor(Monitor):
                                  out_values=self.trace()[:, ~mask])
             det = res.to_dict()
             det["score"] = "sum"
+            if self._layout is not None:  # what the canaries contribute, in units of C
+                det["contribution"] = float(self._layout.contribution)
             if res.bound is None:
                 self._warn(f"one-run white-box bound: {res.note}")
             self.bounds[method] = float(res.bound) if res.bound is not None else 0.0
@@ -402,12 +419,20 @@ class OneRunMonitor(Monitor):
         t0 = time.perf_counter()
         eps_of = self._epsilon_of_sigma
         n_in = int(self._in_mask.sum()) if self._in_mask is not None else None
+        # the contribution the canaries reach (per-layer clipping: C_S / C, else 1): their
+        # release is the family's at noise multiplier sigma / c (docs/design.md section 5)
+        c = 1.0 if self._layout is None else float(self._layout.contribution)
         try:
             out = whitebox_power(
-                sigma, self.sample_rate, self.steps, self.m, delta=self.config.delta,
+                sigma / c, self.sample_rate, self.steps, self.m, delta=self.config.delta,
                 alpha=float(self.config.whitebox_alpha), claimed_epsilon=claimed, n_in=n_in,
                 epsilon_of_sigma=(None if eps_of is None
-                                  else (lambda s, _t=self.steps: float(eps_of(s, _t)))))
+                                  else (lambda s, _t=self.steps: float(eps_of(s * c, _t)))))
+            if self._layout is not None:
+                from ...canary_layers import reached_contribution
+
+                reached_contribution(out, self._layout, sigma, self.sample_rate, self.steps,
+                                     self.config.delta)
         except Exception as e:  # noqa: BLE001 - a power statement must not break finalize
             self._warn(f"one-run white-box power failed: {e!r}")
             return {"note": f"no power statement: the computation failed ({e!r})"}
