@@ -47,6 +47,7 @@ import torch
 from .canaries import CanaryDesign, SecretCoins, draw_design, draw_noise_coordinates
 
 __all__ = ["LayerLayout", "choose_layout", "draw_layered_canaries", "planning_steps", "layout_of",
+           "draw_canaries_for", "reached_contribution",
            "PLAN_EPOCHS", "PLAN_MIN_STEPS", "MIN_GROUPS"]
 
 #: the planning horizon of the layout's choice: this many epochs (1 / q steps each) ...
@@ -266,3 +267,33 @@ def reached_contribution(power: dict[str, Any], layout: LayerLayout, sigma: floa
             f"and contribute {c:.3g} C, not the claim's full C; a correct run's white-box bound "
             f"stays near the epsilon of their release ({power['release_epsilon']:.3g})")
     return power
+
+
+def draw_canaries_for(tap: Any, config: Any, seeds: dict[str, int]
+                      ) -> tuple[CanaryDesign, tuple[torch.Tensor, torch.Tensor], SecretCoins,
+                                 Any]:
+    """What the auditor draws before the first step for the run behind ``tap`` (an
+    :class:`~dpaudit_torch.opacus_tap.OpacusTap`): under per-layer clipping (per-sample modes)
+    the layered one-run canaries of :func:`draw_layered_canaries`, the configuration's
+    ``m_canaries`` then the coordinates they use; else, or when no layout fits, the Dirac
+    design of :func:`~dpaudit_torch.canaries.draw_audit_canaries` (spread pairs except under
+    per-layer clipping). Returns (design, noise-audit coordinates, coins, configuration)."""
+    from .canaries import draw_audit_canaries
+
+    per_layer = bool(tap.clipping()[1])
+    if per_layer and not tap.ghost:
+        from .opacus_tap.plan import per_param_clip
+
+        layered = draw_layered_canaries(
+            tap.shapes, config.k_pairs, config.m_canaries,
+            per_param_clip(tap.optimizer, len(tap.shapes)), tap.noise_multiplier(),
+            tap.sample_rate, seeds, config.noise_coordinates_per_tensor,
+            config.noise_coordinates_total)
+        if layered is not None:
+            design, noise, coins, _ = layered
+            return design, noise, coins, config.replace(m_canaries=design.m_canaries)
+    design, noise, coins = draw_audit_canaries(
+        tap.shapes, config.k_pairs, config.m_canaries, seeds,
+        None if per_layer else (config.spread_pairs, config.spread_tensors),
+        config.noise_coordinates_per_tensor, config.noise_coordinates_total)
+    return design, noise, coins, config

@@ -25,8 +25,8 @@ import torch
 
 from .._compiled import compiled as kernels_compiled
 from .._compiled import set_compiled
-from ..canaries import SecretCoins, derive_seeds, draw_audit_canaries
-from ..canary_layers import draw_layered_canaries, layout_of
+from ..canaries import SecretCoins, derive_seeds
+from ..canary_layers import draw_canaries_for, layout_of
 from ..contract import StepRefused
 from . import checkpoint
 from .config import AuditConfig
@@ -108,26 +108,9 @@ class PrivacyAuditor:
         set_compiled(bool(cfg.compiled_kernels))
         seeds, self.seed_policy = derive_seeds(cfg.seed)
         seeds, self.seed_policy = tap.share_seeds(seeds, self.seed_policy, cfg.seed, self.warn)
-        #: the canary design, the noise-audit coordinates U and the secret IN/OUT coins;
-        #: under per-layer clipping one-run canaries that span several tensors
-        #: (:mod:`dpaudit_torch.canary_layers`), m_canaries then counting their coordinates
-        layered = None
-        if tap.clipping()[1] and not tap.ghost:
-            from ..opacus_tap.plan import per_param_clip
-
-            layered = draw_layered_canaries(
-                tap.shapes, cfg.k_pairs, cfg.m_canaries,
-                per_param_clip(tap.optimizer, len(tap.shapes)), tap.noise_multiplier(),
-                tap.sample_rate, seeds, cfg.noise_coordinates_per_tensor,
-                cfg.noise_coordinates_total)
-        if layered is not None:
-            self.design, self.noise_coords, self.coins, _ = layered
-            self.config = cfg = cfg.replace(m_canaries=self.design.m_canaries)
-        else:
-            self.design, self.noise_coords, self.coins = draw_audit_canaries(
-                tap.shapes, cfg.k_pairs, cfg.m_canaries, seeds,
-                None if tap.clipping()[1] else (cfg.spread_pairs, cfg.spread_tensors),
-                cfg.noise_coordinates_per_tensor, cfg.noise_coordinates_total)
+        #: the canary design, the noise-audit coordinates U and the secret IN/OUT coins
+        self.design, self.noise_coords, self.coins, cfg = draw_canaries_for(tap, cfg, seeds)
+        self.config = cfg
         monitors = build_monitors(self.monitor_context(self.coins, self.noise_coords))
         self.engine = AuditEngine(cfg, monitors, self.warn, tap.read_claim,
                                   tap.decision_sharer(), callbacks)
