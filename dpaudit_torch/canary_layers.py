@@ -116,11 +116,16 @@ class LayerLayout:
     def combine(self, z: np.ndarray | torch.Tensor) -> np.ndarray | torch.Tensor:
         """The G canaries' values (units of C) from the G |S| members' values, tensor-major
         (each in units of its own C_l): one matrix product."""
-        w = self.weights()
         if isinstance(z, torch.Tensor):
-            wt = torch.as_tensor(w, dtype=z.dtype, device=z.device)
+            # the weights copied to z's device once per (device, dtype), not at every step
+            key = (str(z.device), z.dtype)
+            cache = self.__dict__.setdefault("_device_weights", {})
+            wt = cache.get(key)
+            if wt is None:
+                wt = cache[key] = torch.as_tensor(self.weights(), dtype=z.dtype,
+                                                  device=z.device)
             return wt @ z.reshape(self.width, self.groups)
-        return w @ np.asarray(z).reshape(self.width, self.groups)
+        return self.weights() @ np.asarray(z).reshape(self.width, self.groups)
 
     def group_mask(self, mask: torch.Tensor) -> torch.Tensor:
         """The canaries' IN mask [G] from the members' [G |S|] (a canary's members share it)."""

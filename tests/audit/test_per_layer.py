@@ -12,9 +12,11 @@ from conftest import make_private_setup
 from dpaudit_torch.audit import PrivacyAuditor
 from dpaudit_torch.canary_layers import layout_of
 from dpaudit_torch.report.formatting import power_sentence
+from dpaudit_torch.report.sections import strength_section
+from dpaudit_torch.report.view import ReportView
 from dpaudit_torch.stats.whitebox import ReleaseLaw, whitebox_power
 
-SIGMA, STEPS = 0.7, 40
+SIGMA, STEPS = 0.7, 25
 
 
 def test_per_layer_correct_run_reaches_its_contribution():
@@ -46,10 +48,12 @@ def test_per_layer_correct_run_reaches_its_contribution():
     assert pw["expected_bound"] == pytest.approx(want["expected_bound"], rel=1e-9)
     assert pw["release_epsilon"] < rep.claimed_epsilon
     assert "per-layer clipping" in power_sentence(pw)
+    assert rep.canaries["layers"]["contribution"] == pytest.approx(lay.contribution, rel=1e-12)
+    assert f"spans {lay.width} parameter tensor" in strength_section(ReportView(rep))
     # a checkpoint taken at attach resumes with the same layout
     aud2 = PrivacyAuditor(s.engine, s.optimizer, s.loader, seed=5, delta=1e-5)
     aud2.load_state_dict(state)
-    assert layout_of(aud2.design) == lay
+    assert layout_of(aud2.design) == lay and aud2.monitors["one_run"].m == lay.groups
     assert torch.equal(aud2.coins.state()[0], aud.coins.state()[0])
     aud2.detach()
 

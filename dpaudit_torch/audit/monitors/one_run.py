@@ -20,6 +20,10 @@ bound of :mod:`dpaudit_torch.stats.whitebox` (docs/design.md section 13), which 
 observation's value through the exact law of the canaries' sums, the known inclusion rate and the
 noise measured on the OUT canaries, and reports only when those canaries' per-step values pass
 its family check. Its power statement (exact, no simulation) is the report's ``power``.
+
+Under per-layer clipping the canaries are layered (:mod:`dpaudit_torch.canary_layers`): each
+step's member values are combined into one value per canary, in units of C, and the scores, the
+bounds and the power statement are those of a canary contributing c = C_S / C.
 """
 
 from __future__ import annotations
@@ -115,6 +119,8 @@ class OneRunMonitor(Monitor):
         self._members = ctx.m_canaries
         self.m = ctx.m_canaries if self._layout is None else int(self._layout.groups)
         self._weights = None if self._layout is None else self._layout.weights()
+        # the canary's contribution in units of C (the likelihood-ratio score's shift)
+        self._c = 1.0 if self._layout is None else float(self._layout.contribution)
         self.device = torch.device(ctx.device)
         self.coins = ctx.coins
         self.sample_rate = float(ctx.fact_or(SAMPLE_RATE, 1.0))
@@ -195,7 +201,7 @@ class OneRunMonitor(Monitor):
             j = i + 1
             while j < n and sig[j] == sig[i]:
                 j += 1
-            accumulate_llr(self._pending[i:j], llr, self.sample_rate, sig[i],
+            accumulate_llr(self._pending[i:j], llr, self.sample_rate, sig[i], self._c,
                            scratch=(self._scratch[0][:j - i], self._scratch[1][:j - i]))
             i = j
 
@@ -273,7 +279,7 @@ class OneRunMonitor(Monitor):
                 self._moments[0] += sq
                 self._moments[1] += sq * sq
                 if scored:
-                    inc = llr_step_score(z, self.sample_rate, record.sigma)
+                    inc = llr_step_score(z, self.sample_rate, record.sigma, self._c)
                     if not isinstance(record.finite, bool):  # a dropped step adds nothing
                         inc = torch.where(record.finite, inc, torch.zeros_like(inc))
                     llr += inc
@@ -388,7 +394,7 @@ class OneRunMonitor(Monitor):
             res = one_run_power(
                 sigma if sigma > 0 else 1.0, self.sample_rate, self.steps, self.m,
                 score=score, delta=self.config.delta, alpha=self.config.alpha,
-                claimed_epsilon=claimed,
+                claimed_epsilon=claimed, c=self._c,
                 epsilon_of_sigma=(None if eps_of is None
                                   else (lambda s, _t=self.steps: eps_of(s, _t))),
                 replicates=POWER_REPLICATES, search_replicates=POWER_SEARCH_REPLICATES, seed=0)
