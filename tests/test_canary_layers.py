@@ -202,3 +202,22 @@ def test_combined_release_coverage_large(alpha):
         mom = release_moments(*_layered_sums(rng, lay, 0.6, 0.2, 20, is_in)[:1], is_in, 20)
         rho = lay.contribution / 0.6
         assert (rho_lower_bound(mom, 0.2, alpha) > rho) == (law.tail(mom.statistic, rho) < alpha)
+
+
+def test_too_little_noise_is_refuted_through_layered_canaries():
+    """Power: noise sigma_true = c sigma / 3 (a release three times more revealing than the
+    claim's worst case) gives a lower bound on rho above the claim's 1 / sigma in at least 9 of
+    10 games (the exact law's median is far above it)."""
+    lay = LayerLayout((0, 1, 2), (0.3, 0.4, 1.2), 1.5, 200)
+    sigma_claim, q, steps = 0.6, 0.2, 20
+    sigma_true = lay.contribution * sigma_claim / 3.0
+    rng = np.random.default_rng(5)
+    law = ReleaseLaw(100, 100, steps, q)
+    refuted = 0
+    for _ in range(10):
+        is_in = np.zeros(lay.groups, dtype=bool)
+        is_in[rng.permutation(lay.groups)[:100]] = True
+        s1, s2, s4 = _layered_sums(rng, lay, sigma_true, q, steps, is_in)
+        mom = release_moments(s1, is_in, steps, s2, s4)
+        refuted += law.tail(mom.statistic, 1.0 / sigma_claim) < 1e-3
+    assert refuted >= 9
