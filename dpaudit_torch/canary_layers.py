@@ -280,19 +280,21 @@ def draw_canaries_for(tap: Any, config: Any, seeds: dict[str, int]
     """What the auditor draws before the first step for the run behind ``tap`` (an
     :class:`~dpaudit_torch.opacus_tap.OpacusTap`): under per-layer clipping (per-sample modes)
     the layered one-run canaries of :func:`draw_layered_canaries`, the configuration's
-    ``m_canaries`` then the coordinates they use; else, or when no layout fits, the Dirac
+    ``m_canaries`` then the coordinates they use; else, or when no layout fits (or the sample
+    rate is not in (0, 1]), the Dirac
     design of :func:`~dpaudit_torch.canaries.draw_audit_canaries` (spread pairs except under
     per-layer clipping). Returns (design, noise-audit coordinates, coins, configuration)."""
     from .canaries import draw_audit_canaries
 
     per_layer = bool(tap.clipping()[1])
-    if per_layer and not tap.ghost:
+    q = tap.sample_rate
+    if per_layer and not tap.ghost and isinstance(q, (int, float)) and 0.0 < q <= 1.0:
         from .opacus_tap.plan import per_param_clip
 
         layered = draw_layered_canaries(
             tap.shapes, config.k_pairs, config.m_canaries,
             per_param_clip(tap.optimizer, len(tap.shapes)), tap.noise_multiplier(),
-            tap.sample_rate, seeds, config.noise_coordinates_per_tensor,
+            float(q), seeds, config.noise_coordinates_per_tensor,
             config.noise_coordinates_total)
         if layered is not None:
             design, noise, coins, _ = layered
