@@ -181,6 +181,10 @@ class MonitorContext:
     facts: FactSource | Mapping[Fact[Any], Any] | None = None
     options: Any = None
     needs: tuple[Fact[Any], ...] | None = None
+    #: the one-run canaries' layout under per-layer clipping
+    #: (:class:`~dpaudit_torch.canary_layers.LayerLayout`: m_canaries values of its members
+    #: make its ``groups`` canaries); None: each one-run canary is one coordinate
+    layout: Any = None
 
     def fact(self, fact: Fact[T]) -> T:
         """The adapter's answer; :class:`~dpaudit_torch.contract.FactUnavailable` with the

@@ -20,6 +20,10 @@ bound of :mod:`dpaudit_torch.stats.whitebox` (docs/design.md section 13), which 
 observation's value through the exact law of the canaries' sums, the known inclusion rate and the
 noise measured on the OUT canaries, and reports only when those canaries' per-step values pass
 its family check. Its power statement (exact, no simulation) is the report's ``power``.
+
+Under per-layer clipping the canaries are layered (:mod:`dpaudit_torch.canary_layers`): each
+step's member values are combined into one value per canary, in units of C, and the scores, the
+bounds and the power statement are those of a canary contributing c = C_S / C.
 """
 
 from __future__ import annotations
@@ -109,7 +113,14 @@ class OneRunMonitor(Monitor):
     def __init__(self, ctx: MonitorContext) -> None:
         super().__init__(ctx)
         self.config = self.settings
-        self.m = ctx.m_canaries
+        # per-layer clipping: layered canaries (dpaudit_torch.canary_layers), each the
+        # weighted sum of its members' values, in units of C; else one value per canary
+        self._layout = ctx.layout
+        self._members = ctx.m_canaries
+        self.m = ctx.m_canaries if self._layout is None else int(self._layout.groups)
+        self._weights = None if self._layout is None else self._layout.weights()
+        # the canary's contribution in units of C (the likelihood-ratio score's shift)
+        self._c = 1.0 if self._layout is None else float(self._layout.contribution)
         self.device = torch.device(ctx.device)
         self.coins = ctx.coins
         self.sample_rate = float(ctx.fact_or(SAMPLE_RATE, 1.0))
@@ -190,7 +201,7 @@ class OneRunMonitor(Monitor):
             j = i + 1
             while j < n and sig[j] == sig[i]:
                 j += 1
-            accumulate_llr(self._pending[i:j], llr, self.sample_rate, sig[i],
+            accumulate_llr(self._pending[i:j], llr, self.sample_rate, sig[i], self._c,
                            scratch=(self._scratch[0][:j - i], self._scratch[1][:j - i]))
             i = j
 
@@ -231,9 +242,13 @@ class OneRunMonitor(Monitor):
             hv = record.host  # the compiled CPU path's NumPy buffers (no torch call needed)
             if (scored and hv is not None and isinstance(record.finite, bool)
                     and self._host_scores() and self._moments.device.type == "cpu"):
-                z_np = hv.vals[2 * hv.k:2 * hv.k + self.m]
+                z_np = hv.vals[2 * hv.k:2 * hv.k + self._members]
+                members = self._weights is not None  # (combined below, into its row)
             else:
+                members = False
                 z = record.one_run
+                if self._layout is not None:
+                    z = self._layout.combine(z)
                 total, llr = self._scores["sum"], self._scores["llr"]
                 z_np = (z.numpy() if scored and isinstance(record.finite, bool)
                         and _host_f64(z, total, llr, self._moments) else None)
@@ -248,7 +263,11 @@ class OneRunMonitor(Monitor):
                                      host_zeros((self._rows, self.m)))
                 if len(self._pending_sigma) == self._rows:
                     self._flush()
-                self._pending[len(self._pending_sigma)] = z_np
+                if members:
+                    np.matmul(self._weights, z_np.reshape(self._weights.shape[0], self.m),
+                              out=self._pending[len(self._pending_sigma)])
+                else:
+                    self._pending[len(self._pending_sigma)] = z_np
                 self._pending_sigma.append(float(record.sigma))
             else:
                 self._flush()
@@ -260,7 +279,7 @@ class OneRunMonitor(Monitor):
                 self._moments[0] += sq
                 self._moments[1] += sq * sq
                 if scored:
-                    inc = llr_step_score(z, self.sample_rate, record.sigma)
+                    inc = llr_step_score(z, self.sample_rate, record.sigma, self._c)
                     if not isinstance(record.finite, bool):  # a dropped step adds nothing
                         inc = torch.where(record.finite, inc, torch.zeros_like(inc))
                     llr += inc
@@ -289,6 +308,8 @@ class OneRunMonitor(Monitor):
         """Reveal the secret coins, compute every whole-run bound of this monitor and the
         power statement."""
         self._in_mask = self.coins.reveal()
+        if self._layout is not None:  # a canary's members share its coin
+            self._in_mask = self._layout.group_mask(self._in_mask)
         self.score_used = score = self._score()
         scores = self.scores[score].detach().cpu()
         ins, outs = scores[self._in_mask], scores[~self._in_mask]
@@ -340,6 +361,8 @@ class OneRunMonitor(Monitor):
                                  out_values=self.trace()[:, ~mask])
             det = res.to_dict()
             det["score"] = "sum"
+            if self._layout is not None:  # what the canaries contribute, in units of C
+                det["contribution"] = float(self._layout.contribution)
             if res.bound is None:
                 self._warn(f"one-run white-box bound: {res.note}")
             self.bounds[method] = float(res.bound) if res.bound is not None else 0.0
@@ -371,7 +394,7 @@ class OneRunMonitor(Monitor):
             res = one_run_power(
                 sigma if sigma > 0 else 1.0, self.sample_rate, self.steps, self.m,
                 score=score, delta=self.config.delta, alpha=self.config.alpha,
-                claimed_epsilon=claimed,
+                claimed_epsilon=claimed, c=self._c,
                 epsilon_of_sigma=(None if eps_of is None
                                   else (lambda s, _t=self.steps: eps_of(s, _t))),
                 replicates=POWER_REPLICATES, search_replicates=POWER_SEARCH_REPLICATES, seed=0)
@@ -402,12 +425,20 @@ class OneRunMonitor(Monitor):
         t0 = time.perf_counter()
         eps_of = self._epsilon_of_sigma
         n_in = int(self._in_mask.sum()) if self._in_mask is not None else None
+        # the contribution the canaries reach (per-layer clipping: C_S / C, else 1): their
+        # release is the family's at noise multiplier sigma / c (docs/design.md section 5)
+        c = 1.0 if self._layout is None else float(self._layout.contribution)
         try:
             out = whitebox_power(
-                sigma, self.sample_rate, self.steps, self.m, delta=self.config.delta,
+                sigma / c, self.sample_rate, self.steps, self.m, delta=self.config.delta,
                 alpha=float(self.config.whitebox_alpha), claimed_epsilon=claimed, n_in=n_in,
                 epsilon_of_sigma=(None if eps_of is None
-                                  else (lambda s, _t=self.steps: float(eps_of(s, _t)))))
+                                  else (lambda s, _t=self.steps: float(eps_of(s * c, _t)))))
+            if self._layout is not None:
+                from ...canary_layers import reached_contribution
+
+                reached_contribution(out, self._layout, sigma, self.sample_rate, self.steps,
+                                     self.config.delta)
         except Exception as e:  # noqa: BLE001 - a power statement must not break finalize
             self._warn(f"one-run white-box power failed: {e!r}")
             return {"note": f"no power statement: the computation failed ({e!r})"}
