@@ -60,24 +60,10 @@ from .one_run_power import few_inclusions_warning
 
 logger = logging.getLogger(__name__)
 
-__all__ = [
-    "WHITEBOX_FAMILY_NOTE",
-    "WHITEBOX_ALPHA",
-    "ReleaseMoments",
-    "FamilyCheck",
-    "WhiteboxResult",
-    "ReleaseLaw",
-    "release_moments",
-    "family_check",
-    "rho_lower_bound",
-    "whitebox_bound",
-    "whitebox_power",
-    "dpsgd_epsilon",
-    "smallest_sigma",
-    "whole_null_tests",
-    "FAMILY_PARTS",
-    "NOISE_FREE_RATIO",
-]
+__all__ = ["WHITEBOX_FAMILY_NOTE", "WHITEBOX_ALPHA", "ReleaseMoments", "FamilyCheck",
+           "WhiteboxResult", "ReleaseLaw", "release_moments", "family_check", "rho_lower_bound",
+           "whitebox_bound", "whitebox_power", "dpsgd_epsilon", "smallest_sigma",
+           "whole_null_tests", "FAMILY_PARTS", "NOISE_FREE_RATIO"]
 
 #: stated with every white-box result: what it proves
 WHITEBOX_FAMILY_NOTE = (
@@ -124,7 +110,8 @@ class ReleaseMoments:
     ``d``: mean IN sum minus mean OUT sum; ``s2``: sample variance of the OUT sums;
     ``step_var``: mean of Z^2 over every OUT value (the per-step noise variance);
     ``kurtosis``: mean of Z^4 over mean of Z^2 squared, OUT values (None when not tracked);
-    units of C.
+    units of C.  Under a schedule (``weight_sum`` V = sum_t w_t, :mod:`._whitebox_schedule`)
+    the sums are weighted and Z^2, Z^4 are of the values divided by b_t.
     """
 
     n_in: int
@@ -134,6 +121,12 @@ class ReleaseMoments:
     s2: float
     step_var: float | None = None
     kurtosis: float | None = None
+    weight_sum: float | None = None
+
+    @property
+    def signal_steps(self) -> float:
+        """The noise variance of a sum in per-step units: T, or V under a schedule."""
+        return float(self.steps if self.weight_sum is None else self.weight_sum)
 
     @property
     def statistic(self) -> float:
@@ -144,8 +137,8 @@ class ReleaseMoments:
 
 
 def release_moments(sums: np.ndarray, is_in: np.ndarray, steps: int,
-                    sum_sq: np.ndarray | None = None, sum_4: np.ndarray | None = None
-                    ) -> ReleaseMoments:
+                    sum_sq: np.ndarray | None = None, sum_4: np.ndarray | None = None,
+                    weight_sum: float | None = None) -> ReleaseMoments:
     """The moments of the canaries' traces: per-canary sums of Z (and optionally of Z^2 and Z^4)
     over ``steps`` steps, with the revealed coins ``is_in``."""
     sums = np.asarray(sums, dtype=np.float64).ravel()
@@ -167,7 +160,7 @@ def release_moments(sums: np.ndarray, is_in: np.ndarray, steps: int,
         if sum_4 is not None and step_var > 0:
             q4 = np.asarray(sum_4, dtype=np.float64).ravel()[~is_in]
             kurt = float(q4.sum() / (n0 * steps) / step_var ** 2)
-    return ReleaseMoments(n1, n0, int(steps), d, s2, step_var, kurt)
+    return ReleaseMoments(n1, n0, int(steps), d, s2, step_var, kurt, weight_sum)
 
 
 @dataclass(frozen=True)
@@ -280,7 +273,7 @@ def family_check(mom: ReleaseMoments, alpha: float = WHITEBOX_ALPHA, *,
             return FamilyCheck(False, f"{name} is not finite ({v!r}): the family check "
                                       f"cannot run", level=level)
     rms = math.sqrt(max(mom.step_var, 0.0))
-    c_hat = mom.d / ((1.0 if q is None else float(q)) * mom.steps)
+    c_hat = mom.d / ((1.0 if q is None else float(q)) * mom.signal_steps)
     if mom.d > 0 and rms <= NOISE_FREE_RATIO * c_hat:
         return FamilyCheck(True, f"a noise-free release: the OUT canaries' values have RMS "
                                  f"{rms:.3g} C, at most {NOISE_FREE_RATIO:g} times the "
@@ -290,7 +283,7 @@ def family_check(mom: ReleaseMoments, alpha: float = WHITEBOX_ALPHA, *,
         return FamilyCheck(False, "the OUT canaries' values carry no noise and the IN canaries "
                                   "no signal", level=level)
     nu = mom.n_out - 1
-    ratio = mom.s2 / (mom.steps * mom.step_var)
+    ratio = mom.s2 / (mom.signal_steps * mom.step_var)
     r_min = float(stats.chi2.ppf(level, nu) / nu)
     if not _finite(ratio):
         return FamilyCheck(False, f"the variance ratio is not finite ({ratio!r})", ratio, r_min,
@@ -384,6 +377,8 @@ class ReleaseLaw:
         self._k_hi, self._k_mid, self._k_mass = k_hi, k_mid, k_mass
         self._scale = math.sqrt(self.T * (1.0 / self.n1 + 1.0 / self.n0))
         self._sqrt_t_nu = math.sqrt(self.T / nu)
+        self._center_per_rho = self.q * self.T / math.sqrt(self.T)  # brackets only
+        self._bracket_den = self.q * math.sqrt(self.T)
 
     def tail(self, stat: float, rho: float, conservative: bool = True) -> float:
         """P_rho(L >= stat)."""
@@ -396,8 +391,8 @@ class ReleaseLaw:
             k = self._k_hi
         else:
             w, k = self._w_mid, self._k_mid
-        a = (stat * self._sqrt_t_nu * np.sqrt(w))[:, None] - (rho / self.n1) * k[None, :]
-        with np.errstate(invalid="ignore"):
+        with np.errstate(invalid="ignore"):  # 0 x inf: a +inf cell of the count at rho 0
+            a = (stat * self._sqrt_t_nu * np.sqrt(w))[:, None] - (rho / self.n1) * k[None, :]
             vals = special.ndtr(a / self._scale * -1.0)
         vals = np.where(np.isnan(vals), 1.0, vals)
         p = float(self._w_mass @ vals @ self._k_mass)
@@ -407,7 +402,7 @@ class ReleaseLaw:
         """The level-``prob`` quantile of L under rho: accurate, or with ``conservative`` the
         point whose conservative tail is 1 - prob (the test's critical value at level
         1 - prob: a statistic above it is rejected)."""
-        center = rho * self.q * self.T / math.sqrt(self.T)
+        center = rho * self._center_per_rho
         spread = 1.0 + abs(center)
         lo, hi = center - 10 * spread, center + 10 * spread
 
@@ -427,7 +422,7 @@ class ReleaseLaw:
             return math.inf
         if self.tail(stat, 0.0) >= alpha:
             return 0.0
-        hi = max(1e-6, 2.0 * stat / (self.q * math.sqrt(self.T)))
+        hi = max(1e-6, 2.0 * stat / self._bracket_den)
         while self.tail(stat, hi) < alpha:
             hi *= 2.0
             if hi > 1e12:
@@ -487,9 +482,13 @@ class WhiteboxResult:
 
 
 def whitebox_bound(mom: ReleaseMoments, q: float, delta: float, alpha: float = WHITEBOX_ALPHA,
-                   check: bool = True, out_values: np.ndarray | None = None) -> WhiteboxResult:
+                   check: bool = True, out_values: np.ndarray | None = None,
+                   schedule: Any = None) -> WhiteboxResult:
     """The white-box bound: eps_lower of DP-SGD at noise multiplier 1 / rho_lb (docs/design.md
-    section 13).  With ``check`` the family check runs first, at the bound's own ``alpha``, on
+    section 13).  Under a ``schedule`` (a non-constant
+    :class:`~dpaudit_torch.stats._whitebox_schedule.NoiseSchedule`; ``mom`` of the weighted sums
+    and standardised values, its ``weight_sum`` set) the law and the epsilon are the
+    schedule's.  With ``check`` the family check runs first, at the bound's own ``alpha``, on
     the moments and the OUT canaries' per-step values ``out_values`` [steps, n0]; a failed
     check gives ``bound=None`` with its reason.
 
@@ -504,20 +503,34 @@ def whitebox_bound(mom: ReleaseMoments, q: float, delta: float, alpha: float = W
         raise ValueError(f"inclusion rate q must be in (0, 1], got {q!r}")
     fc = (family_check(mom, alpha, q=q, out_values=out_values) if check
           else FamilyCheck(True, "not checked (check=False)"))
-    s_min = smallest_sigma(float(q), mom.steps, float(delta))
-    ceiling = dpsgd_epsilon(s_min, q, mom.steps, delta, "lower")
-    rho = rho_lower_bound(mom, q, alpha)
+    sched = None if schedule is None or schedule.constant else schedule
+    if sched is None:
+        ceiling = dpsgd_epsilon(smallest_sigma(float(q), mom.steps, float(delta)), q,
+                                mom.steps, delta, "lower")
+        rho = rho_lower_bound(mom, q, alpha)
+    else:
+        from ._whitebox_schedule import scheduled_terms
+
+        if sched.steps != mom.steps or mom.weight_sum is None or not math.isclose(
+                mom.weight_sum, sched.weight_sum, rel_tol=1e-9):
+            raise ValueError(f"the schedule ({sched.steps} steps, weight sum "
+                             f"{sched.weight_sum:.6g}) does not fit the moments ({mom.steps} "
+                             f"steps, weight sum {mom.weight_sum!r})")
+        ceiling, rho, eps_of = scheduled_terms(mom.n_in, mom.n_out, mom.statistic, float(q),
+                                               delta, alpha, sched)
     sigma_up = (1.0 / rho) if rho > 0 else None
     if mom.step_var is not None and mom.step_var >= 0:
         sigma_hat = math.sqrt(mom.step_var)
     else:
-        sigma_hat = math.sqrt(mom.s2 / mom.steps) if mom.steps else None
+        sigma_hat = math.sqrt(mom.s2 / mom.signal_steps) if mom.steps else None
     note = ""
     if not fc.passed:
         bound: float | None = None
         note = f"no white-box bound: {fc.reason}"
     elif rho <= 0:
         bound = 0.0
+    elif sched is not None:
+        bound = eps_of(rho)
     else:
         bound = dpsgd_epsilon(1.0 / rho if math.isfinite(rho) else 0.0, q, mom.steps, delta,
                               "lower")
@@ -525,7 +538,8 @@ def whitebox_bound(mom: ReleaseMoments, q: float, delta: float, alpha: float = W
         bound=bound, method="whitebox", alpha=alpha, delta=delta, m=mom.n_in + mom.n_out,
         n_in=mom.n_in, n_out=mom.n_out, steps=mom.steps, q=float(q), statistic=mom.statistic,
         rho_lower=rho, sigma_upper=sigma_up, sigma_hat=sigma_hat, ceiling=ceiling,
-        family_verified=fc.passed, family_check=asdict(fc), note=note)
+        family_verified=fc.passed, family_check=asdict(fc), note=note,
+        extra={} if sched is None else {"schedule": sched.to_dict()})
 
 
 def whitebox_power(sigma: float, q: float, steps: int, m: int, *, delta: float,

@@ -129,6 +129,15 @@ class OneRunMonitor(Monitor):
         self._trace_np: np.ndarray | None = None  # the last CPU block's NumPy view
         self._trace_cap = TRACE_VALUES // max(self.m, 1)
         self.sigmas: set[float] = set()  # noise multipliers of the observed steps
+        # the schedule of noise multipliers (docs/design.md section 13, "Schedules"): steps per
+        # multiplier, the first step's (the reference of the weights w_t = (sigma_0 /
+        # sigma_t)^2), and per canary the sum of w_t Z_t; the moments and the trace hold
+        # Z_t / b_t, b_t = sigma_t / sigma_0 (all 1 without a schedule)
+        self._sigma_counts: dict[float, int] = {}
+        self._sigma_ref: float | None = None
+        self._wsum = torch.zeros(self.m, dtype=torch.float64, device=self.device)
+        self._schedule_ok = True  # False after loading a checkpoint that lacks the schedule
+        self._row_tmp: np.ndarray | None = None
         self.score_used: str | None = None
         self.bounds: dict[str, float] = {}
         self.details: dict[str, dict[str, Any]] = {}
@@ -177,11 +186,24 @@ class OneRunMonitor(Monitor):
         sig = self._pending_sigma
         self._pending_sigma = []
         mom = self._moments.numpy()
+        wsum = self._wsum.numpy()
         sq = self._scratch[0][:1]
-        for row in self._pending[:n]:
-            self._keep(row)
+        if self._row_tmp is None:
+            self._row_tmp = host_zeros((2, self.m))
+        for row, s in zip(self._pending[:n], sig):
+            b = self._shape(s)
+            x = row
+            if b != 1.0:  # a schedule: the value in units of the reference noise
+                x = self._row_tmp[0]
+                np.multiply(row, 1.0 / b, out=x)
+            self._keep(x)
             np.add(total, row, out=total)
-            np.multiply(row, row, out=sq[0])
+            if b != 1.0:
+                np.multiply(x, 1.0 / b, out=self._row_tmp[1])
+                np.add(wsum, self._row_tmp[1], out=wsum)
+            else:
+                np.add(wsum, row, out=wsum)
+            np.multiply(x, x, out=sq[0])
             np.add(mom[0], sq[0], out=mom[0])
             np.multiply(sq[0], sq[0], out=sq[0])
             np.add(mom[1], sq[0], out=mom[1])
@@ -193,6 +215,32 @@ class OneRunMonitor(Monitor):
             accumulate_llr(self._pending[i:j], llr, self.sample_rate, sig[i],
                            scratch=(self._scratch[0][:j - i], self._scratch[1][:j - i]))
             i = j
+
+    def _shape(self, sigma: float) -> float:
+        """b_t = sigma_t / sigma_0 of a step (1 for a step without a finite positive
+        multiplier: the schedule then has no bound, :meth:`_schedule`)."""
+        ref = self._sigma_ref
+        if ref is None or not (sigma > 0 and math.isfinite(sigma)):
+            return 1.0
+        return sigma / ref
+
+    def _schedule(self) -> Any:
+        """The run's :class:`~dpaudit_torch.stats._whitebox_schedule.NoiseSchedule` (None
+        with one multiplier); _NoBoundError where a schedule has no white-box law."""
+        if len(self._sigma_counts) <= 1 and len(self.sigmas) <= 1:
+            return None
+        from ...stats._whitebox_schedule import NoiseSchedule
+
+        if not self._schedule_ok:
+            raise _NoBoundError("the noise multiplier changed during the run and the "
+                                "checkpoint this audit resumed from lacks its schedule")
+        bad = [s for s in self._sigma_counts if not (s > 0 and math.isfinite(s))]
+        if bad or self._sigma_ref is None:
+            raise _NoBoundError(f"the noise multiplier changed during the run and a step had "
+                                f"none (finite and positive): {bad[:3]}")
+        vals = sorted(self._sigma_counts)
+        return NoiseSchedule(self._sigma_ref, tuple(vals),
+                             tuple(self._sigma_counts[v] for v in vals))
 
     def _keep(self, z: np.ndarray | torch.Tensor) -> None:
         """Keep one step's canary values [m] in the trace (float32), while it has room."""
@@ -224,6 +272,9 @@ class OneRunMonitor(Monitor):
         return full.numpy()
 
     def observe(self, record: StepRecord) -> None:
+        sig = float(record.sigma)
+        if self._sigma_ref is None and sig > 0 and math.isfinite(sig):
+            self._sigma_ref = sig
         if self.m:
             from ...stats.one_run_scores import llr_step_score
 
@@ -252,9 +303,12 @@ class OneRunMonitor(Monitor):
                 self._pending_sigma.append(float(record.sigma))
             else:
                 self._flush()
-                self._keep(z)
+                b = self._shape(sig)
+                x = z if b == 1.0 else z * (1.0 / b)
+                self._keep(x)
                 total += z
-                sq = z * z
+                self._wsum += z if b == 1.0 else x * (1.0 / b)
+                sq = x * x
                 if not isinstance(record.finite, bool):
                     sq = torch.where(record.finite, sq, torch.zeros_like(sq))
                 self._moments[0] += sq
@@ -264,7 +318,8 @@ class OneRunMonitor(Monitor):
                     if not isinstance(record.finite, bool):  # a dropped step adds nothing
                         inc = torch.where(record.finite, inc, torch.zeros_like(inc))
                     llr += inc
-        self.sigmas.add(float(record.sigma))
+        self.sigmas.add(sig)
+        self._sigma_counts[sig] = self._sigma_counts.get(sig, 0) + 1
         self.steps += 1
 
     def stacked_scores(self) -> torch.Tensor:
@@ -324,20 +379,20 @@ class OneRunMonitor(Monitor):
         method = "whitebox"
         t0 = time.perf_counter()
         try:
-            if len(self.sigmas) > 1:
-                raise _NoBoundError("the noise multiplier changed during the run, and the "
-                                    "white-box family has one noise level")
+            sched = self._schedule()
             if not self._moments_ok:
                 raise _NoBoundError("the per-step moments were not in the checkpoint this "
                                     "audit resumed from")
             assert self._in_mask is not None
             mask = self._in_mask.cpu().numpy()
-            mom = release_moments(self.scores["sum"].detach().cpu().numpy(), mask, self.steps,
+            sums = self.scores["sum"] if sched is None else self._wsum
+            mom = release_moments(sums.detach().cpu().numpy(), mask, self.steps,
                                   self._moments[0].detach().cpu().numpy(),
-                                  self._moments[1].detach().cpu().numpy())
+                                  self._moments[1].detach().cpu().numpy(),
+                                  weight_sum=None if sched is None else sched.weight_sum)
             res = whitebox_bound(mom, self.sample_rate, self.config.delta,
                                  alpha=float(self.config.whitebox_alpha),
-                                 out_values=self.trace()[:, ~mask])
+                                 out_values=self.trace()[:, ~mask], schedule=sched)
             det = res.to_dict()
             det["score"] = "sum"
             if res.bound is None:
@@ -446,6 +501,10 @@ class OneRunMonitor(Monitor):
                 "scores": {k: v.detach().cpu().clone() for k, v in self.scores.items()},
                 "moments": (self._moments.detach().cpu().clone() if self._moments_ok
                             else None),
+                "schedule": ({"ref": self._sigma_ref,
+                              "counts": [[s, c] for s, c in self._sigma_counts.items()],
+                              "wsum": self._wsum.detach().cpu().clone()}
+                             if self._schedule_ok else None),
                 "trace": torch.from_numpy(self.trace().copy())}
 
     def load_state_dict(self, sd: dict[str, Any]) -> None:
@@ -465,6 +524,20 @@ class OneRunMonitor(Monitor):
         else:
             self._moments = torch.zeros(2, self.m, dtype=torch.float64, device=self.device)
             self._moments_ok = self.steps == 0
+        # the schedule (absent in older checkpoints: rebuilt where there was one multiplier)
+        sch = sd.get("schedule")
+        self._wsum = torch.zeros(self.m, dtype=torch.float64, device=self.device)
+        if isinstance(sch, dict) and tuple(sch["wsum"].shape) == (self.m,):
+            self._sigma_ref = None if sch["ref"] is None else float(sch["ref"])
+            self._sigma_counts = {float(s): int(c) for s, c in sch["counts"]}
+            self._wsum = sch["wsum"].to(self.device, torch.float64).clone()
+            self._schedule_ok = True
+        else:
+            one = next(iter(self.sigmas)) if len(self.sigmas) == 1 else None
+            self._sigma_counts = {one: self.steps} if one is not None and self.steps else {}
+            self._sigma_ref = one if one is not None and one > 0 and math.isfinite(one) else None
+            self._wsum = self._scores["sum"].clone()
+            self._schedule_ok = len(self.sigmas) <= 1
         # the kept per-step values (absent in older checkpoints: the trace then holds the
         # steps after the resume, a window fixed before they were seen)
         tr = sd.get("trace")
