@@ -19,12 +19,15 @@ K = sum_{IN i} sum_t w_t B_{t,i}, a sum of scaled binomials (:class:`ScheduledRe
 on a lattice: exact when the weights are multiples of the smallest, else rounded up, which makes
 K stochastically larger and the test conservative). The family member at rho is DP-SGD with the
 per-step multipliers b_t / rho, whose epsilon is the PRV accountant's heterogeneous composition
-(:func:`scheduled_epsilon`); on a correct run rho = 1 / sigma_0 and the multipliers are sigma_t,
-the claim's own composition. A constant schedule is the constant case exactly (w_t = 1, V = T).
+(:func:`scheduled_epsilon`; a multiplier below the smallest the PRV grid resolves is raised
+to it, so the ceiling, every step at that multiplier, is the constant case's); on a correct
+run rho = 1 / sigma_0 and the multipliers are sigma_t, the claim's own composition. A constant
+schedule is the constant case exactly (w_t = 1, V = T).
 """
 
 from __future__ import annotations
 
+import functools
 import math
 import warnings
 from collections.abc import Callable, Sequence
@@ -241,18 +244,18 @@ class ScheduledReleaseLaw(ReleaseLaw):
 def _multipliers(schedule: NoiseSchedule, rho: float, q: float, delta: float
                  ) -> tuple[np.ndarray, np.ndarray]:
     """The per-step multipliers b_j / rho of the family member at rho, grouped
-    (:data:`EPS_GROUPS`, rounded up) and raised together so that the smallest is at least the
-    smallest multiplier the PRV grid resolves: more noise, a smaller epsilon."""
+    (:data:`EPS_GROUPS`, rounded up), each raised to at least the smallest multiplier the PRV
+    grid resolves (more noise, a smaller epsilon), equal ones merged."""
     from ._whitebox_epsilon import smallest_sigma
 
     b, c = _grouped(schedule.shape(), np.asarray(schedule.counts), EPS_GROUPS, up=True)
-    mult = b / rho if rho > 0 else np.zeros_like(b)  # rho = inf: 0, raised below
     s_min = smallest_sigma(float(q), schedule.steps, float(delta))
-    if mult.min() < s_min:
-        mult = mult * (s_min / mult.min()) if mult.min() > 0 else b * (s_min / b.min())
-    return mult, c
+    mult = np.maximum(b / rho, s_min)  # rho = inf: every step at s_min
+    vals, inv = np.unique(mult, return_inverse=True)
+    return vals, np.bincount(inv, weights=c).astype(np.int64)
 
 
+@functools.lru_cache(maxsize=64)
 def scheduled_epsilon(schedule: NoiseSchedule, rho: float, q: float, delta: float,
                       which: str = "lower") -> float:
     """epsilon(delta) of DP-SGD with the per-step multipliers sigma_t / (sigma_0 rho) at rate
@@ -269,6 +272,10 @@ def scheduled_epsilon(schedule: NoiseSchedule, rho: float, q: float, delta: floa
     if rho == 0:
         return 0.0
     mult, cnt = _multipliers(schedule, rho, q, delta)
+    if mult.size == 1:  # one multiplier: the constant case's computation (and its cache)
+        from ._whitebox_epsilon import dpsgd_epsilon
+
+        return dpsgd_epsilon(float(mult[0]), float(q), schedule.steps, float(delta), which)
     from opacus.accountants.analysis.prv import (
         Domain,
         PoissonSubsampledGaussianPRV,

@@ -138,6 +138,9 @@ class OneRunMonitor(Monitor):
         self._wsum = torch.zeros(self.m, dtype=torch.float64, device=self.device)
         self._schedule_ok = True  # False after loading a checkpoint that lacks the schedule
         self._row_tmp: np.ndarray | None = None
+        # the clipping bound C_t of each step (noise_std / sigma): a clipping schedule is
+        # followed (the values are in units of C_t), said once and summed up at finalize
+        self.clip_bounds: dict[str, Any] = {"changes": 0}
         self.score_used: str | None = None
         self.bounds: dict[str, float] = {}
         self.details: dict[str, dict[str, Any]] = {}
@@ -215,6 +218,23 @@ class OneRunMonitor(Monitor):
             accumulate_llr(self._pending[i:j], llr, self.sample_rate, sig[i],
                            scratch=(self._scratch[0][:j - i], self._scratch[1][:j - i]))
             i = j
+
+    def _track_clip(self, clip: float, step: int) -> None:
+        """Follow the clipping bound; one line at its first change (a schedule)."""
+        cb = self.clip_bounds
+        last = cb.get("last")
+        if last is None:
+            cb.update(first=clip, last=clip, min=clip, max=clip)
+            return
+        if math.isclose(clip, last, rel_tol=1e-9):
+            return
+        cb["changes"] += 1
+        cb.update(last=clip, last_step=step, min=min(cb["min"], clip), max=max(cb["max"], clip))
+        if cb["changes"] == 1:
+            logger.info("clipping bound changed from %.6g to %.6g at step %d (a clipping "
+                        "schedule): the canaries' values are read in units of each step's "
+                        "bound, so the audit follows it (summed up at finalize)", last, clip,
+                        step)
 
     def _shape(self, sigma: float) -> float:
         """b_t = sigma_t / sigma_0 of a step (1 for a step without a finite positive
@@ -320,6 +340,9 @@ class OneRunMonitor(Monitor):
                     llr += inc
         self.sigmas.add(sig)
         self._sigma_counts[sig] = self._sigma_counts.get(sig, 0) + 1
+        std = float(record.noise_std)
+        if sig > 0 and std > 0 and math.isfinite(std / sig):
+            self._track_clip(std / sig, int(record.step))
         self.steps += 1
 
     def stacked_scores(self) -> torch.Tensor:
@@ -371,6 +394,12 @@ class OneRunMonitor(Monitor):
                     self.bounds[method] = 0.0
                     self.details[method] = {"bound": 0.0, "method": method, "note": msg}
         self.power = self._power(claimed_epsilon, score)
+        cb = self.clip_bounds
+        if cb["changes"] > 1:
+            logger.info("clipping bound changed %d times (a schedule), from %.6g at the start "
+                        "to %.6g from step %d (range %.6g to %.6g); each step's values were "
+                        "read in units of its own bound", cb["changes"], cb["first"],
+                        cb["last"], cb["last_step"], cb["min"], cb["max"])
 
     def _whitebox(self) -> None:
         """The white-box release bound (docs/design.md section 13); never raises."""
