@@ -38,10 +38,10 @@ import numpy as np
 from scipy import fft, stats
 
 from .._validation import check_delta
-from .whitebox import _LEVELS, ReleaseLaw
+from ._whitebox_law import _LEVELS, ReleaseLaw
 
 __all__ = ["NoiseSchedule", "ScheduledReleaseLaw", "scheduled_epsilon", "scheduled_terms",
-           "schedule_moments", "simulate_scheduled_sums", "weighted_count_law",
+           "simulate_scheduled_sums", "weighted_count_law",
            "K_GROUPS", "EPS_GROUPS"]
 
 #: at most this many distinct weights in the law of the weighted IN count (more are rounded up
@@ -311,25 +311,6 @@ def scheduled_terms(n_in: int, n_out: int, statistic: float, q: float, delta: fl
 
     ceiling = scheduled_epsilon(schedule, math.inf, q, delta)
     return ceiling, rho, eps_of
-
-
-def schedule_moments(values: np.ndarray, sigmas: Sequence[float] | np.ndarray,
-                     is_in: np.ndarray) -> tuple[Any, NoiseSchedule]:
-    """(moments, schedule) of per-step canary values [steps, m] under per-step multipliers
-    ``sigmas``: the sums weighted by w_t, and the second and fourth moments of Z_t / b_t (what
-    the one-run monitor accumulates)."""
-    from .whitebox import release_moments
-
-    z = np.asarray(values, dtype=np.float64)
-    sched = NoiseSchedule.from_steps(sigmas)
-    s = np.asarray(sigmas, dtype=np.float64).ravel()
-    if z.ndim != 2 or z.shape[0] != s.size:
-        raise ValueError(f"values {z.shape} must be [steps, m] with {s.size} steps")
-    b = s / sched.ref
-    x = z / b[:, None]
-    sq = (x * x).sum(0)
-    return release_moments(z.T @ (1.0 / b ** 2), is_in, s.size, sq, (x ** 4).sum(0),
-                           weight_sum=sched.weight_sum), sched
 
 
 def simulate_scheduled_sums(sigmas: Sequence[float] | np.ndarray, q: float, m: int,

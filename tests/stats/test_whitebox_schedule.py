@@ -135,7 +135,7 @@ def test_per_step_values_give_the_weighted_moments_and_pass_the_check() -> None:
     m = 400
     lab = rng.random(m) < 0.5
     z = (rng.random((T, m)) < Q) * lab[None, :] + rng.standard_normal((T, m)) * sig[:, None]
-    mom, sched = ws.schedule_moments(z, sig, lab)
+    mom, sched = wb.schedule_moments(z, sig, lab)
     w = 1.0 / sig ** 2
     assert mom.weight_sum == pytest.approx(w.sum(), rel=1e-12)
     ins = (z.T @ w)[lab].mean() - (z.T @ w)[~lab].mean()
@@ -172,4 +172,4 @@ def test_bad_input() -> None:
     with pytest.raises(ValueError, match="does not fit"):
         wb.whitebox_bound(mom, Q, 1e-5, check=False, schedule=sched)
     with pytest.raises(ValueError, match="must be \\[steps, m\\]"):
-        ws.schedule_moments(np.zeros((3, 4)), [1.0, 2.0], np.ones(4, dtype=bool))
+        wb.schedule_moments(np.zeros((3, 4)), [1.0, 2.0], np.ones(4, dtype=bool))
