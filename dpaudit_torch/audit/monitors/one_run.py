@@ -497,6 +497,11 @@ class OneRunMonitor(Monitor):
             return {"note": f"no power statement: the computation failed ({e!r})"}
         out["claimed_epsilon"] = claimed
         out["sigma"] = sigma
+        if len(self._sigma_counts) > 1:  # the law of a schedule is the bound's, not this one's
+            out["note"] = " ".join(filter(None, (out.get("note"), (
+                f"a noise schedule ({len(self._sigma_counts)} multipliers): the power is "
+                f"computed as for a run at the smallest, {sigma:.4g}, at every step (an upper "
+                f"end of the power under the schedule)"))))
         for w in out.get("warnings", []):
             self._warn(w)
         logger.info("white-box power took %.2f s", time.perf_counter() - t0)
@@ -534,6 +539,7 @@ class OneRunMonitor(Monitor):
                               "counts": [[s, c] for s, c in self._sigma_counts.items()],
                               "wsum": self._wsum.detach().cpu().clone()}
                              if self._schedule_ok else None),
+                "clip_bounds": dict(self.clip_bounds),
                 "trace": torch.from_numpy(self.trace().copy())}
 
     def load_state_dict(self, sd: dict[str, Any]) -> None:
@@ -553,6 +559,7 @@ class OneRunMonitor(Monitor):
         else:
             self._moments = torch.zeros(2, self.m, dtype=torch.float64, device=self.device)
             self._moments_ok = self.steps == 0
+        self.clip_bounds = dict(sd.get("clip_bounds") or {"changes": 0})
         # the schedule (absent in older checkpoints: rebuilt where there was one multiplier)
         sch = sd.get("schedule")
         self._wsum = torch.zeros(self.m, dtype=torch.float64, device=self.device)

@@ -174,6 +174,7 @@ def test_the_monitor_keeps_the_weighted_sums_and_resumes_them(device_flags: bool
                                                          )[:, ~mask], schedule=sched)
     assert det["family_verified"] and res.family_verified, det.get("note")
     assert mon.bounds["whitebox"] == pytest.approx(res.bound, rel=1e-6, abs=1e-9)
+    assert "a noise schedule (3 multipliers)" in mon.power["note"]
 
 
 def test_an_old_checkpoint_of_a_scheduled_run_withholds_the_bound() -> None:
