@@ -44,6 +44,8 @@ Run:  .venv/bin/python benchmarks/one_run_whitebox.py              (about 45 min
                                                                     noise schedules)
       .venv/bin/python benchmarks/one_run_whitebox.py --schedule --quick  (part 5, tiny, nothing
                                                                     written)
+      .venv/bin/python benchmarks/one_run_whitebox.py --schedule-replicate --games 5000
+                                   (part 5 (a)'s three-level StepNoise row, 3 other seed families)
 """
 
 from __future__ import annotations
@@ -598,6 +600,60 @@ def schedule_release(games: int) -> str:
     return markdown_table(head, rows)
 
 
+def schedule_replicate(games: int, families: tuple[int, ...]) -> str:
+    """Part 5 (a)'s StepNoise 1 / 0.8 / 0.6 schedule again with other seed families (the
+    first seed of each game's generator), to tell a fluctuation from a miss."""
+    from dpaudit_torch.stats._whitebox_schedule import (
+        NoiseSchedule,
+        ScheduledReleaseLaw,
+        simulate_scheduled_sums,
+    )
+
+    steps, q, m = 500, 0.05, 2000
+    sigma0 = _sigma(4.0, q, steps)
+    name, shape = _schedules(steps)[1]
+    sig = [sigma0 * b for b in shape]
+    sched = NoiseSchedule.from_steps(sig)
+    laws: dict[int, Any] = {}
+    rows, total = [], {a: 0 for a in ALPHAS}
+    for fam in families:
+        tails = []
+        for g in range(games):
+            rng = np.random.default_rng([fam, g])
+            is_in, sums, _ = simulate_scheduled_sums(sig, q, m, rng)
+            mom = release_moments(sums, is_in, steps, weight_sum=sched.weight_sum)
+            law = laws.get(mom.n_in)
+            if law is None:
+                law = laws[mom.n_in] = ScheduledReleaseLaw(mom.n_in, mom.n_out, sched, q)
+            tails.append(law.tail(mom.statistic, 1.0 / sigma0))
+        for a in ALPHAS:
+            k = sum(t < a for t in tails)
+            total[a] += k
+            lo, hi = cp_interval(k, games)
+            rows.append([f"seeds [{fam}, game]", f"{a:g}", games, k, f"{k / games:.4f}",
+                         f"[{lo:.4f}, {hi:.4f}]", "yes" if lo <= a else "NO"])
+        print(f"5r family {fam}: {[sum(t < a for t in tails) for a in ALPHAS]}", flush=True)
+    n = games * len(families)
+    for a in ALPHAS:
+        lo, hi = cp_interval(total[a], n)
+        rows.append([f"pooled {len(families)} families", f"{a:g}", n, total[a],
+                     f"{total[a] / n:.4f}", f"[{lo:.4f}, {hi:.4f}]", "yes" if lo <= a else "NO"])
+    head = [f"{name} (q {q:g}, T {steps}, m {m})", "alpha", "games", "rho_lb > 1 / sigma_0",
+            "rate", "95% CP", "CP low <= alpha"]
+    return f"""## White-box bound under a schedule, replication (`one_run_whitebox_schedule_rep`)
+
+Part 5 (a) of `one_run_whitebox_schedule` for its StepNoise 1 / 0.8 / 0.6 schedule, whose row at
+alpha 0.05 had its CP interval above alpha (289 of 5000 with the seeds [55, 2, game]), again with
+independent seed families of {games} games each (the same simulation and law; only the seeds
+differ).
+
+{markdown_table(head, rows)}
+
+Command: `{command()}`
+Machine: {machine()}
+"""
+
+
 def schedule_section(games: int, release_games: int, quick: bool) -> str:
     t0 = time.perf_counter()
     steps, q, m = (60, 0.1, 400) if quick else (500, 0.05, 2000)
@@ -651,8 +707,15 @@ def main() -> None:
                    help="part 5 only (coverage under noise schedules), its own section")
     p.add_argument("--release-games", type=int, default=400,
                    help="per-step releases per schedule in part 5 (b)")
+    p.add_argument("--schedule-replicate", action="store_true",
+                   help="part 5 (a)'s three-level StepNoise row with other seed families")
     args = p.parse_args()
     torch.set_num_threads(1)
+    if args.schedule_replicate:
+        text = schedule_replicate(args.games, (77, 99, 123))
+        print(text)
+        write_section("one_run_whitebox_schedule_rep", text)
+        return
     if args.schedule:
         text = schedule_section(60 if args.quick else args.games,
                                 20 if args.quick else args.release_games, args.quick)
