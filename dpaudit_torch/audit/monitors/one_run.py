@@ -20,6 +20,11 @@ bound of :mod:`dpaudit_torch.stats.whitebox` (docs/design.md section 13), which 
 observation's value through the exact law of the canaries' sums, the known inclusion rate and the
 noise measured on the OUT canaries, and reports only when those canaries' per-step values pass
 its family check. Its power statement (exact, no simulation) is the report's ``power``.
+Under a noise schedule (Opacus's noise schedulers) it keeps each canary's sum weighted by
+w_t = (sigma_0 / sigma_t)^2, the moments and trace of Z_t / b_t (b_t = sigma_t / sigma_0) and the
+steps per multiplier, and the bound is the schedule's (docs/design.md section 13, "Schedules");
+a clipping schedule needs nothing (the values are in units of each step's C_t) and is logged
+once when first seen and summed up at finalize.
 """
 
 from __future__ import annotations
