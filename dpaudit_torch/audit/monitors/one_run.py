@@ -24,6 +24,12 @@ its family check. Its power statement (exact, no simulation) is the report's ``p
 Under per-layer clipping the canaries are layered (:mod:`dpaudit_torch.canary_layers`): each
 step's member values are combined into one value per canary, in units of C, and the scores, the
 bounds and the power statement are those of a canary contributing c = C_S / C.
+
+Under a noise schedule (Opacus's noise schedulers) it keeps each canary's sum weighted by
+w_t = (sigma_0 / sigma_t)^2, the moments and trace of Z_t / b_t (b_t = sigma_t / sigma_0) and the
+steps per multiplier, and the bound is the schedule's (docs/design.md section 13, "Schedules");
+a clipping schedule needs nothing (the values are in units of each step's C_t) and is logged
+once when first seen and summed up at finalize.
 """
 
 from __future__ import annotations
@@ -140,6 +146,18 @@ class OneRunMonitor(Monitor):
         self._trace_np: np.ndarray | None = None  # the last CPU block's NumPy view
         self._trace_cap = TRACE_VALUES // max(self.m, 1)
         self.sigmas: set[float] = set()  # noise multipliers of the observed steps
+        # the schedule of noise multipliers (docs/design.md section 13, "Schedules"): steps per
+        # multiplier, the first step's (the reference of the weights w_t = (sigma_0 /
+        # sigma_t)^2), and per canary the sum of w_t Z_t; the moments and the trace hold
+        # Z_t / b_t, b_t = sigma_t / sigma_0 (all 1 without a schedule)
+        self._sigma_counts: dict[float, int] = {}
+        self._sigma_ref: float | None = None
+        self._wsum = torch.zeros(self.m, dtype=torch.float64, device=self.device)
+        self._schedule_ok = True  # False after loading a checkpoint that lacks the schedule
+        self._row_tmp: np.ndarray | None = None
+        # the clipping bound C_t of each step (noise_std / sigma): a clipping schedule is
+        # followed (the values are in units of C_t), said once and summed up at finalize
+        self.clip_bounds: dict[str, Any] = {"changes": 0}
         self.score_used: str | None = None
         self.bounds: dict[str, float] = {}
         self.details: dict[str, dict[str, Any]] = {}
@@ -188,11 +206,24 @@ class OneRunMonitor(Monitor):
         sig = self._pending_sigma
         self._pending_sigma = []
         mom = self._moments.numpy()
+        wsum = self._wsum.numpy()
         sq = self._scratch[0][:1]
-        for row in self._pending[:n]:
-            self._keep(row)
+        if self._row_tmp is None:
+            self._row_tmp = host_zeros((2, self.m))
+        for row, s in zip(self._pending[:n], sig):
+            b = self._shape(s)
+            x = row
+            if b != 1.0:  # a schedule: the value in units of the reference noise
+                x = self._row_tmp[0]
+                np.multiply(row, 1.0 / b, out=x)
+            self._keep(x)
             np.add(total, row, out=total)
-            np.multiply(row, row, out=sq[0])
+            if b != 1.0:
+                np.multiply(x, 1.0 / b, out=self._row_tmp[1])
+                np.add(wsum, self._row_tmp[1], out=wsum)
+            else:
+                np.add(wsum, row, out=wsum)
+            np.multiply(x, x, out=sq[0])
             np.add(mom[0], sq[0], out=mom[0])
             np.multiply(sq[0], sq[0], out=sq[0])
             np.add(mom[1], sq[0], out=mom[1])
@@ -204,6 +235,49 @@ class OneRunMonitor(Monitor):
             accumulate_llr(self._pending[i:j], llr, self.sample_rate, sig[i], self._c,
                            scratch=(self._scratch[0][:j - i], self._scratch[1][:j - i]))
             i = j
+
+    def _track_clip(self, clip: float, step: int) -> None:
+        """Follow the clipping bound; one line at its first change (a schedule)."""
+        cb = self.clip_bounds
+        last = cb.get("last")
+        if last is None:
+            cb.update(first=clip, last=clip, min=clip, max=clip)
+            return
+        if math.isclose(clip, last, rel_tol=1e-9):
+            return
+        cb["changes"] += 1
+        cb.update(last=clip, last_step=step, min=min(cb["min"], clip), max=max(cb["max"], clip))
+        if cb["changes"] == 1:
+            logger.info("clipping bound changed from %.6g to %.6g at step %d (a clipping "
+                        "schedule): the canaries' values are read in units of each step's "
+                        "bound, so the audit follows it (summed up at finalize)", last, clip,
+                        step)
+
+    def _shape(self, sigma: float) -> float:
+        """b_t = sigma_t / sigma_0 of a step (1 for a step without a finite positive
+        multiplier: the schedule then has no bound, :meth:`_schedule`)."""
+        ref = self._sigma_ref
+        if ref is None or not (sigma > 0 and math.isfinite(sigma)):
+            return 1.0
+        return sigma / ref
+
+    def _schedule(self) -> Any:
+        """The run's :class:`~dpaudit_torch.stats._whitebox_schedule.NoiseSchedule` (None
+        with one multiplier); _NoBoundError where a schedule has no white-box law."""
+        if len(self._sigma_counts) <= 1 and len(self.sigmas) <= 1:
+            return None
+        from ...stats._whitebox_schedule import NoiseSchedule
+
+        if not self._schedule_ok:
+            raise _NoBoundError("the noise multiplier changed during the run and the "
+                                "checkpoint this audit resumed from lacks its schedule")
+        bad = [s for s in self._sigma_counts if not (s > 0 and math.isfinite(s))]
+        if bad or self._sigma_ref is None:
+            raise _NoBoundError(f"the noise multiplier changed during the run and a step had "
+                                f"none (finite and positive): {bad[:3]}")
+        vals = sorted(self._sigma_counts)
+        return NoiseSchedule(self._sigma_ref, tuple(vals),
+                             tuple(self._sigma_counts[v] for v in vals))
 
     def _keep(self, z: np.ndarray | torch.Tensor) -> None:
         """Keep one step's canary values [m] in the trace (float32), while it has room."""
@@ -235,6 +309,9 @@ class OneRunMonitor(Monitor):
         return full.numpy()
 
     def observe(self, record: StepRecord) -> None:
+        sig = float(record.sigma)
+        if self._sigma_ref is None and sig > 0 and math.isfinite(sig):
+            self._sigma_ref = sig
         if self.m:
             from ...stats.one_run_scores import llr_step_score
 
@@ -271,9 +348,12 @@ class OneRunMonitor(Monitor):
                 self._pending_sigma.append(float(record.sigma))
             else:
                 self._flush()
-                self._keep(z)
+                b = self._shape(sig)
+                x = z if b == 1.0 else z * (1.0 / b)
+                self._keep(x)
                 total += z
-                sq = z * z
+                self._wsum += z if b == 1.0 else x * (1.0 / b)
+                sq = x * x
                 if not isinstance(record.finite, bool):
                     sq = torch.where(record.finite, sq, torch.zeros_like(sq))
                 self._moments[0] += sq
@@ -283,7 +363,11 @@ class OneRunMonitor(Monitor):
                     if not isinstance(record.finite, bool):  # a dropped step adds nothing
                         inc = torch.where(record.finite, inc, torch.zeros_like(inc))
                     llr += inc
-        self.sigmas.add(float(record.sigma))
+        self.sigmas.add(sig)
+        self._sigma_counts[sig] = self._sigma_counts.get(sig, 0) + 1
+        std = float(record.noise_std)
+        if sig > 0 and std > 0 and math.isfinite(std / sig):
+            self._track_clip(std / sig, int(record.step))
         self.steps += 1
 
     def stacked_scores(self) -> torch.Tensor:
@@ -337,6 +421,12 @@ class OneRunMonitor(Monitor):
                     self.bounds[method] = 0.0
                     self.details[method] = {"bound": 0.0, "method": method, "note": msg}
         self.power = self._power(claimed_epsilon, score)
+        cb = self.clip_bounds
+        if cb["changes"] > 1:
+            logger.info("clipping bound changed %d times (a schedule), from %.6g at the start "
+                        "to %.6g from step %d (range %.6g to %.6g); each step's values were "
+                        "read in units of its own bound", cb["changes"], cb["first"],
+                        cb["last"], cb["last_step"], cb["min"], cb["max"])
 
     def _whitebox(self) -> None:
         """The white-box release bound (docs/design.md section 13); never raises."""
@@ -345,20 +435,20 @@ class OneRunMonitor(Monitor):
         method = "whitebox"
         t0 = time.perf_counter()
         try:
-            if len(self.sigmas) > 1:
-                raise _NoBoundError("the noise multiplier changed during the run, and the "
-                                    "white-box family has one noise level")
+            sched = self._schedule()
             if not self._moments_ok:
                 raise _NoBoundError("the per-step moments were not in the checkpoint this "
                                     "audit resumed from")
             assert self._in_mask is not None
             mask = self._in_mask.cpu().numpy()
-            mom = release_moments(self.scores["sum"].detach().cpu().numpy(), mask, self.steps,
+            sums = self.scores["sum"] if sched is None else self._wsum
+            mom = release_moments(sums.detach().cpu().numpy(), mask, self.steps,
                                   self._moments[0].detach().cpu().numpy(),
-                                  self._moments[1].detach().cpu().numpy())
+                                  self._moments[1].detach().cpu().numpy(),
+                                  weight_sum=None if sched is None else sched.weight_sum)
             res = whitebox_bound(mom, self.sample_rate, self.config.delta,
                                  alpha=float(self.config.whitebox_alpha),
-                                 out_values=self.trace()[:, ~mask])
+                                 out_values=self.trace()[:, ~mask], schedule=sched)
             det = res.to_dict()
             det["score"] = "sum"
             if self._layout is not None:  # what the canaries contribute, in units of C
@@ -444,6 +534,11 @@ class OneRunMonitor(Monitor):
             return {"note": f"no power statement: the computation failed ({e!r})"}
         out["claimed_epsilon"] = claimed
         out["sigma"] = sigma
+        if len(self._sigma_counts) > 1:  # the law of a schedule is the bound's, not this one's
+            out["note"] = " ".join(filter(None, (out.get("note"), (
+                f"a noise schedule ({len(self._sigma_counts)} multipliers): the power is "
+                f"computed as for a run at the smallest, {sigma:.4g}, at every step (an upper "
+                f"end of the power under the schedule)"))))
         for w in out.get("warnings", []):
             self._warn(w)
         logger.info("white-box power took %.2f s", time.perf_counter() - t0)
@@ -477,6 +572,11 @@ class OneRunMonitor(Monitor):
                 "scores": {k: v.detach().cpu().clone() for k, v in self.scores.items()},
                 "moments": (self._moments.detach().cpu().clone() if self._moments_ok
                             else None),
+                "schedule": ({"ref": self._sigma_ref,
+                              "counts": [[s, c] for s, c in self._sigma_counts.items()],
+                              "wsum": self._wsum.detach().cpu().clone()}
+                             if self._schedule_ok else None),
+                "clip_bounds": dict(self.clip_bounds),
                 "trace": torch.from_numpy(self.trace().copy())}
 
     def load_state_dict(self, sd: dict[str, Any]) -> None:
@@ -496,6 +596,21 @@ class OneRunMonitor(Monitor):
         else:
             self._moments = torch.zeros(2, self.m, dtype=torch.float64, device=self.device)
             self._moments_ok = self.steps == 0
+        self.clip_bounds = dict(sd.get("clip_bounds") or {"changes": 0})
+        # the schedule (absent in older checkpoints: rebuilt where there was one multiplier)
+        sch = sd.get("schedule")
+        self._wsum = torch.zeros(self.m, dtype=torch.float64, device=self.device)
+        if isinstance(sch, dict) and tuple(sch["wsum"].shape) == (self.m,):
+            self._sigma_ref = None if sch["ref"] is None else float(sch["ref"])
+            self._sigma_counts = {float(s): int(c) for s, c in sch["counts"]}
+            self._wsum = sch["wsum"].to(self.device, torch.float64).clone()
+            self._schedule_ok = True
+        else:
+            one = next(iter(self.sigmas)) if len(self.sigmas) == 1 else None
+            self._sigma_counts = {one: self.steps} if one is not None and self.steps else {}
+            self._sigma_ref = one if one is not None and one > 0 and math.isfinite(one) else None
+            self._wsum = self._scores["sum"].clone()
+            self._schedule_ok = len(self.sigmas) <= 1
         # the kept per-step values (absent in older checkpoints: the trace then holds the
         # steps after the resume, a window fixed before they were seen)
         tr = sd.get("trace")
