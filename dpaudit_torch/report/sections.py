@@ -204,6 +204,16 @@ def strength_section(v: ReportView) -> str:
             f"{esc(can.get('design', 'n/a'))}, canary norm {num(can.get('norm_multiplier'))}"
             " × clipping norm).</li>"
         )
+        lay = can.get("layers")
+        if isinstance(lay, dict) and is_num(lay.get("contribution")):
+            # per-layer clipping: what the layered one-run canaries reach (docs/design.md 5)
+            strength.append(
+                f"<li>Per-layer clipping: each one-run canary spans {num(lay.get('width'))} "
+                f"parameter tensor(s) and contributes {num(lay['contribution'])} of the "
+                f"clipping norm C ({num(can.get('one_run_coordinates'))} coordinates); the "
+                "power statement is computed for that contribution, while a ceiling (a "
+                "noise-free release) does not depend on it.</li>"
+            )
     for m in v.methods():
         c = v.ceiling(m)
         if c is not None:

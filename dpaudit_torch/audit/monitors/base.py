@@ -188,6 +188,10 @@ class MonitorContext:
     facts: FactSource | Mapping[Fact[Any], Any] | None = None
     options: Any = None
     needs: tuple[Fact[Any], ...] | None = None
+    #: the one-run canaries' layout under per-layer clipping
+    #: (:class:`~dpaudit_torch.canary_layers.LayerLayout`: m_canaries values of its members
+    #: make its ``groups`` canaries); None: each one-run canary is one coordinate
+    layout: Any = None
     #: whether the audit itself stopped training on a proven violation (``should_stop``; set by
     #: the engine, read at finalize, e.g. so that no warning advises training longer)
     stopped_training: Callable[[], bool] = lambda: False
