@@ -76,14 +76,18 @@ __all__ = [
     "no_steps_audited",
     "is_one_step",
     "per_step_delta",
+    "CHECK_STATUSES",
+    "NOTHING_FOUND",
+    "NOT_RUN",
+    "check_status",
 ]
 
 #: version of the ``audit.json`` schema written by this module (see docs/report.md)
-SCHEMA_VERSION = "1.4"
+SCHEMA_VERSION = "1.5"
 #: fields added after 1.0, with the minor version that introduced them (a document of an older
 #: minor version must not carry them; reading it fills in their defaults)
 _FIELDS_SINCE = {"power": 1, "findings": 2, "claim_inconsistent": 2, "audits": 2,
-                 "monitor_labels": 3, "fingerprint": 4}
+                 "monitor_labels": 3, "fingerprint": 4, "checks": 5}
 #: file names written by :meth:`AuditReport.save`
 JSON_NAME = "audit.json"
 HTML_NAME = "report.html"
@@ -275,9 +279,41 @@ def _check_fields(d: dict[str, Any]) -> None:
           "a list of strings", w)
     _check_power(g("power"))
     _check_findings(g("findings"))
+    _check_checks(g("checks"))
     labels = g("monitor_labels")
     _need(isinstance(labels, dict) and all(isinstance(v, str) for v in labels.values()),
           "monitor_labels", "a dict {monitor: label} of strings", labels)
+
+
+#: status of a monitor's check section without a finding (notes aside)
+NOTHING_FOUND = "checked, nothing found"
+#: status of a monitor's check section when the monitor did not run at all
+NOT_RUN = "not run"
+#: the statuses of a check section (``checks[i].status``), strongest first
+CHECK_STATUSES = ("violation", "refuted", "inconsistent", "finding", NOT_RUN, NOTHING_FOUND)
+_SECTION_KEYS = {"monitor": str, "title": str, "ran": bool, "status": str, "checked": list,
+                 "measured": list, "not_checked": list, "findings": list}
+
+
+def check_status(section: dict[str, Any], findings: list[dict[str, Any]]) -> str:
+    """The status of a monitor's check section from the report's findings of its monitor: the
+    strongest finding level among them (notes aside), else "not run" (the monitor did not run)
+    or "checked, nothing found"."""
+    levels = {f.get("level") for f in findings if f.get("monitor") == section.get("monitor")}
+    found = next((s for s in CHECK_STATUSES[:4] if s in levels), None)
+    if found is not None:
+        return found
+    return NOTHING_FOUND if section.get("ran", True) else NOT_RUN
+
+
+def _check_checks(checks: Any) -> None:
+    """``checks`` (schema 1.5): one section per monitor (docs/report.md)."""
+    _need(isinstance(checks, list), "checks", "a list of sections", checks)
+    for i, sec in enumerate(checks):
+        ok = isinstance(sec, dict) and all(
+            isinstance(sec.get(k), t) for k, t in _SECTION_KEYS.items())
+        _need(ok and sec["status"] in CHECK_STATUSES, f"checks[{i}]",
+              f"a dict with {sorted(_SECTION_KEYS)} and a status among {CHECK_STATUSES}", sec)
 
 
 def _check_findings(fs: Any) -> None:
@@ -423,6 +459,9 @@ class ReportData:
     #: :func:`dpaudit_torch.report.fingerprint.fingerprint_of` of the other fields; ``{}`` when
     #: not filled (a report built by hand, or read from an older version)
     fingerprint: dict = field(default_factory=dict)
+    #: (since 1.5) one section per monitor, in the order they run: what it checked, measured,
+    #: found and did not check (docs/report.md, "Checks by monitor"); ``[]`` when not recorded
+    checks: list[dict] = field(default_factory=list)
 
     # -- plain data ------------------------------------------------------------------------------
 
