@@ -509,6 +509,8 @@ class NoiseMonitor(Monitor):
         "independence": "fresh noise at every step (no correlation with earlier steps)",
         "whole_null": "noise iid Gaussian with the claimed variance (shape, tails, pairs, "
                       "lag 1)",
+        "reuse": "no noise value reused (values equal to the release's rounding, within a step "
+                 "or against every past step's signature)",
     }
 
     def check_section(self) -> CheckSection:
