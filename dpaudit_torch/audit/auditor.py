@@ -56,7 +56,9 @@ class PrivacyAuditor:
         optimizer: the optimizer ``make_private`` returned (an Opacus ``DPOptimizer``; flat,
             per-layer, adaptive or ghost clipping).
         data_loader: the data loader ``make_private`` returned.
-        delta, alpha: the delta of the claim and of the bounds, and the level of every test.
+        delta, alpha: the delta of the claim and of the bounds, and the level of every proof
+            (default 1e-3: split among the proof paths, so that a correct run gets any false
+            proof with probability at most alpha; :mod:`dpaudit_torch.audit.levels`).
         model: the model being trained (optional; monitors that check the model, such as the
             coverage monitor, say they did not run without it).
         config: an :class:`~dpaudit_torch.audit.config.AuditConfig`; keyword ``settings`` (its
@@ -65,6 +67,9 @@ class PrivacyAuditor:
             documented there and in docs/auditor.md) override it.
         on_step: a callable (or a sequence of callables) receiving :attr:`latest_metrics` after
             every audited step; its exceptions are logged, never raised into training.
+        on_evidence: likewise, called once, after the step at which the decision first shows
+            evidence of a violation (level ``alpha_warn``; :attr:`evidence`). Evidence stops
+            nothing unless ``stop_on="evidence"`` (docs/auditor.md, "Two levels").
 
     Checkpoints: :meth:`state_dict` / :meth:`load_state_dict` (exact resume, also in a new
     process). Faults: an exception inside the auditor detaches it (optimizer restored) and, by
@@ -81,6 +86,7 @@ class PrivacyAuditor:
                  delta: float | None = None, alpha: float | None = None, *,
                  model: torch.nn.Module | None = None, config: AuditConfig | None = None,
                  on_step: StepCallback | Sequence[StepCallback] | None = None,
+                 on_evidence: StepCallback | Sequence[StepCallback] | None = None,
                  **settings: Any) -> None:
         from .._compiled import COMPILED_BELOW  # (read now: tests patch it)
         from ..opacus_tap import OpacusTap
@@ -91,6 +97,7 @@ class PrivacyAuditor:
             settings["alpha"] = alpha
         cfg = AuditConfig.from_kwargs(config, **settings)
         callbacks = step_callbacks(on_step)
+        evidence_callbacks = step_callbacks(on_evidence, "on_evidence")
         self.warnings: list[str] = []
         self.tap = tap = OpacusTap(privacy_engine, optimizer, data_loader, self.warn,
                                    model=model, delta=cfg.delta)
@@ -114,7 +121,7 @@ class PrivacyAuditor:
             cfg.noise_coordinates_per_tensor, cfg.noise_coordinates_total)
         monitors = build_monitors(self.monitor_context(self.coins, self.noise_coords))
         self.engine = AuditEngine(cfg, monitors, self.warn, tap.read_claim,
-                                  tap.decision_sharer(), callbacks)
+                                  tap.decision_sharer(), callbacks, evidence_callbacks)
         self.engine.steps_at_attach = tap.steps_at_attach
         tap.build(self.design, self.coins, torch.Generator().manual_seed(seeds["mechanics"]),
                   cfg.canary_norm, self.device, self.on_internal_failure, self.noise_coords)
@@ -149,9 +156,14 @@ class PrivacyAuditor:
     monitors = _engine_attr("monitors", "The monitors this audit runs, by name.")
     decision = _engine_attr("decision", "The anytime-valid decision over their evidence.")
     step = _engine_attr("step", "Audited (observed) logical steps.")
-    should_stop = _engine_attr("should_stop", "True once a proven violation asks training to "
-                                              "stop (``on_violation`` 'stop' or 'raise').")
+    should_stop = _engine_attr("should_stop", "True once a proven violation (or evidence, with "
+                                              "``stop_on='evidence'``) asks training to stop "
+                                              "(``on_violation`` 'stop' or 'raise').")
     violation = _engine_attr("violation", "Has the audit proved a violation (level alpha)?")
+    evidence = _decision_attr("evidence", "Has the audit shown evidence of a violation (level "
+                                          "alpha_warn; not a proof)?")
+    evidence_step = _decision_attr("evidence_step", "The training step at which evidence was "
+                                                    "available, or None.")
     claimed_epsilon = _engine_attr("claimed_epsilon", "The last claimed epsilon read.")
     claimed_history = _engine_attr("claimed_history", "(accountant steps, claimed epsilon) "
                                                       "at every read of the accountant.")

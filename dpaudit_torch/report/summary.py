@@ -14,7 +14,10 @@ from ..registry import bound_method, refuting_methods
 from .formatting import (
     NO_STEPS_SENTENCE,
     bound_alpha,
+    decision_alpha,
+    evidence_sentence,
     format_number,
+    levels_sentence,
     pairs_sentence,
     power_sentence,
     scope_text,
@@ -94,10 +97,14 @@ def summary_text(report: ReportData) -> str:
         at = "" if r.violation_step is None else f" at training step {r.violation_step}"
         stop = " Training was stopped early." if r.stopped_early else ""
         deciders = deciders_text(r.findings, labels=r.monitor_labels)
+        level = format_number(decision_alpha(r.proof_levels, r.alpha))
         lines.append(f"The audit proved{at} that the training is less private than claimed "
-                     f"(anytime-valid decision at level alpha = {format_number(r.alpha)}). "
+                     f"(anytime-valid decision at level alpha = {level}). "
                      f"Deciding monitor(s): {deciders}.{stop}")
         shown = list(deciding_findings(r.findings))
+    elif r.evidence:
+        lines.append(evidence_sentence(r.evidence_step, r.alpha_warn, r.violation,
+                                       r.stopped_early))
     for f in r.findings:
         if f.get("level") in ("violation", "inconsistent", "finding") and f not in shown:
             where = f" [{f['where']}]" if f.get("where") else ""
@@ -110,4 +117,7 @@ def summary_text(report: ReportData) -> str:
     power = power_sentence(r.power)
     if power:
         lines.append(power)
+    levels = levels_sentence(r.alpha, r.alpha_warn, r.proof_levels)
+    if levels:
+        lines.append(levels)
     return "\n".join(lines)

@@ -19,7 +19,7 @@ from __future__ import annotations
 import logging
 import math
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, ClassVar
 
 import torch
 
@@ -42,6 +42,8 @@ __all__ = ["AccountingMonitor"]
 class AccountingConfig(MonitorConfig):
     """Settings of the accounting monitor: the total level of its two intervals."""
 
+    #: its intervals make the "claim inconsistent" proof: the "consistency" share of alpha
+    alpha_path: ClassVar[str] = "consistency"
     alpha: float = 0.05
 
 

@@ -28,7 +28,7 @@ import logging
 import math
 import time
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, ClassVar
 
 import numpy as np
 import torch
@@ -85,6 +85,11 @@ class OneRunConfig(MonitorConfig):
     period (how many steps are scored together on the CPU) and the level of the white-box
     release bound (``whitebox_alpha``, docs/design.md section 13: it decides how often a
     correct run's white-box bound can exceed its claim)."""
+
+    #: the Steinke bound refutes at the "steinke" share of the audit's alpha (the f-DP bound,
+    #: which never refutes, is reported at the same level); the white-box bound at the
+    #: "whitebox" share (``whitebox_alpha``), docs/design.md "Two levels of evidence"
+    alpha_path: ClassVar[str] = "steinke"
 
     delta: float = 1e-5
     alpha: float = 0.05
