@@ -343,7 +343,7 @@ class AuditEngine:
         from ..report.wording import violation_message
 
         return violation_message([f.to_dict() for f in self.findings()],
-                                 self.decision.violation_step, self.config.alpha,
+                                 self.decision.violation_step, self.decision.alpha,
                                  self.crossing_log_wealth(), labels=self.labels())
 
     def crossing_log_wealth(self) -> float:

@@ -193,7 +193,7 @@ class AccountingMonitor(Monitor):
                 self.name, "inconsistent",
                 f"the claimed epsilon {r['claimed_epsilon']:.4g} is inconsistent with the "
                 f"training that ran: {r['explanation']}; recomputed from what was observed (at "
-                f"the conservative ends of the {100 * (1 - self.config.alpha):.0f}% intervals), "
+                f"the conservative ends of the {100 * (1 - self.config.alpha):.6g}% intervals), "
                 f"epsilon >= {r['recomputed_epsilon']:.4g}", "accountant"))
         for why in r.get("checks_not_run", []):
             out.append(Finding(self.name, "note", f"check not run: {why}", "accountant"))
