@@ -34,11 +34,14 @@ def bound_alpha(details: dict[str, Any], alpha: float) -> float:
     return alpha
 
 
-def decision_alpha(proof_levels: dict[str, Any], alpha: float) -> float:
-    """The level of the sequential decision's proof: its share in ``proof_levels`` (schema
-    1.5), else ``alpha`` (a report of an older schema decided at alpha)."""
-    own = proof_levels.get("decision")
-    return float(own) if is_num(own) and 0.0 < own < 1.0 else alpha
+def decision_alpha(sequential: dict[str, Any], alpha: float) -> float:
+    """The level of the sequential decision's proof: exp(-threshold) of the proof threshold it
+    recorded (``sequential.decision_threshold_log``: its share of alpha, schema 1.5), else
+    ``alpha`` (a report without it)."""
+    t = sequential.get("decision_threshold_log")
+    if is_num(t) and math.isfinite(t) and t > 0:
+        return math.exp(-float(t))
+    return alpha
 
 
 def levels_sentence(alpha: float, alpha_warn: Any, proof_levels: dict[str, Any],

@@ -311,11 +311,9 @@ def violation_text(v: ReportView) -> str:
         who = "<p>The deciding monitor was not recorded in this report.</p>"
     # a deciding finding about the per-step guarantee: say which per-step null it rejected
     null = f"<p>{v.per_step_null_text()}</p>" if decided_per_step(found) else ""
-    levels = d.get("proof_levels") or {}
-    level = decision_alpha(levels, d["alpha"])
-    field = "proof_levels.decision" if level != d["alpha"] or "decision" in levels else "alpha"
+    level = decision_alpha(d["sequential"], d["alpha"])  # the decision's share of alpha
     return (
-        f"<p>The audit proved{at}, at level α = {num(level, field)} (an anytime-valid "
+        f"<p>The audit proved{at}, at level α = {num(level)} (an anytime-valid "
         "decision over every monitor's evidence), that the training is less private than the "
         f"accountant assumes.</p>{who}{null}<p>The claimed ε = "
         f"{num(d['claimed_epsilon'], 'claimed_epsilon')} (δ = {num(d['delta'], 'delta')}) is "

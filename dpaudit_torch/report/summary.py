@@ -97,7 +97,7 @@ def summary_text(report: ReportData) -> str:
         at = "" if r.violation_step is None else f" at training step {r.violation_step}"
         stop = " Training was stopped early." if r.stopped_early else ""
         deciders = deciders_text(r.findings, labels=r.monitor_labels)
-        level = format_number(decision_alpha(r.proof_levels, r.alpha))
+        level = format_number(decision_alpha(r.sequential, r.alpha))
         lines.append(f"The audit proved{at} that the training is less private than claimed "
                      f"(anytime-valid decision at level alpha = {level}). "
                      f"Deciding monitor(s): {deciders}.{stop}")

@@ -18,8 +18,8 @@ with probability p <= alpha, at every threshold 1/alpha (the evidence's and the 
 runs use independent seeds, so the number of alarms A at level a is stochastically below
 Binomial(R, a), and with q = the 0.999 quantile of Binomial(R, a), P[A > q] <= 1e-3. For R = 60:
 evidence (a = 0.05) q = 9, P[Bin(60, 0.05) > 9] = 7.4e-4; proof (a = 5e-4) q = 1,
-P[Bin(60, 5e-4) > 1] = 4.3e-4 (``test_limit_is_the_binomial_quantile``). The seeds are fixed, so the outcome is deterministic:
-a failure means a real excess, not bad luck.
+P[Bin(60, 5e-4) > 1] = 4.3e-4 (``test_limit_is_the_binomial_quantile``). The seeds are fixed,
+so the outcome is deterministic: a failure means a real excess, not bad luck.
 
 Why this limit catches a wrong null: a per-step null that assumes 1.25 sigma (a stricter claim
 than the mechanism delivers, e.g. a wrong factor where the auditor turns the noise multiplier
