@@ -35,7 +35,18 @@ from .base import Contribution, Finding, Monitor, MonitorConfig, MonitorContext,
 
 logger = logging.getLogger(__name__)
 
-__all__ = ["AccountingMonitor"]
+__all__ = ["AccountingMonitor", "sigma_ratio_interval"]
+
+
+def sigma_ratio_interval(ss: float, n: int, alpha: float) -> tuple[float, float]:
+    """Two-sided level-``alpha`` interval for the ratio of the noise's std to the claimed one,
+    from ``ss`` = sum of n squared noise values in units of the claimed std (ss ~ ratio^2
+    chi2(n)): sqrt(ss / chi2 quantiles at 1 - alpha/2 and alpha/2)."""
+    from scipy import stats as sps
+
+    lo = math.sqrt(ss / sps.chi2.ppf(1.0 - alpha / 2.0, n))
+    hi = math.sqrt(ss / sps.chi2.ppf(alpha / 2.0, n))
+    return lo, hi
 
 
 @dataclass(frozen=True)
@@ -98,16 +109,11 @@ class AccountingMonitor(Monitor):
     # ------------------------------------------------------------------ finalize
     def _sigma_ratio_interval(self, alpha: float) -> tuple[float, float] | None:
         """Interval for (measured noise std) / (claimed), from sum xi^2 ~ chi2(n) x ratio^2."""
-        from scipy import stats as sps
-
         self._count_deferred()  # deferred finiteness: count the finite steps only
         n = self._xi_count
         if n < 2:
             return None
-        ss = float(self._xi_sumsq)
-        lo = math.sqrt(ss / sps.chi2.ppf(1.0 - alpha / 2.0, n))
-        hi = math.sqrt(ss / sps.chi2.ppf(alpha / 2.0, n))
-        return lo, hi
+        return sigma_ratio_interval(float(self._xi_sumsq), n, alpha)
 
     def finalize(self, claimed_epsilon: float | None) -> None:
         from ...stats.sampling import rate_interval
