@@ -292,7 +292,7 @@ def test_base_class_hooks_do_nothing() -> None:
 
     cfg = AuditConfig(alpha=0.01)
     m = Quiet(_ctx(cfg))  # built outside build_monitors: settings from the configuration
-    assert m.settings == ProbeConfig(alpha=0.01, check_every=5)
+    assert m.settings == ProbeConfig(alpha=0.005, check_every=5)  # its share
     assert m.columns() == ("c1", "c2") and m.metric_name("c1") == "c1"
     v = torch.zeros(8, dtype=torch.float64)
     rec = StepRecord(step=1, values=v, x=v[:2], y=v[2:4], coins=torch.tensor([True, False]),
