@@ -8,8 +8,12 @@ PY     := $(VENV)/bin/python
 # `make demo` installs the package and its runtime dependencies only; `make test` adds the
 # development extras. Separate stamps, so that `make demo` then `make test` installs the rest.
 RUNTIME_STAMP := $(VENV)/.installed-runtime
+# torch first, chosen for this machine (tools/choose_torch.py: the CPU-only build on Linux without
+# a CUDA device where PyTorch's CPU index answers; else the default wheel; a torch already in
+# .venv is kept; DPAUDIT_TORCH=cpu|default forces it). It prints which one it installed.
+TORCH_STAMP   := $(VENV)/.torch
 STAMP         := $(VENV)/.installed
-EXTRAS        := dev,lightning,transformers
+EXTRAS        := dev,lightning,transformers,examples
 # setuptools announces every editable install of a flat layout ("Editable installation ... be
 # careful with folders in your working directory"), as a warning that pip shows even with -q;
 # it is a notice about editable installs in general, so it is silenced here, and only it.
@@ -37,11 +41,15 @@ $(PY):
 	$$py -m venv $(VENV)
 	$(PY) -m pip install -q --upgrade pip
 
-$(RUNTIME_STAMP): pyproject.toml | $(PY)
+$(TORCH_STAMP): | $(PY)
+	$(PY) tools/choose_torch.py
+	touch $(TORCH_STAMP)
+
+$(RUNTIME_STAMP): pyproject.toml | $(TORCH_STAMP)
 	$(PIP_E) .
 	touch $(RUNTIME_STAMP)
 
-$(STAMP): pyproject.toml | $(PY)
+$(STAMP): pyproject.toml | $(TORCH_STAMP)
 	$(PIP_E) '.[$(EXTRAS)]'
 	touch $(RUNTIME_STAMP) $(STAMP)
 

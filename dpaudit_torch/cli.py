@@ -216,6 +216,10 @@ def _add_gate_parser(sub: Any) -> None:
     g.add_argument("--jump-margin", type=float, default=JUMP_MARGIN, metavar="FRACTION",
                    help=f"a rise of a whole-run bound by more than this fraction of the claim "
                         f"is a jump (default {JUMP_MARGIN})")
+    g.add_argument("--accept-weaker", default=None, metavar="REASON",
+                   help="pass although the new audit has less power than the baseline's "
+                        "(fewer steps, a smaller q T or claimed epsilon) because the release "
+                        "is weaker on purpose; REASON is printed and recorded in gate.html")
 
 
 def _cmd_demo(args: argparse.Namespace) -> int:
@@ -353,17 +357,30 @@ def _cmd_run(args: argparse.Namespace) -> int:
 def _cmd_gate(args: argparse.Namespace) -> int:
     import math
 
-    from .gate import GateInputError, gate, html_path_for, read_audit, render_html
+    from .gate import (
+        GateInputError,
+        check_reason,
+        gate,
+        html_path_for,
+        read_audit,
+        render_html,
+    )
 
     if not (math.isfinite(args.jump_margin) and args.jump_margin >= 0):
         raise UsageError(f"--jump-margin must be a finite number >= 0, got {args.jump_margin}")
+    if args.accept_weaker is not None:
+        try:
+            check_reason(args.accept_weaker)
+        except ValueError as exc:
+            raise UsageError(f"--accept-weaker: {exc}") from None
     try:
         new = read_audit(args.new, "new report")
         baseline = read_audit(args.baseline, "baseline") if args.baseline else None
     except GateInputError as exc:
         raise UsageError(str(exc)) from None
     result = gate(new, baseline, first_release=args.first_release,
-                  allow_change=args.allow_change, jump_margin=args.jump_margin)
+                  allow_change=args.allow_change, jump_margin=args.jump_margin,
+                  accept_weaker=args.accept_weaker)
     page = Path(args.html) if args.html else html_path_for(args.new)
     try:
         page.write_text(render_html(result), encoding="utf-8")

@@ -8,16 +8,19 @@ fingerprint with the previous release's (:mod:`dpaudit_torch.report.fingerprint`
 order of docs/auditor.md, "How strong an audit is").
 
 * **pass** (exit 0): the new audit refutes nothing (no valid whole-run L above the claim, no
-  proven violation, no inconsistent claim), and it is at least as strong as the baseline's, so the
-  L values of the two releases are comparable; or ``first_release`` was declared.
+  proven violation, no inconsistent claim), and it is at least as strong as the baseline's (its
+  power included), so the L values of the two releases are comparable; or it is weaker in power
+  only and ``accept_weaker`` says why; or ``first_release`` was declared.
 * **fail** (exit 1): L exceeds the claim (or the audit proved a violation, or found the claim
   inconsistent with the training that ran); there is no baseline (and no ``first_release``); the
-  new audit observed no step; the new audit is not at least as strong as the baseline's; or it is
-  strictly stronger and L rose by more than ``jump_margin`` times the claim, which shows that the
+  new audit observed no step; the new audit is not at least as strong as the baseline's (less
+  power without ``accept_weaker``); or it is strictly stronger and L, relative to the claim, rose
+  by more than ``jump_margin`` beyond what its added power explains, which shows that the
   baseline's audit was too weak to be trusted.
 * **impossible** (exit 2): the comparison means nothing: the new report holds no claim, the two
   audits have different threat models, or a different model, dataset or architecture (unless
-  ``allow_change``). Unreadable input (:func:`read_audit`) is exit 2 too.
+  ``allow_change``). Unreadable, incomplete or hostile input (:func:`read_audit`,
+  :mod:`dpaudit_torch.gate_input`) is exit 2 too.
 
 A pass shows only that no counterexample was found; it never proves the claimed epsilon, whose
 upper bound still comes from the accountant. This module prints nothing: :func:`gate` returns a
@@ -27,27 +30,27 @@ upper bound still comes from the accountant. This module prints nothing: :func:`
 
 from __future__ import annotations
 
-import json
 import logging
 import math
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from .gate_input import AuditInput, GateInputError, read_audit
 from .registry import BOUND_METHODS, WHOLE_RUN, bound_method
 from .report.fingerprint import (
     LABELS,
+    SAME,
+    STRONGER,
     UNKNOWN,
+    WEAKER,
     Comparison,
-    Fingerprint,
     compare,
-    fingerprint_of,
 )
 from .report.formatting import format_number
 from .report.markup import esc, method_label
+from .report.power_order import POWER_ASPECTS
 from .report.schema import (
-    JSON_NAME,
-    SCHEMA_VERSION,
     VERDICT_INCONSISTENT,
     VERDICT_NOTHING,
     VERDICT_REFUTED,
@@ -60,7 +63,9 @@ from .report.schema import (
 logger = logging.getLogger(__name__)
 
 __all__ = ["EXIT_PASS", "EXIT_FAIL", "EXIT_BAD_INPUT", "PASS", "FAIL", "IMPOSSIBLE",
-           "JUMP_MARGIN", "CLAIM_RTOL", "GATE_HTML", "GateInputError", "AuditInput",
+           "JUMP_MARGIN", "CLAIM_RTOL", "GATE_HTML", "ACCEPTABLE_WEAKER", "GateInputError",
+           "check_reason",
+           "AuditInput",
            "BoundRow", "GateResult", "read_audit", "gate", "render_html", "html_path_for"]
 
 #: exit codes of ``dpaudit gate``
@@ -74,74 +79,14 @@ JUMP_MARGIN = 0.25
 CLAIM_RTOL = 1e-6
 #: the comparison page's file name, next to the new report
 GATE_HTML = "gate.html"
+#: the aspects in which a release may be weaker on purpose (``accept_weaker``): they follow from
+#: the training and the claim (fewer steps, another sample rate, a smaller claimed epsilon), not
+#: from the audit's settings, which the release keeps
+ACCEPTABLE_WEAKER = POWER_ASPECTS
+#: the longest reason ``accept_weaker`` takes
+_REASON_MAX = 500
 #: verdicts of the new audit that fail the gate: each shows the claim does not hold
 _FAILING_VERDICTS = (VERDICT_REFUTED, VERDICT_VIOLATION, VERDICT_INCONSISTENT)
-
-
-class GateInputError(ValueError):
-    """An input the gate cannot use: unreadable, not an audit report, another schema major
-    version, or inconsistent. Its message is one line."""
-
-
-@dataclass(frozen=True)
-class AuditInput:
-    """One audit as the gate reads it: where from, the report, the schema version it was written
-    with (an older document is read as this version, its new fields at their defaults) and its
-    fingerprint."""
-
-    path: str
-    report: ReportData
-    written_schema: str
-    fingerprint: Fingerprint
-
-    @classmethod
-    def of(cls, report: ReportData, path: str = "<report>") -> AuditInput:
-        """A report already in memory (its written schema: the one it carries)."""
-        return cls(path, report, report.schema_version, fingerprint_of(report))
-
-
-def read_audit(path: str | Path, role: str = "report") -> AuditInput:
-    """Read ``audit.json`` (or the directory holding it) for the gate.
-
-    Raises:
-        GateInputError: one line naming ``role`` and the path: the file cannot be read, is not
-            JSON, is not an audit report (no ``schema_version``), has another schema major
-            version, fails a field's check, or contradicts itself
-            (:func:`dpaudit_torch.report.validate`).
-    """
-    from .report.validate import validate
-
-    p = Path(path)
-    if p.is_dir():
-        p = p / JSON_NAME
-    where = f"the {role} {str(path)!r}"
-    try:
-        text = p.read_text(encoding="utf-8")
-    except FileNotFoundError:
-        raise GateInputError(f"cannot read {where}: no such file") from None
-    except UnicodeDecodeError:
-        raise GateInputError(f"cannot read {where}: it is not UTF-8 text") from None
-    except OSError as exc:
-        raise GateInputError(f"cannot read {where}: {exc.strerror or exc}") from None
-    try:
-        raw = json.loads(text)
-    except json.JSONDecodeError as exc:
-        raise GateInputError(f"cannot read {where}: not valid JSON (line {exc.lineno}, column "
-                             f"{exc.colno}: {exc.msg})") from None
-    if not isinstance(raw, dict) or "schema_version" not in raw:
-        raise GateInputError(f"{where} is not an audit report (a JSON object with a "
-                             f"'schema_version', as dpaudit_torch writes in audit.json)")
-    version = raw["schema_version"]
-    major = SCHEMA_VERSION.split(".")[0]
-    if not isinstance(version, str) or version.split(".")[0] != major:
-        raise GateInputError(f"{where} has audit schema {version!r}: this dpaudit_torch reads "
-                             f"schema {major}.x (writes {SCHEMA_VERSION}) and cannot compare it")
-    try:
-        report = ReportData.from_dict(raw)
-        validate(report)
-    except ValueError as exc:
-        raise GateInputError(f"{where} is not a valid audit report: {exc}") from None
-    return AuditInput(str(path), report, version, fingerprint_of(report))
 
 
 @dataclass(frozen=True)
@@ -182,6 +127,8 @@ class GateResult:
         bounds: L per method, side by side.
         warnings: what the gate noticed without failing (a large rise of L with the claim
             unchanged, a subject it could not check, a changed accountant, ...).
+        accepted_weaker: the reason given for accepting a weaker audit (``--accept-weaker``),
+            or None.
     """
 
     outcome: str
@@ -193,6 +140,7 @@ class GateResult:
     warnings: tuple[str, ...]
     first_release: bool = False
     jump_margin: float = JUMP_MARGIN
+    accepted_weaker: str | None = None
 
     @property
     def exit_code(self) -> int:
@@ -257,6 +205,8 @@ class GateResult:
             lines.append(self.strength_text())
             changes = [c.sentence() for c in self.comparison.changes if c.shows_change]
             lines.append("changed: " + ("; ".join(changes) if changes else "nothing"))
+        if self.accepted_weaker is not None:
+            lines.append(f"accepted weaker: {self.accepted_weaker}")
         lines += [f"warning: {x}" for x in self.warnings]
         lines.append(self.headline())
         return "\n".join(lines)
@@ -314,6 +264,54 @@ def _rise_text(rows: list[BoundRow], claim: float, margin: float) -> str:
                      f"{format_number(margin * claim)})" for b in rows)
 
 
+def _jumps(bounds: tuple[BoundRow, ...], new: AuditInput, old: AuditInput,
+           margin: float) -> str | None:
+    """The whole-run bounds that rose, as a fraction of each audit's own claim, by more than
+    ``margin`` beyond what the new audit's added power explains (the rise of the expected bound
+    over its claim, docs/release_gate.md), in words; None when none did. With the same claim
+    and the same power this is a rise of L by more than ``margin`` x the claim."""
+    c_new, c_old = new.report.claimed_epsilon, old.report.claimed_epsilon
+    if c_new is None or c_old is None or not (c_new > 0 and c_old > 0):
+        return None
+    e_new, e_old = new.fingerprint.expected_ratio, old.fingerprint.expected_ratio
+    allow = max(0.0, e_new - e_old) if e_new is not None and e_old is not None else 0.0
+    if _same_claim(c_new, c_old) and allow == 0.0:
+        rose = _rises(bounds, c_new, margin)
+        return _rise_text(rose, c_new, margin) if rose else None
+    parts = []
+    for b in bounds:
+        if b.scope != WHOLE_RUN or b.old is None or b.new is None:
+            continue
+        rise = b.new / c_new - b.old / c_old
+        if rise - allow > margin:
+            parts.append(
+                f"the {b.label} bound rose from {format_number(b.old)} "
+                f"({format_number(b.old / c_old)} x its claim {format_number(c_old)}) to "
+                f"{format_number(b.new)} "
+                f"({format_number(b.new / c_new)} x its claim {format_number(c_new)}): "
+                f"+{format_number(rise)} x the claim, of which the added power explains "
+                f"{format_number(allow)} (the rise of the expected bound over the claim), "
+                f"more than {format_number(margin)} beyond it")
+    return "; ".join(parts) or None
+
+
+def _weaker_reason(c: Comparison, accept_weaker: str | None) -> str | None:
+    """Why a weaker audit fails the gate, or None when ``accept_weaker`` accepts it."""
+    weak = [a for a, r in c.relations.items() if r not in (SAME, STRONGER)]
+    if accept_weaker is not None and all(
+            a in ACCEPTABLE_WEAKER and c.relations[a] == WEAKER for a in weak):
+        return None
+    reason = ("the new audit is not at least as strong as the baseline's ("
+              + "; ".join(c.weaker) + "), so its bounds are not comparable")
+    if all(a in ACCEPTABLE_WEAKER and c.relations[a] == WEAKER for a in weak):
+        return reason + ("; if this release trains fewer steps or claims a smaller epsilon on "
+                         "purpose, pass --accept-weaker REASON")
+    if accept_weaker is not None:
+        return reason + ("; --accept-weaker accepts a weaker power only (steps, q T, expected "
+                         "bound, refutable epsilon), not weaker audit settings")
+    return reason
+
+
 def _warnings(new: AuditInput, old: AuditInput | None, c: Comparison | None,
               bounds: tuple[BoundRow, ...], margin: float, allow_change: bool) -> list[str]:
     out: list[str] = []
@@ -368,8 +366,25 @@ def _warnings(new: AuditInput, old: AuditInput | None, c: Comparison | None,
     return out
 
 
+def check_reason(reason: Any) -> str:
+    """``accept_weaker``'s reason: a non-empty line of at most 500 characters, stripped.
+
+    Raises:
+        TypeError: not a string.
+        ValueError: empty, several lines or longer than 500 characters.
+    """
+    if not isinstance(reason, str):
+        raise TypeError(f"accept_weaker must be a string (the reason), got {reason!r}")
+    text = reason.strip()
+    if not text or "\n" in text or "\r" in text or len(text) > _REASON_MAX:
+        raise ValueError(f"accept_weaker must be one non-empty line of at most {_REASON_MAX} "
+                         f"characters saying why the release is weaker, got {reason[:80]!r}")
+    return text
+
+
 def gate(new: AuditInput, baseline: AuditInput | None = None, *, first_release: bool = False,
-         allow_change: bool = False, jump_margin: float = JUMP_MARGIN) -> GateResult:
+         allow_change: bool = False, jump_margin: float = JUMP_MARGIN,
+         accept_weaker: str | None = None) -> GateResult:
     """Decide the release gate for ``new`` against ``baseline`` (docs/release_gate.md).
 
     Args:
@@ -380,15 +395,21 @@ def gate(new: AuditInput, baseline: AuditInput | None = None, *, first_release: 
         allow_change: compare although the model, dataset or architecture changed.
         jump_margin: the rise of a whole-run L, as a fraction of the claim, that counts as a
             jump (:data:`JUMP_MARGIN`).
+        accept_weaker: why this release is weaker on purpose (it trains fewer steps or claims
+            a smaller epsilon): a new audit weaker than the baseline's only in the power
+            aspects (:data:`ACCEPTABLE_WEAKER`) then passes, the reason printed and recorded.
 
     Raises:
-        ValueError: both a baseline and ``first_release``, or a negative / non-finite margin.
+        ValueError: both a baseline and ``first_release``, a negative / non-finite margin, or
+            a reason that is empty, several lines or too long (TypeError: not a string).
     """
     if first_release and baseline is not None:
         raise ValueError("a first release has no baseline: give one or the other")
     if not (isinstance(jump_margin, (int, float)) and math.isfinite(jump_margin)
             and jump_margin >= 0):
         raise ValueError(f"jump_margin must be a finite number >= 0, got {jump_margin!r}")
+    if accept_weaker is not None:
+        accept_weaker = check_reason(accept_weaker)
     r = new.report
     c = compare(new.fingerprint, baseline.fingerprint) if baseline is not None else None
     bounds = _bounds(r, baseline.report if baseline is not None else None)
@@ -396,8 +417,10 @@ def gate(new: AuditInput, baseline: AuditInput | None = None, *, first_release: 
 
     def result(outcome: str, reason: str) -> GateResult:
         logger.info("release gate: %s: %s", outcome, reason)
+        accepted = (accept_weaker if c is not None and outcome == PASS
+                    and not c.at_least_as_strong else None)
         return GateResult(outcome, reason, new, baseline, c, bounds, warnings, first_release,
-                          jump_margin)
+                          jump_margin, accepted)
 
     claim = r.claimed_epsilon
     if claim is None:
@@ -434,14 +457,18 @@ def gate(new: AuditInput, baseline: AuditInput | None = None, *, first_release: 
                       + "; ".join(ch.sentence() for ch in c.subject_changes)
                       + "): pass --allow-change if this release is meant to change them")
     if not c.at_least_as_strong:
-        return result(FAIL, "the new audit is not at least as strong as the baseline's ("
-                      + "; ".join(c.weaker) + "), so its bounds are not comparable")
+        weaker = _weaker_reason(c, accept_weaker)
+        if weaker is not None:
+            return result(FAIL, weaker)
+        return result(PASS, f"no bound exceeds the claimed epsilon {format_number(claim)}; the "
+                            f"audit is weaker than the baseline's ({'; '.join(c.weaker)}), "
+                            f"accepted on purpose: {accept_weaker} (a pass proves no epsilon: "
+                            f"the accountant's claim remains its only upper bound)")
     if c.strictly_stronger and math.isfinite(claim):
-        jumped = _rises(bounds, claim, jump_margin)
+        jumped = _jumps(bounds, new, baseline, jump_margin)
         if jumped:
-            return result(FAIL, f"with a stronger audit ({'; '.join(c.stronger)}) "
-                                f"{_rise_text(jumped, claim, jump_margin)}: the baseline's "
-                                f"audit was too weak to be trusted")
+            return result(FAIL, f"with a stronger audit ({'; '.join(c.stronger)}) {jumped}: "
+                                f"the baseline's audit was too weak to be trusted")
     strength = "stronger than" if c.strictly_stronger else "as strong as"
     return result(PASS, f"no bound exceeds the claimed epsilon {format_number(claim)} and the "
                         f"audit is {strength} the baseline's (a pass proves no epsilon: the "
@@ -493,6 +520,9 @@ def render_html(result: GateResult) -> str:
         changes = [c.sentence() for c in r.comparison.changes if c.shows_change] or ["nothing"]
         parts.append(f"<p>{esc(r.strength_text())}</p><p>Changed:</p><ul>"
                      + "".join(f"<li>{esc(x)}</li>" for x in changes) + "</ul>")
+    if r.accepted_weaker is not None:
+        parts.append('<p id="accepted-weaker"><strong>Weaker audit accepted on purpose:</strong> '
+                     f"{esc(r.accepted_weaker)}</p>")
     if r.warnings:
         parts.append('<h2>Warnings</h2><ul class="warnings">'
                      + "".join(f"<li>{esc(w)}</li>" for w in r.warnings) + "</ul>")

@@ -457,6 +457,10 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     if not args.power_only and args.data is None and not args.fake_data:
         parser.error("one of the arguments --data --fake-data is required (or --power-only)")
+    if not args.power_only:
+        from dpaudit_torch._requires import require
+
+        require("examples/cifar10_wrn.py", "torchvision", "tqdm")
     try:
         return run(args)
     except DataError as exc:

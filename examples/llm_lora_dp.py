@@ -141,6 +141,9 @@ def base_weights(model: nn.Module) -> list[str]:
 
 
 def main(argv: list[str] | None = None) -> int:
+    from dpaudit_torch._requires import require
+
+    require("examples/llm_lora_dp.py", "transformers", "peft", "accelerate")
     from transformers import Trainer, TrainingArguments
 
     from dpaudit_torch.integrations.transformers import PrivacyAuditCallback

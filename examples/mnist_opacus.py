@@ -25,7 +25,11 @@ import torch
 from opacus import PrivacyEngine
 from torch import nn, optim
 from torch.nn import functional as F  # noqa: N812 - the usual name
-from torchvision import datasets, transforms
+
+from dpaudit_torch._requires import require
+
+require("examples/mnist_opacus.py", "torchvision")  # one line naming the install command
+from torchvision import datasets, transforms  # noqa: E402 - after the check of the extra
 
 # Mean and standard deviation of the MNIST training images
 MNIST_MEAN = 0.1307

@@ -22,10 +22,20 @@ import warnings
 import torch
 from opacus import PrivacyEngine
 from torch.utils.data import DataLoader, Dataset
-from transformers import BertConfig, BertForSequenceClassification, Trainer, TrainingArguments
 
-from dpaudit_torch.integrations.transformers import PrivacyAuditCallback
-from dpaudit_torch.testing.bugs import BUGS, apply_bug
+from dpaudit_torch._requires import require
+
+require("examples/transformers_dp_finetune.py", "transformers", "accelerate")
+# after the check of the extra:
+from transformers import (  # noqa: E402
+    BertConfig,
+    BertForSequenceClassification,
+    Trainer,
+    TrainingArguments,
+)
+
+from dpaudit_torch.integrations.transformers import PrivacyAuditCallback  # noqa: E402
+from dpaudit_torch.testing.bugs import BUGS, apply_bug  # noqa: E402
 
 parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
 parser.add_argument("--steps", type=int, default=60, help="DP-SGD steps (default 60)")

@@ -11,6 +11,10 @@ place, and in docs/auditor.md ("How strong an audit is"):
   stronger than one that missed some;
 * **canaries**: the same design, and at least as many one-run canaries (m) and canary pairs per
   step (k);
+* **power** (:mod:`dpaudit_torch.report.power_order`): at least as many steps observed and as
+  large a q T, an expected bound at least as large and a smallest refutable epsilon at least as
+  small, each relative to its own claim and within the tolerance of its own error: an audit is
+  at least as strong as another only if it can also refute as much;
 * **judge**: the same or a superset of the bound methods and of the sequential tests; for every
   bound method both record a score for, a per-canary score at least as strong (:data:`SCORES`,
   weakest first: the sum, then the likelihood ratio, which ranks canaries by the Neyman-Pearson
@@ -21,8 +25,7 @@ place, and in docs/auditor.md ("How strong an audit is"):
   evidence, docs/design.md), while a mix of smaller and larger levels is incomparable.
 
 Every aspect must hold; where one audit is stronger in one aspect and weaker in another, neither
-is at least as strong as the other. The power simulation's numbers (expected bound, minimum
-refutable epsilon), the steps observed, the accountant, the subject (model, dataset, architecture
+is at least as strong as the other. The accountant, the subject (model, dataset, architecture
 hash) and the package version are part of the fingerprint and of what changed, not of the order.
 
 Pure functions of a report's fields (:func:`fingerprint_of`, :func:`compare`); the bound methods
@@ -41,6 +44,13 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from ..registry import BOUND_METHODS
+from .power_order import (
+    POWER_ASPECTS,
+    POWER_LABELS,
+    power_fields,
+    power_relation,
+    power_sentence,
+)
 from .schema import ReportData, is_num
 
 __all__ = ["FINGERPRINT_VERSION", "WHITE_BOX", "BLACK_BOX", "THREAT_MODELS", "SCORES",
@@ -49,7 +59,7 @@ __all__ = ["FINGERPRINT_VERSION", "WHITE_BOX", "BLACK_BOX", "THREAT_MODELS", "SC
            "stored_fingerprint_contradictions"]
 
 #: version of the fingerprint's layout (its ``version`` key in ``audit.json``)
-FINGERPRINT_VERSION = 1
+FINGERPRINT_VERSION = 2
 WHITE_BOX, BLACK_BOX = "white box", "black box"
 #: threat models, weakest first
 THREAT_MODELS = (BLACK_BOX, WHITE_BOX)
@@ -58,7 +68,7 @@ SCORES = ("sum", "llr")
 #: the aspects of the strength order, in the order they are compared and reported
 STRENGTH_ASPECTS = ("threat_model", "every_step_observed", "canary_design", "one_run_canaries",
                     "canary_pairs", "methods", "scores", "levels", "sequential_tests", "alpha",
-                    "delta")
+                    "delta") + POWER_ASPECTS
 #: what the audit is about: two audits of different subjects are not compared
 SUBJECT_KEYS = ("model_name", "dataset_name", "architecture_hash")
 
@@ -75,6 +85,7 @@ LABELS = {
     "steps_observed": "steps observed", "accountant": "accountant", "model_name": "model",
     "dataset_name": "dataset", "architecture_hash": "architecture hash",
     "package_version": "dpaudit_torch version",
+    **POWER_LABELS,
 }
 
 
@@ -108,6 +119,11 @@ class Fingerprint:
     dataset_name: str | None = None
     architecture_hash: str | None = None
     package_version: str | None = None
+    #: (version 2) the power aspects, relative to the claim (:func:`power_fields`)
+    mean_inclusions: float | None = None
+    expected_ratio: float | None = None
+    expected_ratio_se: float | None = None
+    refutable_ratio: float | None = None
     not_recorded: tuple[str, ...] = field(default=(), compare=False)
 
     def to_dict(self) -> dict[str, Any]:
@@ -267,6 +283,7 @@ def fingerprint_of(report: ReportData | Mapping[str, Any]) -> Fingerprint:
         dataset_name=take("dataset_name", _get(d, "config", "dataset_name")),
         architecture_hash=take("architecture_hash", _get(d, "training", "architecture_hash")),
         package_version=take("package_version", _get(d, "versions", "dpaudit_torch")),
+        **power_fields(d),
         not_recorded=tuple(missing),
     )
 
@@ -335,6 +352,8 @@ def _relation(aspect: str, new: Any, old: Any) -> str:
         return SAME
     if new is None or old is None:
         return UNKNOWN
+    if aspect in POWER_ASPECTS:
+        return power_relation(aspect, new, old)
     if aspect == "threat_model":
         return _ranked(THREAT_MODELS, new, old)
     if aspect == "every_step_observed":
@@ -360,6 +379,8 @@ def _sentence(aspect: str, relation: str, new: Any, old: Any) -> str:
     if relation == UNKNOWN:
         which = "the baseline" if old is None else "the new report"
         return f"{label}: not recorded in {which}"
+    if aspect in POWER_ASPECTS:
+        return power_sentence(aspect, new, old)
     if aspect in ("scores", "levels"):
         a, b = dict(new), dict(old)
         diff = [f"{m}: {_fmt(b[m])} -> {_fmt(a[m])}" for m in a if m in b and a[m] != b[m]]
@@ -424,7 +445,8 @@ class Comparison:
             every aspect of :data:`STRENGTH_ASPECTS`.
         weaker: a sentence per aspect that keeps the new audit from being at least as strong.
         stronger: a sentence per aspect in which the new audit is stronger.
-        changes: every fingerprint key that differs (strength, power, subject, versions).
+        changes: every fingerprint key outside the order that differs (the power statement's
+            raw numbers, the accountant, the subject, the version).
         subject_changes: the subject keys (:data:`SUBJECT_KEYS`) both audits record, with
             different values.
         subject_unchecked: the subject keys one of the two audits does not record (not
@@ -466,18 +488,28 @@ def compare(new: Fingerprint, old: Fingerprint) -> Comparison:
     stronger: list[str] = []
     for aspect in STRENGTH_ASPECTS:
         a, b = new.value(aspect), old.value(aspect)
-        r = relations[aspect] = _relation(aspect, a, b)
+        r = relations[aspect] = (_expected_relation(new, old) if aspect == "expected_ratio"
+                                 else _relation(aspect, a, b))
         if r == STRONGER:
             stronger.append(_sentence(aspect, r, a, b))
         elif r != SAME:
             weaker.append(_sentence(aspect, r, a, b))
+    # the aspects of the order speak in the strength sentences; "what changed" is the rest
     changes = tuple(Change(k, old.value(k), new.value(k)) for k in LABELS
-                    if new.value(k) != old.value(k))
+                    if k not in STRENGTH_ASPECTS and new.value(k) != old.value(k))
     subject = tuple(c for c in changes if c.key in SUBJECT_KEYS
                     and c.old is not None and c.new is not None)
     unchecked = tuple(k for k in SUBJECT_KEYS
                       if new.value(k) is None or old.value(k) is None)
     return Comparison(relations, tuple(weaker), tuple(stronger), changes, subject, unchecked)
+
+
+def _expected_relation(new: Fingerprint, old: Fingerprint) -> str:
+    """The expected bound's relation, within the simulation error both fingerprints record."""
+    a, b = new.expected_ratio, old.expected_ratio
+    if a is None or b is None:
+        return _relation("expected_ratio", a, b)
+    return power_relation("expected_ratio", a, b, new.expected_ratio_se, old.expected_ratio_se)
 
 
 def at_least_as_strong(a: Fingerprint, b: Fingerprint) -> bool:

@@ -57,7 +57,7 @@ def real() -> AuditReport:
 # ---------------------------------------------------------------- reading a report
 def test_a_real_report_carries_its_fingerprint(real: AuditReport, tmp_path: Path) -> None:
     fp = fingerprint_of(real)
-    assert real.fingerprint == fp.to_dict() and real.fingerprint["version"] == 1
+    assert real.fingerprint == fp.to_dict() and real.fingerprint["version"] == 2
     assert (fp.threat_model, fp.every_step_observed, fp.canary_design) == (WHITE_BOX, True,
                                                                             "dirac")
     assert (fp.one_run_canaries, fp.canary_pairs) == (40, 8)
@@ -137,7 +137,9 @@ BASE = Fingerprint(threat_model=WHITE_BOX, every_step_observed=True, canary_desi
                    methods=("steinke", "fdp", "sequential"),
                    scores=(("steinke", "llr"), ("fdp", "llr")),
                    levels=(("steinke", 0.05), ("fdp", 0.05)),
-                   sequential_tests=("hockey_stick", "mmd"), alpha=0.05, delta=1e-5)
+                   sequential_tests=("hockey_stick", "mmd"), alpha=0.05, delta=1e-5,
+                   steps_observed=300, mean_inclusions=3.0, expected_ratio=0.5,
+                   expected_ratio_se=0.0, refutable_ratio=1.5)
 
 #: (aspect, a stronger value, a weaker value) than BASE's
 STRONGER_WEAKER = [
@@ -145,6 +147,11 @@ STRONGER_WEAKER = [
     ("every_step_observed", True, False),
     ("one_run_canaries", 2000, 999),
     ("canary_pairs", 32, 8),
+    # power (report/power_order.py): just outside the tolerances (0.05 x the claim, 10 %)
+    ("steps_observed", 301, 299),
+    ("mean_inclusions", 3.1, 2.9),
+    ("expected_ratio", 0.56, 0.44),
+    ("refutable_ratio", 1.3, 1.7),
     ("scores", (("steinke", "llr"), ("fdp", "llr")), (("steinke", "sum"), ("fdp", "llr"))),
     ("methods", ("steinke", "fdp", "sequential", "newer"), ("steinke", "sequential")),
     ("sequential_tests", ("hockey_stick", "mmd", "newer"), ("mmd",)),
@@ -188,7 +195,13 @@ def test_each_aspect_orders_the_audits(aspect: str, strong: Any, weak: Any) -> N
          "scores": "scores of the bound methods: steinke: llr -> sum",
          "methods": "bound methods: drops fdp", "sequential_tests": "sequential tests: drops "
          "hockey_stick", "alpha": "alpha (proofs): 0.05 -> 0.1 (proofs at a larger level)",
-         "levels": "levels of the bound methods: steinke: 0.05 -> 0.1"}[aspect])
+         "levels": "levels of the bound methods: steinke: 0.05 -> 0.1",
+         "steps_observed": "steps observed: 300 -> 299",
+         "mean_inclusions": "IN inclusions per canary (q T): 3 -> 2.9",
+         "expected_ratio": "expected bound (power): 0.5 x the claim -> 0.44 x the claim "
+         "(tolerance 0.05 x the claim plus 3 simulation standard errors)",
+         "refutable_ratio": "smallest refutable epsilon (power): 1.5 x the claim -> 1.7 x the "
+         "claim (tolerance 10 %)"}[aspect])
     # transitive along a chain weak < BASE < strong
     assert at_least_as_strong(up, down)
 
@@ -235,24 +248,27 @@ def test_an_aspect_recorded_by_one_audit_only_is_never_stronger() -> None:
                                              "report",)
 
 
-def test_power_steps_and_subject_are_changes_not_strength() -> None:
-    new = dataclasses.replace(BASE, steps_observed=500, expected_bound=0.4,
-                              min_refutable_epsilon=3.0, accountant="PRVAccountant",
-                              package_version="0.2.0", model_name="b", dataset_name="d2",
-                              architecture_hash="sha256:2")
-    old = dataclasses.replace(BASE, steps_observed=300, expected_bound=0.3,
-                              min_refutable_epsilon=4.0, accountant="RDPAccountant",
-                              package_version="0.1.0", model_name="a", dataset_name=None,
-                              architecture_hash="sha256:1")
+def test_subject_versions_and_raw_power_numbers_are_changes_not_strength() -> None:
+    """The accountant, the subject, the version and the power statement's raw numbers are
+    listed as what changed; the aspects of the order (the steps, q T and the power relative to
+    the claim included) are not, they speak in the strength sentences."""
+    new = dataclasses.replace(BASE, expected_bound=0.4, min_refutable_epsilon=3.0,
+                              accountant="PRVAccountant", package_version="0.2.0",
+                              model_name="b", dataset_name="d2", architecture_hash="sha256:2",
+                              steps_observed=500, expected_ratio=0.52)
+    old = dataclasses.replace(BASE, expected_bound=0.3, min_refutable_epsilon=4.0,
+                              accountant="RDPAccountant", package_version="0.1.0",
+                              model_name="a", dataset_name=None, architecture_hash="sha256:1")
     c = compare(new, old)
-    assert c.at_least_as_strong and c.baseline_at_least_as_strong
+    assert c.strictly_stronger and c.relations["steps_observed"] == "stronger"
+    assert c.relations["expected_ratio"] == "same"  # 0.5 -> 0.52: within 0.05 x the claim
+    assert c.stronger == ("steps observed: 300 -> 500",)
     assert [ch.key for ch in c.changes] == ["expected_bound", "min_refutable_epsilon",
-                                            "steps_observed", "accountant", "model_name",
-                                            "dataset_name", "architecture_hash",
-                                            "package_version"]
+                                            "accountant", "model_name", "dataset_name",
+                                            "architecture_hash", "package_version"]
     assert [ch.key for ch in c.subject_changes] == ["model_name", "architecture_hash"]
     assert c.subject_unchecked == ("dataset_name",)
-    assert c.changes[2].sentence() == "steps observed: 300 -> 500"
+    assert c.changes[0].sentence() == "expected bound (power): 0.3 -> 0.4"
 
 
 # ---------------------------------------------------------------- the architecture hash
