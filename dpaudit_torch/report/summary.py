@@ -22,7 +22,14 @@ from .formatting import (
     power_sentence,
     scope_text,
 )
-from .schema import VERDICT_NOTHING, ReportData, is_one_step, no_steps_audited, per_step_delta
+from .schema import (
+    VERDICT_NOTHING,
+    ReportData,
+    is_num,
+    is_one_step,
+    no_steps_audited,
+    per_step_delta,
+)
 from .wording import deciders_text, deciding_findings
 
 __all__ = ["summary_text", "family_promise"]
@@ -47,6 +54,12 @@ def summary_text(report: ReportData) -> str:
     r = report
     level = format_number(100.0 * (1.0 - r.alpha))
     lines = [f"Verdict: {r.verdict}."]
+
+    def step_level(details: dict) -> str:  # the per-step grid's own level where it records one
+        own = details.get("level")
+        return (format_number(100.0 * (1.0 - own)) if is_num(own) and 0.0 < own < 1.0
+                else level)
+
     if no_steps_audited(r.training):
         lines.append(NO_STEPS_SENTENCE)
     acc = f" (accountant: {r.accountant})" if r.accountant else ""
@@ -78,7 +91,7 @@ def summary_text(report: ReportData) -> str:
         lines.append(
             f"Per-step bound ({method}; a statement about ONE training step, not about the "
             f"whole-run claim, and never compared with it): epsilon >= {format_number(bound)}"
-            f"{at} with {level}% confidence.")
+            f"{at} with {step_level(details)}% confidence.")
     pairs = pairs_sentence(r.canaries, r.sequential, r.training) if step else None
     if pairs:  # "16 pairs" beside "4800 pairs": per step, and fed over the run
         lines.append(f"Canary pairs: {pairs}")
