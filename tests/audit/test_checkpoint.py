@@ -455,14 +455,15 @@ def test_checkpoint_written_before_the_two_levels_resumes_at_its_own_alpha():
     batches = _batches()
     s = _setup()
     old = dict(alpha=0.05, alpha_warn=0.05, level_split="per_path")
-    aud = PrivacyAuditor(s.engine, s.optimizer, s.loader, seed=5, **old, **CONFIG)
+    quick = dict(disable_monitors=("one_run",))  # its bounds at finalize cost seconds
+    aud = PrivacyAuditor(s.engine, s.optimizer, s.loader, seed=5, **old, **quick, **CONFIG)
     _train(s, aud, batches[:CUT])
     ck = copy.deepcopy(_checkpoint(s, aud))
     for key in ("alpha_warn", "stop_on", "level_split"):  # as the earlier release wrote it
         del ck["auditor"]["config"][key]
     _train(s, aud, batches[CUT:])
     full = json.loads(_report_json(aud))
-    r, resumed = _restored(copy.deepcopy(ck))
+    r, resumed = _restored(copy.deepcopy(ck), **quick)
     assert (resumed.config.alpha, resumed.config.level_split) == (0.05, "per_path")
     assert resumed.decision.threshold_log == pytest.approx(math.log(20.0))
     _train(r, resumed, batches[CUT:])
@@ -473,6 +474,6 @@ def test_checkpoint_written_before_the_two_levels_resumes_at_its_own_alpha():
     assert got == full
     other_s = _setup()
     other = PrivacyAuditor(other_s.engine, other_s.optimizer, other_s.loader, seed=None,
-                           alpha=0.01, **CONFIG)
+                           alpha=0.01, **quick, **CONFIG)
     with pytest.raises(ValueError, match=r"alpha \(state: 0.05, this auditor: 0.01\)"):
         other.load_state_dict(ck["auditor"])
