@@ -312,8 +312,10 @@ def violation_text(v: ReportView) -> str:
     # a deciding finding about the per-step guarantee: say which per-step null it rejected
     null = f"<p>{v.per_step_null_text()}</p>" if decided_per_step(found) else ""
     level = decision_alpha(d["sequential"], d["alpha"])  # the decision's share of alpha
+    at_level = (num(d["alpha"], "alpha") if level == d["alpha"] else
+                f"{num(level)} (its share of α = {num(d['alpha'], 'alpha')})")
     return (
-        f"<p>The audit proved{at}, at level α = {num(level)} (an anytime-valid "
+        f"<p>The audit proved{at}, at level α = {at_level} (an anytime-valid "
         "decision over every monitor's evidence), that the training is less private than the "
         f"accountant assumes.</p>{who}{null}<p>The claimed ε = "
         f"{num(d['claimed_epsilon'], 'claimed_epsilon')} (δ = {num(d['delta'], 'delta')}) is "
