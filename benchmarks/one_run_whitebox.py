@@ -28,6 +28,10 @@ Three parts.
    1e-6) and correct Gaussian releases: how often the family check withholds the bound, and
    how often a bound above the mechanism's true epsilon remains (the true epsilon from the
    independent privacy-loss computation of :mod:`dpaudit_torch.testing.pld`).
+5. **Schedules** (``--schedule``, its own section): correct runs under noise schedules shaped
+   like Opacus's schedulers, exactly at their claim (the accountant's heterogeneous
+   composition): coverage of the scheduled bound, from exact weighted sums and from per-step
+   releases through the family check.
 
 Run:  .venv/bin/python benchmarks/one_run_whitebox.py              (about 45 minutes, one thread)
       .venv/bin/python benchmarks/one_run_whitebox.py --time-one   (one eps-8 run, nothing written)
@@ -36,6 +40,12 @@ Run:  .venv/bin/python benchmarks/one_run_whitebox.py              (about 45 min
                                                                     setting, about 15 minutes)
       .venv/bin/python benchmarks/one_run_whitebox.py --family --quick   (part 4, 60 games; its
                                                                     section is written too)
+      .venv/bin/python benchmarks/one_run_whitebox.py --schedule   (part 5 only: coverage under
+                                                                    noise schedules)
+      .venv/bin/python benchmarks/one_run_whitebox.py --schedule --quick  (part 5, tiny, nothing
+                                                                    written)
+      .venv/bin/python benchmarks/one_run_whitebox.py --schedule-replicate --games 5000
+                                   (part 5 (a)'s three-level StepNoise row, 3 other seed families)
 """
 
 from __future__ import annotations
@@ -481,6 +491,208 @@ Machine: {machine()}
 
 
 # ------------------------------------------------------------------------------------------------
+# part 5: schedules (--schedule): coverage at the claim's boundary under a noise schedule
+# ------------------------------------------------------------------------------------------------
+def _schedules(steps: int) -> list[tuple[str, list[float]]]:
+    """Noise schedules as Opacus's schedulers make them (multipliers per step, first = 1)."""
+    epoch = steps // 10
+    third = steps // 3
+    return [
+        ("ExponentialNoise, gamma 0.93 per epoch of " f"{epoch} steps",
+         [0.93 ** (t // epoch) for t in range(steps)]),
+        ("StepNoise, 1 / 0.8 / 0.6 in thirds",
+         [1.0 if t < third else 0.8 if t < 2 * third else 0.6 for t in range(steps)]),
+        ("LambdaNoise, rising linearly 1 to 1.8 (every step differs)",
+         [1.0 + 0.8 * t / (steps - 1) for t in range(steps)]),
+        ("StepNoise, halved at mid-run (weights 1 and 4: exact lattice)",
+         [1.0 if t < steps // 2 else 0.5 for t in range(steps)]),
+    ]
+
+
+def schedule_coverage(games: int, steps: int, q: float, m: int, eps0: float) -> str:
+    """Exact weighted sums (simulate_scheduled_sums) of correct scheduled runs exactly at
+    their claim: the schedule's shape times sigma_0, sigma_0 chosen so that the constant run
+    at sigma_0 has epsilon eps0."""
+    from dpaudit_torch.stats._whitebox_schedule import (
+        NoiseSchedule,
+        ScheduledReleaseLaw,
+        scheduled_epsilon,
+        simulate_scheduled_sums,
+    )
+
+    sigma0 = _sigma(eps0, q, steps)
+    rows = []
+    for name, shape in _schedules(steps):
+        sig = [sigma0 * b for b in shape]
+        sched = NoiseSchedule.from_steps(sig)
+        claim = scheduled_epsilon(sched, 1.0 / sigma0, q, DELTA, "upper")
+        laws: dict[int, Any] = {}
+        tails, moms = [], []
+        t0 = time.perf_counter()
+        for g in range(games):
+            rng = np.random.default_rng([55, len(rows), g])
+            is_in, sums, _ = simulate_scheduled_sums(sig, q, m, rng)
+            mom = release_moments(sums, is_in, steps, weight_sum=sched.weight_sum)
+            law = laws.get(mom.n_in)
+            if law is None:
+                law = laws[mom.n_in] = ScheduledReleaseLaw(mom.n_in, mom.n_out, sched, q)
+            tails.append(law.tail(mom.statistic, 1.0 / sigma0))
+            moms.append(mom)
+        full = [whitebox_bound(moms[g], q, DELTA, alpha=0.05, check=False, schedule=sched)
+                for g in range(3)]
+        agree = all((f.rho_lower > 1.0 / sigma0) == (tails[g] < 0.05)
+                    for g, f in enumerate(full))
+        secs = time.perf_counter() - t0
+        for alpha in ALPHAS:
+            k = sum(t < alpha for t in tails)
+            lo, hi = cp_interval(k, games)
+            rows.append([name, f"{min(sig):.3f} - {max(sig):.3f}", len(sched.values),
+                         f"{claim:.3f}", f"{alpha:g}", games, k, f"{k / games:.4f}",
+                         f"[{lo:.4f}, {hi:.4f}]", "yes" if lo <= alpha else "NO",
+                         f"{statistics.median(f.bound for f in full):.3f}"
+                         + ("" if agree else " (!)")])
+            print(f"5 {name} alpha {alpha:g}: {k}/{games} ({secs:.0f} s)", flush=True)
+    head = [f"schedule (q {q:g}, T {steps}, m {m}, sigma_0 for eps {eps0:g} constant)",
+            "sigma_t range", "distinct sigma_t", "claim (PRV, heterogeneous)", "alpha",
+            "games", "rho_lb > 1 / sigma_0", "rate", "95% CP", "CP low <= alpha",
+            "median bound (3 full, alpha 0.05)"]
+    return markdown_table(head, rows)
+
+
+def schedule_release(games: int) -> str:
+    """Per-step releases under a schedule through the family check and the scheduled law (what
+    the one-run monitor computes): how often a correct scheduled run is withheld, and how often
+    its bound exceeds the claim (rho_lb > 1 / sigma_0 with the check passed)."""
+    from dpaudit_torch.stats._whitebox_schedule import ScheduledReleaseLaw
+    from dpaudit_torch.stats.whitebox import schedule_moments
+
+    rows = []
+    for name, shape in _schedules(T_B)[:2]:
+        sig = np.asarray(shape) * 1.0
+        withheld = {a: 0 for a in ALPHAS}
+        over = {a: 0 for a in ALPHAS}
+        laws: dict[int, Any] = {}
+        for g in range(games):
+            rng = np.random.default_rng([56, len(rows), g])
+            lab = rng.random(M_B) < 0.5
+            z = ((rng.random((T_B, M_B)) < Q_B) * lab[None, :]
+                 + rng.standard_normal((T_B, M_B)) * sig[:, None])
+            mom, sched = schedule_moments(z, sig, lab)
+            law = laws.get(mom.n_in)
+            if law is None:
+                law = laws[mom.n_in] = ScheduledReleaseLaw(mom.n_in, mom.n_out, sched, Q_B)
+            tail = law.tail(mom.statistic, 1.0)
+            vals = (z / sig[:, None])[:, ~lab]
+            for a in ALPHAS:
+                fc = family_check(mom, a, q=Q_B, out_values=vals)
+                withheld[a] += not fc.passed
+                over[a] += fc.passed and tail < a
+        for a in ALPHAS:
+            wl, wh = cp_interval(withheld[a], games)
+            ol, oh = cp_interval(over[a], games)
+            rows.append([name, f"{a:g}", games,
+                         f"{withheld[a]} ({withheld[a] / games:.4f}, [{wl:.4f}, {wh:.4f}])",
+                         f"{over[a]} ({over[a] / games:.4f}, [{ol:.4f}, {oh:.4f}])",
+                         "yes" if ol <= a else "NO"])
+            print(f"5b {name} alpha {a:g}: withheld {withheld[a]}, over {over[a]}", flush=True)
+    head = [f"schedule (sigma_0 1, q {Q_B}, T {T_B}, m {M_B})", "alpha", "games",
+            "withheld (rate, 95% CP)", "bound > claim (rate, 95% CP)", "CP low <= alpha"]
+    return markdown_table(head, rows)
+
+
+def schedule_replicate(games: int, families: tuple[int, ...]) -> str:
+    """Part 5 (a)'s StepNoise 1 / 0.8 / 0.6 schedule again with other seed families (the
+    first seed of each game's generator), to tell a fluctuation from a miss."""
+    from dpaudit_torch.stats._whitebox_schedule import (
+        NoiseSchedule,
+        ScheduledReleaseLaw,
+        simulate_scheduled_sums,
+    )
+
+    steps, q, m = 500, 0.05, 2000
+    sigma0 = _sigma(4.0, q, steps)
+    name, shape = _schedules(steps)[1]
+    sig = [sigma0 * b for b in shape]
+    sched = NoiseSchedule.from_steps(sig)
+    laws: dict[int, Any] = {}
+    rows, total = [], {a: 0 for a in ALPHAS}
+    for fam in families:
+        tails = []
+        for g in range(games):
+            rng = np.random.default_rng([fam, g])
+            is_in, sums, _ = simulate_scheduled_sums(sig, q, m, rng)
+            mom = release_moments(sums, is_in, steps, weight_sum=sched.weight_sum)
+            law = laws.get(mom.n_in)
+            if law is None:
+                law = laws[mom.n_in] = ScheduledReleaseLaw(mom.n_in, mom.n_out, sched, q)
+            tails.append(law.tail(mom.statistic, 1.0 / sigma0))
+        for a in ALPHAS:
+            k = sum(t < a for t in tails)
+            total[a] += k
+            lo, hi = cp_interval(k, games)
+            rows.append([f"seeds [{fam}, game]", f"{a:g}", games, k, f"{k / games:.4f}",
+                         f"[{lo:.4f}, {hi:.4f}]", "yes" if lo <= a else "NO"])
+        print(f"5r family {fam}: {[sum(t < a for t in tails) for a in ALPHAS]}", flush=True)
+    n = games * len(families)
+    for a in ALPHAS:
+        lo, hi = cp_interval(total[a], n)
+        rows.append([f"pooled {len(families)} families", f"{a:g}", n, total[a],
+                     f"{total[a] / n:.4f}", f"[{lo:.4f}, {hi:.4f}]", "yes" if lo <= a else "NO"])
+    head = [f"{name} (q {q:g}, T {steps}, m {m})", "alpha", "games", "rho_lb > 1 / sigma_0",
+            "rate", "95% CP", "CP low <= alpha"]
+    return f"""## White-box bound under a schedule, replication (`one_run_whitebox_schedule_rep`)
+
+Part 5 (a) of `one_run_whitebox_schedule` for its StepNoise 1 / 0.8 / 0.6 schedule, whose row at
+alpha 0.05 had its CP interval above alpha (289 of 5000 with the seeds [55, 2, game]), again with
+independent seed families of {games} games each (the same simulation and law; only the seeds
+differ).
+
+{markdown_table(head, rows)}
+
+Command: `{command()}`
+Machine: {machine()}
+"""
+
+
+def schedule_section(games: int, release_games: int, quick: bool) -> str:
+    t0 = time.perf_counter()
+    steps, q, m = (60, 0.1, 400) if quick else (500, 0.05, 2000)
+    cov = schedule_coverage(games, steps, q, m, 4.0)
+    t1 = time.perf_counter()
+    rel = schedule_release(release_games)
+    return f"""## White-box bound under noise schedules (`one_run_whitebox_schedule`)
+
+Correct runs under Opacus-style noise schedules, exactly at their claim (docs/design.md section
+13, "Schedules"): sigma_t = sigma_0 b_t, the claim is the PRV accountant's heterogeneous
+composition of the sigma_t (its upper end), and the bound exceeds it only if rho_lb > 1 / sigma_0
+(the bound is the lower end of the composition at multipliers b_t / rho_lb, increasing in
+rho_lb), i.e. iff the scheduled law's conservative tail P_(1/sigma_0)(L >= L_obs) < alpha: one
+tail evaluation per game, the law built once per IN count.  The canaries' coins are drawn at
+random (the law conditions on the IN count).  On the first 3 games of each schedule the whole
+bound (`whitebox_bound(..., schedule=...)`) was computed and agrees with the shortcut ("(!)"
+would mark a disagreement).  Both alphas decide on the same games.
+
+(a) Exact weighted sums (`simulate_scheduled_sums`), {games} games per schedule:
+
+{cov}
+
+(b) Per-step releases (Gaussian noise of standard deviation b_t, canary contribution 1,
+sigma_0 = 1), {release_games} games per schedule, through what the one-run monitor computes:
+the moments of Z_t / b_t and the weighted sums (`schedule_moments`), the family check on the
+standardised OUT values at the bound's alpha (`family_check`), and the scheduled law.  A withheld
+bound never exceeds; the withholding rate is the check's false alarms on a correct run (at most
+alpha).
+
+{rel}
+
+Wall time {t1 - t0:.0f} s (a) and {time.perf_counter() - t1:.0f} s (b){
+    " (--quick)" if quick else ""}.
+Command: `{command()}`
+Machine: {machine()}
+"""
+
+
+# ------------------------------------------------------------------------------------------------
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("--seeds", type=int, default=3)
@@ -491,8 +703,27 @@ def main() -> None:
     p.add_argument("--quick", action="store_true", help="tiny sizes, nothing written")
     p.add_argument("--family", action="store_true",
                    help="part 4 only (family-check attacks), written to its own section")
+    p.add_argument("--schedule", action="store_true",
+                   help="part 5 only (coverage under noise schedules), its own section")
+    p.add_argument("--release-games", type=int, default=400,
+                   help="per-step releases per schedule in part 5 (b)")
+    p.add_argument("--schedule-replicate", action="store_true",
+                   help="part 5 (a)'s three-level StepNoise row with other seed families")
     args = p.parse_args()
     torch.set_num_threads(1)
+    if args.schedule_replicate:
+        text = schedule_replicate(args.games, (77, 99, 123))
+        print(text)
+        write_section("one_run_whitebox_schedule_rep", text)
+        return
+    if args.schedule:
+        text = schedule_section(60 if args.quick else args.games,
+                                20 if args.quick else args.release_games, args.quick)
+        print(text)
+        if not args.quick:
+            write_section("one_run_whitebox_schedule", text)
+            print("written to docs/benchmarks.md (section one_run_whitebox_schedule)")
+        return
     if args.family:
         text = family_section(60 if args.quick else args.games, args.quick)
         print(text)

@@ -141,6 +141,13 @@ class CanaryDesign:
         return int(2 * self.spread_param.numel())
 
     @property
+    def layer_width(self) -> int:
+        """|S|: the tensors each one-run canary spans (a layered design under per-layer
+        clipping, :mod:`dpaudit_torch.canary_layers`); 1 for Dirac one-run canaries."""
+        lay = self.extra.get("layers")
+        return int(lay["width"]) if lay else 1
+
+    @property
     def k_pairs(self) -> int:
         return int(self.pair_param.numel())
 
@@ -186,9 +193,15 @@ class CanaryDesign:
                 "pairs": int((self.pair_param == i).sum()),
                 "one_run": int((self.one_param == i).sum()),
             })
-        return {"design": self.kind, "k_pairs": self.k_pairs, "m_one_run": self.m_canaries,
-                "spread_pairs": self.n_spread, "spread_tensors": self.spread_width,
-                "per_parameter": per}
+        out = {"design": self.kind, "k_pairs": self.k_pairs, "m_one_run": self.m_canaries,
+               "spread_pairs": self.n_spread, "spread_tensors": self.spread_width,
+               "per_parameter": per}
+        if self.extra.get("layers"):
+            # a layered design: m_one_run counts canaries, each of layer_width coordinates
+            lay = dict(self.extra["layers"])
+            out.update(m_one_run=int(lay["canaries"]), one_run_coordinates=self.m_canaries,
+                       layers=lay)
+        return out
 
     def to_state(self) -> dict[str, Any]:
         return {"shapes": [list(s) for s in self.shapes], "kind": self.kind,
@@ -196,7 +209,7 @@ class CanaryDesign:
                 "pair_b": self.pair_b.clone(), "one_param": self.one_param.clone(),
                 "one_flat": self.one_flat.clone(), "spread_pair": self.spread_pair.clone(),
                 "spread_param": self.spread_param.clone(), "spread_a": self.spread_a.clone(),
-                "spread_b": self.spread_b.clone()}
+                "spread_b": self.spread_b.clone(), "extra": dict(self.extra)}
 
     @classmethod
     def from_state(cls, sd: dict[str, Any]) -> CanaryDesign:
@@ -207,7 +220,8 @@ class CanaryDesign:
                    one_flat=sd["one_flat"].long().cpu(), kind=str(sd.get("kind", "dirac")),
                    spread_pair=sd["spread_pair"].long().cpu(),
                    spread_param=sd["spread_param"].long().cpu(),
-                   spread_a=sd["spread_a"].long().cpu(), spread_b=sd["spread_b"].long().cpu())
+                   spread_a=sd["spread_a"].long().cpu(), spread_b=sd["spread_b"].long().cpu(),
+                   extra=dict(sd.get("extra") or {}))
 
 
 def draw_design(shapes: list[tuple[int, ...]], k_pairs: int, m_canaries: int,

@@ -35,7 +35,7 @@ __all__ = ["StepRecord", "StepRefused", "Fact", "FactUnavailable", "FactSource",
            "FACTS", "SETUP_CHECK", "SAMPLE_RATE", "N_RECORDS", "NOISE_MULTIPLIER", "TENSOR_NAMES",
            "TENSOR_GROUPS", "GROUP_NAMES", "EPSILON_OF_SIGMA", "ACCOUNTANT_HISTORY",
            "EPSILON_OF_HISTORY", "MODEL", "OPTIMIZER_PARAMS", "PARAM_GROUPS", "DATA_LOADER",
-           "ACCOUNTANT_NAME", "N_REAL_NOT_OBSERVED"]
+           "ACCOUNTANT_NAME", "N_REAL_NOT_OBSERVED", "module_path"]
 
 
 #: why a step record's ``n_real`` is None (the Opacus adapter counts the per-sample rows, or under
@@ -210,3 +210,19 @@ FACTS: dict[str, Fact[Any]] = {f.name: f for f in (
     SAMPLE_RATE, N_RECORDS, NOISE_MULTIPLIER, TENSOR_NAMES, TENSOR_GROUPS, GROUP_NAMES,
     EPSILON_OF_SIGMA, ACCOUNTANT_HISTORY, EPSILON_OF_HISTORY, MODEL, OPTIMIZER_PARAMS,
     PARAM_GROUPS, DATA_LOADER, ACCOUNTANT_NAME, SETUP_CHECK)}
+
+
+#: wrapper prefixes removed from a tensor's name (Opacus's GradSampleModule, DDP, DPDDP)
+_WRAPPERS = ("_module.", "module.")
+
+
+def module_path(name: str) -> str:
+    """A tensor's name in the user's model: wrapper prefixes removed (the name under which the
+    adapter's ``TENSOR_NAMES`` and the coverage monitor report it)."""
+    stripped = True
+    while stripped:
+        stripped = False
+        for w in _WRAPPERS:
+            if name.startswith(w):
+                name, stripped = name[len(w):], True
+    return name

@@ -90,7 +90,7 @@ def baseline() -> AuditInput:
 
 # ---------------------------------------------------------------- the previous release's report
 def test_a_1_3_report_of_the_previous_release_is_read_as_a_baseline(baseline: AuditInput) -> None:
-    assert baseline.written_schema == "1.3" and baseline.report.schema_version == "1.5"
+    assert baseline.written_schema == "1.3" and baseline.report.schema_version == "1.6"
     assert baseline.report.fingerprint == {}  # 1.3 had none: computed from its fields instead
     fp = baseline.fingerprint
     assert (fp.threat_model, fp.one_run_canaries, fp.canary_pairs) == ("white box", 40, 8)
@@ -132,7 +132,7 @@ def test_a_real_report_of_this_release_against_the_1_3_baseline(baseline: AuditI
     s.train(script.STEPS, auditor=aud)
     out = aud.finalize().save(tmp_path / "release-2")
     new = read_audit(out, "new report")
-    assert new.written_schema == "1.5" and new.report.fingerprint["model_name"] == "mlp-16-32-2"
+    assert new.written_schema == "1.6" and new.report.fingerprint["model_name"] == "mlp-16-32-2"
     res = gate(new, baseline)
     assert res.outcome == PASS, res.reason
     # and the other way round: the new report as the baseline of a copy of itself

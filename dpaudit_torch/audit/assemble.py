@@ -12,6 +12,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any
 
 from .engine import AUDITOR, DECISION
+from .monitors.checks import CheckSection, causes_text, section_dict
 
 if TYPE_CHECKING:  # pragma: no cover
     from ..report import AuditReport
@@ -20,11 +21,22 @@ if TYPE_CHECKING:  # pragma: no cover
 __all__ = ["assemble_report"]
 
 
-def _findings(aud: PrivacyAuditor) -> list[dict[str, Any]]:
+def _findings(aud: PrivacyAuditor, sections: dict[str, CheckSection]
+              ) -> list[dict[str, Any]]:
     """Every monitor's findings; a monitor's own violation is a note unless the decision (the
-    average of every monitor's evidence) crossed 1/alpha."""
+    average of every monitor's evidence) crossed 1/alpha. A finding's possible causes that
+    another monitor's passed checks rule out are worded as passed (``Finding.causes``)."""
     dec = aud.engine.decision
-    findings = [f.to_dict() for m in aud.engine.monitors.values() for f in m.findings()]
+    found = [f for m in aud.engine.monitors.values() for f in m.findings()]
+    cleared = [c for name, sec in sections.items() for c in sec.rules_out
+               if sec.ran and not any(f.monitor == name and f.level != "note" for f in found)]
+    findings = []
+    for f in found:
+        d = f.to_dict()
+        if f.causes and set(f.causes) & set(cleared):
+            d["message"] = d["message"].replace(causes_text(f.causes),
+                                                causes_text(f.causes, cleared))
+        findings.append(d)
     if not dec.violation:  # one monitor's own test is not the audit's decision (level alpha)
         for f in findings:
             if f["level"] == "violation":
@@ -74,6 +86,9 @@ def assemble_report(aud: PrivacyAuditor, claimed: float | None) -> AuditReport:
         if c.section is not None:
             audits[name] = c.section
         inconsistent = inconsistent or c.verdict == "inconsistent"
+    sections = {name: m.check_section() for name, m in eng.monitors.items()}
+    findings = _findings(aud, sections)
+    checks = [section_dict(name, sec) for name, sec in sections.items()]
     warnings = list(aud.warnings)
     if eng.skipped_nonfinite:
         msg = (f"{eng.skipped_nonfinite} step(s) had a non-finite gradient at a canary "
@@ -94,7 +109,8 @@ def assemble_report(aud: PrivacyAuditor, claimed: float | None) -> AuditReport:
     # the one field whose empty form the page reads by key (the report's defaults do the rest)
     fields.setdefault("one_run_scores", {"in": [], "out": []})
     return build_report(
-        findings=_findings(aud),
+        findings=findings,
+        checks=checks,
         claim_inconsistent=inconsistent,
         audits=audits,
         claimed_epsilon=claimed,

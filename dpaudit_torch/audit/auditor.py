@@ -24,7 +24,8 @@ import torch
 
 from .._compiled import compiled as kernels_compiled
 from .._compiled import set_compiled
-from ..canaries import SecretCoins, derive_seeds, draw_audit_canaries
+from ..canaries import SecretCoins, derive_seeds
+from ..canary_layers import draw_canaries_for, layout_of
 from ..contract import StepRefused
 from . import checkpoint
 from .config import AuditConfig
@@ -109,10 +110,8 @@ class PrivacyAuditor:
         seeds, self.seed_policy = derive_seeds(cfg.seed)
         seeds, self.seed_policy = tap.share_seeds(seeds, self.seed_policy, cfg.seed, self.warn)
         #: the canary design, the noise-audit coordinates U and the secret IN/OUT coins
-        self.design, self.noise_coords, self.coins = draw_audit_canaries(
-            tap.shapes, cfg.k_pairs, cfg.m_canaries, seeds,
-            None if tap.clipping()[1] else (cfg.spread_pairs, cfg.spread_tensors),
-            cfg.noise_coordinates_per_tensor, cfg.noise_coordinates_total)
+        self.design, self.noise_coords, self.coins, cfg = draw_canaries_for(tap, cfg, seeds)
+        self.config = cfg
         monitors = build_monitors(self.monitor_context(self.coins, self.noise_coords))
         self.engine = AuditEngine(cfg, monitors, self.warn, tap.read_claim,
                                   tap.decision_sharer(), *callbacks)
@@ -138,6 +137,7 @@ class PrivacyAuditor:
         assert cfg.m_canaries is not None
         return MonitorContext(config=cfg, k_pairs=cfg.k_pairs, m_canaries=cfg.m_canaries,
             device=self.device, warn=self.warn, coins=coins, facts=self.tap,
+            layout=layout_of(self.design),
             noise_tensor=noise_coords[0].numpy(), noise_flat=noise_coords[1].numpy())
 
     # ------------------------------------------------------------------ public state

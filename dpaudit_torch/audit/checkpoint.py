@@ -32,6 +32,7 @@ import logging
 from typing import TYPE_CHECKING, Any
 
 from ..canaries import CanaryDesign, SecretCoins
+from ..canary_layers import layout_of
 from .config import DEFAULT_NOISE_COORDINATES_TOTAL, AuditConfig
 from .engine import AuditEngine
 from .levels import DEFAULT_ALPHA, DEFAULT_ALPHA_WARN, PER_PATH
@@ -190,7 +191,9 @@ def load_state(aud: PrivacyAuditor, sd: dict[str, Any]) -> None:
     notes: list[str] = [] if level_note is None else [level_note]
     saved_warnings = list(aud.warnings)
     try:  # building testers may warn; the state's own warnings replace them below
-        monitors = build_monitors(aud.monitor_context(coins, noise_coords, config))
+        ctx = aud.monitor_context(coins, noise_coords, config)
+        ctx.layout = layout_of(design)  # the checkpoint's layered canaries, if any
+        monitors = build_monitors(ctx)
         saved, settings = esd["monitors"], esd.get("monitor_settings", {})
         for name, m in monitors.items():
             if name not in saved:

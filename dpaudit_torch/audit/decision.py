@@ -27,7 +27,12 @@ from .monitors import Evidence
 
 logger = logging.getLogger(__name__)
 
-__all__ = ["Decision"]
+__all__ = ["Decision", "MONITOR_COLUMN"]
+
+#: the prefix of a betting monitor's column in the history: ``"monitor." + name`` holds the log
+#: of its e-process, one of the terms the decision (``combined``) averages; a column appears
+#: when the monitor first bets (the points before it hold 0: wealth 1 before any bet)
+MONITOR_COLUMN = "monitor."
 
 
 def _log_mean_exp(stack: np.ndarray) -> np.ndarray:
@@ -72,6 +77,9 @@ class Decision:
         self.excluded: set[str] = set()
         #: monitors that no longer bet: their last log e-value stays in the average
         self.frozen: dict[str, float] = {}
+        #: each betting monitor's log e-value at the latest step processed (the history's
+        #: ``monitor.<name>`` columns)
+        self.monitor_latest: dict[str, float] = {}
 
     def freeze(self, name: str) -> None:
         """Keep monitor ``name``'s last e-value in the average from now on (a constant
@@ -106,11 +114,17 @@ class Decision:
                 cols.append(col)
                 for k, v in e.extra.items():
                     extras[k] = v[np.clip(idx, 0, None)]
-            cols += [np.full(len(steps), v) for n, v in self.frozen.items() if n not in named]
+            names = list(named)
+            for n, v in self.frozen.items():
+                if n not in named:
+                    cols.append(np.full(len(steps), v))
+                    names.append(n)
             stack = np.stack(cols)
             comb = stack[0] if len(cols) == 1 else _log_mean_exp(stack)
             for s, st in enumerate(steps):
                 self.log_wealth = float(comb[s])
+                for n, col in zip(names, cols):
+                    self.monitor_latest[n] = float(col[s])
                 for key, col in extras.items():
                     self.latest[key] = float(col[s])
                 if self.log_wealth >= self.evidence_threshold_log and self.evidence_at is None:
@@ -144,6 +158,9 @@ class Decision:
         h["combined"].append(float(self.log_wealth))
         for key, v in self.latest.items():
             h[key].append(float(v))
+        for name, v in self.monitor_latest.items():  # each betting monitor's own term
+            col = h.setdefault(MONITOR_COLUMN + name, [0.0] * (len(h["step"]) - 1))
+            col.append(float(v))
 
     def adopt(self, violation: bool, violation_step: int | None, crossed_at: int | None) -> bool:
         """Take another process's decision (DDP: rank 0's); True if it differed from ours."""
@@ -165,6 +182,7 @@ class Decision:
                 "evidence_step": self.evidence_step,
                 "last": dict(self._last),
                 "excluded": sorted(self.excluded), "frozen": dict(self.frozen),
+                "monitor_latest": dict(self.monitor_latest),
                 "history": {k: list(v) for k, v in self.history.items()}}
 
     def load_state_dict(self, sd: dict[str, Any], lenient: bool = False) -> None:
@@ -173,12 +191,17 @@ class Decision:
         column only this decision has is filled with zeros for the earlier points, and a column
         only the state has is dropped."""
         hist = {k: list(v) for k, v in sd["history"].items()}
-        if set(hist) != set(self.history):
+        # the betting monitors' columns come and go with the monitors that bet: kept as saved
+        mine = {k: v for k, v in hist.items() if k.startswith(MONITOR_COLUMN)}
+        hist = {k: v for k, v in hist.items() if k not in mine}
+        fixed = {k for k in self.history if not k.startswith(MONITOR_COLUMN)}
+        if set(hist) != fixed:
             if not lenient:
                 raise ValueError(f"decision state has history columns {sorted(hist)}, "
-                                 f"this auditor {sorted(self.history)}")
+                                 f"this auditor {sorted(fixed)}")
             n = len(hist.get("step", []))
-            hist = {k: hist.get(k, [0.0] * n) for k in self.history}
+            hist = {k: hist.get(k, [0.0] * n) for k in self.history if k in fixed}
+        hist.update(mine)
         self.log_wealth = float(sd["log_wealth"])
         self.latest = {**{k: 0.0 for k in self.latest},
                        **{k: float(v) for k, v in sd["latest"].items() if k in self.latest}}
@@ -198,3 +221,7 @@ class Decision:
         self._last = {str(k): float(v) for k, v in sd.get("last", {}).items()}
         self.excluded = set(sd.get("excluded", []))
         self.frozen = {str(k): float(v) for k, v in sd.get("frozen", {}).items()}
+        # the betting monitors' latest terms: their last values (absent before they were kept)
+        self.monitor_latest = {k[len(MONITOR_COLUMN):]: float(v[-1]) for k, v in mine.items()
+                               if v}
+        self.monitor_latest.update(sd.get("monitor_latest", {}))

@@ -99,6 +99,7 @@ class AuditEngine:
                  evidence_callbacks: list[StepCallback] | None = None) -> None:
         self.config = config
         self.monitors = monitors
+        self._tell_monitors()
         self.warn = warn
         self._read_claim = read_claim
         self._share = share_decision
@@ -124,6 +125,16 @@ class AuditEngine:
         #: there and it detached), and that failure in words; None while complete
         self.incomplete_from: int | None = None
         self.internal_failure: str | None = None
+
+    def _tell_monitors(self) -> None:
+        """Give this engine's monitors the way to ask whether it stopped training (read at
+        finalize)."""
+        for m in self.monitors.values():
+            m.ctx.stopped_training = self._stopped_training
+
+    def _stopped_training(self) -> bool:
+        """Whether this audit stopped training on a proven violation (``should_stop``)."""
+        return self.should_stop
 
     def new_decision(self, monitors: dict[str, Monitor]) -> Decision:
         """A fresh decision whose history has the monitors' columns."""
@@ -428,6 +439,7 @@ class AuditEngine:
         """Swap in monitors and a decision already loaded, and the counters of ``sd``."""
         c = sd["counters"]
         self.config, self.monitors, self.decision = config, monitors, decision
+        self._tell_monitors()
         self.step = int(c["step"])
         self.steps_at_attach = int(c["steps_at_attach"])
         self.should_stop = bool(c["should_stop"])

@@ -24,7 +24,7 @@ __all__ = ["plan_step", "snapshot_step", "release_step", "add_columns", "add_joi
 def plan_step(draws: np.ndarray, at: int, in_index: np.ndarray, log1m_q: float,
               consts: np.ndarray, k: int, m: int, n_params: int, spread_rows: np.ndarray,
               spread_param: np.ndarray, spread_flat: np.ndarray, spread_w: float,
-              scratch: np.ndarray
+              scratch: np.ndarray, group: int
               ) -> tuple[int, np.ndarray, np.ndarray, np.ndarray, np.ndarray, np.ndarray,
                          np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
     """One logical step's canary plan from the auditor's own uniforms ``draws[at:]``.
@@ -37,6 +37,10 @@ def plan_step(draws: np.ndarray, at: int, in_index: np.ndarray, log1m_q: float,
     geometric, ``floor(log(1 - u) / log(1 - q))`` for a uniform u (``log1m_q`` = log(1 - q)),
     so that a step uses k + 1 + (canaries included) uniforms, not one per canary
     (docs/design.md section 5). ``scratch``: int64 work space of at least ``len(in_index)``.
+    ``group``: the one-run canaries are layered (:mod:`dpaudit_torch.canary_layers`), each of
+    ``group`` members stored tensor-major (member l of canary j is ``l (m / group) + j``);
+    ``in_index`` then lists IN canaries (``j < m / group``) and an included canary includes all
+    its members, ascending (1: Dirac canaries, one member each).
     Rows are the k pairs, then the included one-run canaries in index order. A spread pair (row
     ``spread_rows[s]``) also has an entry at each coordinate of ``spread_param[s, side]`` /
     ``spread_flat[s, side]`` (side 0: a, 1: b, the one its coin chose), and each entry of a
@@ -81,7 +85,15 @@ def plan_step(draws: np.ndarray, at: int, in_index: np.ndarray, log1m_q: float,
         last += int(g) + 1
         scratch[n] = in_index[last]
         n += 1
-    included = scratch[:n].copy()
+    if group == 1:
+        included = scratch[:n].copy()
+    else:
+        m_g = m // group
+        included = np.empty(n * group, dtype=np.int64)
+        for g in range(group):
+            for r in range(n):
+                included[g * n + r] = scratch[r] + g * m_g
+        n = n * group
     R = k + n
     n_sp = spread_rows.shape[0]
     L1 = spread_param.shape[2]
@@ -315,7 +327,7 @@ def signatures() -> list[tuple[object, tuple[object, ...]]]:
 
     i, i1, f = nt.int64, nt.int64[::1], nt.float64
     i3 = nt.int64[:, :, ::1]
-    return [(plan_step, (nt.float64[::1], i, i1, f, i1, i, i, i, i1, i3, i3, f, i1))]
+    return [(plan_step, (nt.float64[::1], i, i1, f, i1, i, i, i, i1, i3, i3, f, i1, i))]
 
 
 def observe_signatures(grad_dtype: object, n_tensors: int

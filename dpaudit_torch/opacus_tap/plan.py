@@ -294,8 +294,11 @@ class StepPlanner:
         self._spread_w = 1.0 / math.sqrt(design.spread_width)
         # the IN one-run canaries (ascending): only they can be included. Secret like the coins
         # (never logged or reported)
-        self._in_index = np.ascontiguousarray(
-            np.flatnonzero(coins.sampling_mask().numpy()).astype(np.int64))
+        # (a layered design, :mod:`dpaudit_torch.canary_layers`: the IN canaries, each
+        # standing for its ``layer_width`` members, which share its coin)
+        self._group = design.layer_width
+        self._in_index = np.ascontiguousarray(np.flatnonzero(
+            coins.sampling_mask().numpy()[:design.m_canaries // self._group]).astype(np.int64))
         self._in_scratch = np.empty(max(1, self._in_index.size), dtype=np.int64)
         q = float(sample_rate)
         self._log1m_q = math.log1p(-q) if q < 1.0 else -math.inf
@@ -319,7 +322,7 @@ class StepPlanner:
              pair_order) = plan_step(
                 draws, at, self._in_index, self._log1m_q, self._consts, self._k,
                 self.design.m_canaries, len(self.params), self._spread_rows, self._spread_param,
-                self._spread_flat, self._spread_w, self._in_scratch)
+                self._spread_flat, self._spread_w, self._in_scratch, self._group)
             if pos >= 0:
                 break
             self._more_uniforms()

@@ -44,6 +44,24 @@ __all__ = ["OpacusTap"]
 OWNER_ATTR = "_dpaudit_auditor"
 
 
+def _not_poisson_warning(data_loader: Any, rate: float) -> str:
+    """The warning for a verified loader that is not Opacus's Poisson loader. One of fixed-size
+    batches (``batch_size`` set) is what ``make_private`` was given (the loader from before
+    it), or what it returned with ``poisson_sampling=False``: the warning says so."""
+    name = type(data_loader).__name__
+    bs = getattr(data_loader, "batch_size", None)
+    if isinstance(bs, int) and not isinstance(bs, bool):
+        what = (f"the data loader handed to the auditor ({name}, fixed batches of {bs}) is "
+                f"not Opacus's Poisson loader: it is the loader from before make_private (or "
+                f"one make_private returned with poisson_sampling=False); if training iterates "
+                f"the Poisson loader make_private returned, pass that one")
+    else:
+        what = f"the data loader ({name}) is not Opacus's Poisson loader"
+    return (f"{what}: its rate is taken as 1 / len(loader) = {rate:.4g}, as make_private does "
+            f"for the accountant; the sampling audit checks whether its batches are Poisson "
+            f"samples")
+
+
 class OpacusTap:
     """Validates and wraps the Opacus objects of one training run.
 
@@ -84,10 +102,7 @@ class OpacusTap:
         if not self.poisson_loader and self.setup.loader_verified:
             # not Opacus's Poisson loader (poisson_sampling=False, a user's own sampler): the
             # sampling monitor tests whether the batches really are Poisson samples
-            warn(f"the data loader ({type(data_loader).__name__}) is not Opacus's Poisson "
-                 f"loader: its rate is taken as 1 / len(loader) = {sample_rate:.4g}, as "
-                 f"make_private does for the accountant; the sampling audit checks whether its "
-                 f"batches are Poisson samples")
+            warn(_not_poisson_warning(data_loader, sample_rate))
         for problem in self.setup.problems:
             if problem.level != "note":
                 warn(problem.message)
@@ -139,10 +154,17 @@ class OpacusTap:
         return self.setup.n_records
 
     def tensor_names(self) -> list[str]:
-        """A name per parameter tensor: its index, parameter group and shape."""
+        """A name per parameter tensor: its module path in the model where the model was
+        handed over (``model=``; wrapper prefixes such as Opacus's ``_module.`` removed), else
+        its index; then its parameter group and shape, e.g. ``"head.weight (group 0, shape
+        10x128)"`` or ``"tensor 8 (group 0, shape 10x128)"``."""
         groups = self.tensor_groups()
-        return [f"tensor {i} (group {g}, shape {'x'.join(map(str, s)) or 'scalar'})"
-                for i, (g, s) in enumerate(zip(groups, self.shapes))]
+        paths: dict[int, str] = {}
+        if self.model is not None:
+            paths = {id(p): facts.module_path(n) for n, p in self.model.named_parameters()}
+        return [f"{paths.get(id(p)) or f'tensor {i}'} (group {g}, shape "
+                f"{'x'.join(map(str, s)) or 'scalar'})"
+                for i, (p, g, s) in enumerate(zip(self.params, groups, self.shapes))]
 
     def tensor_groups(self) -> list[int]:
         """The optimizer parameter group of each parameter tensor."""

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 from ..registry import bound_method
 from .formatting import scope_text
-from .markup import esc, generic, method_label, num, scalar
+from .markup import esc, generic, json_attr, method_label, num, scalar
 from .schema import is_num, per_step_delta
 from .view import ReportView
 
@@ -68,8 +68,21 @@ def _notes(v: ReportView, m: str) -> list[str]:
     return notes
 
 
+def withheld(det: dict, bound: object) -> bool:
+    """Whether a recorded bound of 0 stands for no bound at all: withheld (its family check
+    failed, ``family_verified`` false) or not computed (a note saying "no ... bound")."""
+    if bound != 0:
+        return False
+    note = det.get("note")
+    return det.get("family_verified") is False or (
+        isinstance(note, str) and note.startswith("no ") and " bound" in note)
+
+
 def _bound_cell(v: ReportView, m: str) -> str:
     bound = v.d["epsilon_lower_bounds"].get(m)
+    if bound is not None and withheld(v.detail(m), bound):  # not a bound of 0: none at all
+        return (f'<span class="num" data-field="epsilon_lower_bounds.{esc(m)}" data-value="'
+                f'{json_attr(bound)}">withheld: no bound</span>')
     return num(bound, f"epsilon_lower_bounds.{m}") if bound is not None else num(None)
 
 

@@ -14,6 +14,7 @@ from typing import Any
 
 from ..registry import BOUND_METHODS, WHOLE_RUN, refuting_methods
 from .audit_report import AuditReport
+from .checks import with_status
 from .fingerprint import fingerprint_of
 
 __all__ = ["BoundResult", "build_report", "THREAT_MODEL_NOTES"]
@@ -76,6 +77,8 @@ def build_report(*, claimed_epsilon: float | None, bounds: Mapping[str, BoundRes
                          "message": f"the {spec.label} lower bound {eps[m]:.4g} on the whole "
                                     f"run's epsilon exceeds the claimed epsilon "
                                     f"{claimed_epsilon:.4g}", "where": "the whole training run"})
+    if "checks" in fields:  # each monitor's section, with its status from the findings
+        fields["checks"] = with_status(fields["checks"], found)
     report = AuditReport(
         findings=found,
         claimed_epsilon=claimed_epsilon,

@@ -157,6 +157,13 @@ def power_sentence(power: dict[str, Any], number: Callable[[Any, str], str] | No
         f"A correct implementation with this run's settings would give a {label} bound of "
         f"about {fmt(expected, 'power.expected_bound')} ({how})"
     )
+    c, rel = power.get("c"), power.get("release_epsilon")
+    if is_num(c) and c < 1.0 and is_num(rel):  # per-layer clipping: the reached contribution
+        first += (
+            f", for canaries that contribute {fmt(c, 'power.c')} of the clipping norm C "
+            f"(per-layer clipping), whose own release has {eps} "
+            f"{fmt(rel, 'power.release_epsilon')}"
+        )
     mre, tp = power.get("min_refutable_epsilon"), power.get("target_power")
     if is_num(mre):
         pct = format_number(100.0 * tp) if is_num(tp) else "n/a"

@@ -21,6 +21,7 @@ the sequential tests (docs/design.md section 4) is about one training step.
 from __future__ import annotations
 
 from .bounds import bounds_section
+from .checks import checks_section
 from .formatting import (
     NO_STEPS_SENTENCE,
     bound_alpha,
@@ -30,6 +31,7 @@ from .formatting import (
     pairs_sentence,
     power_sentence,
 )
+from .labels import TRAINING_LABELS, labelled
 from .markup import esc, json_for_script, kv_section, method_label, num
 from .schema import JSON_NAME, ReportData, no_steps_audited
 from .sections import plots_section, provenance_section, sequential_section, strength_section
@@ -38,7 +40,7 @@ from .view import ReportView
 from .wording import decided_per_step, deciding_findings, monitor_label
 
 __all__ = ["render_html", "render_page", "verdict_section", "findings_text", "power_text",
-           "meaning_text", "violation_text", "config_shown"]
+           "meaning_text", "violation_text", "config_shown", "training_section"]
 
 # the HTML page
 # ----------------------------------------------------------------------------------------------
@@ -107,11 +109,11 @@ def render_page(v: ReportView) -> str:
         f'<span data-field="schema_version">{esc(d["schema_version"])}</span></p></header>',
         verdict_section(v),
         bounds_section(v),
+        checks_section(v),
         sequential_section(v),
         plots_section(v),
         strength_section(v),
-        kv_section("Training (as observed by the auditor)", "training", d["training"],
-                   "No training information was recorded."),
+        training_section(v),
         kv_section("Canaries", "canaries", d["canaries"],
                    "No canary information was recorded.", canaries_intro(v)),
         kv_section("Configuration", "configuration", config_shown(v),
@@ -239,11 +241,30 @@ def findings_text(v: ReportView) -> str:
     return f'<ul id="findings">{li}</ul>'
 
 
+def training_section(v: ReportView) -> str:
+    """The training as observed, each key under its readable label."""
+    tr = v.d["training"]
+    body = (labelled(tr, TRAINING_LABELS) if tr
+            else "<p><em>No training information was recorded.</em></p>")
+    return f'<section id="training"><h2>Training (as observed by the auditor)</h2>{body}</section>'
+
+
 def canaries_intro(v: ReportView) -> str:
-    """What ``k_pairs`` counts (the pairs of one step), beside the pairs fed over the run."""
+    """What ``k_pairs`` counts (the pairs of one step), beside the pairs fed over the run, and
+    why the spread pairs cover fewer tensors than the configuration asked, where they do."""
     d = v.d
     sentence = pairs_sentence(d["canaries"], d["sequential"], d["training"], number=num)
-    return f"<p>Canary pairs: {sentence}</p>" if sentence else ""
+    out = f"<p>Canary pairs: {sentence}</p>" if sentence else ""
+    got, asked = d["canaries"].get("spread_tensors"), d["config"].get("spread_tensors")
+    if (isinstance(got, int) and isinstance(asked, int) and got < asked
+            and d["canaries"].get("spread_pairs")):
+        out += (f'<p id="spread-tensors">Each spread pair covers {num(got)} tensors '
+                f"(<code>spread_tensors</code> here), not the {num(asked)} the configuration "
+                "asks for: every spread pair covers the same tensors' count, each needs two "
+                "fresh coordinates per spread pair away from the other canaries, and this "
+                "model has only that many tensors with room for them (or only that many "
+                "tensors).</p>")
+    return out
 
 
 def power_text(v: ReportView) -> str:

@@ -27,18 +27,26 @@ __all__ = ["Plot", "plot_log_wealth", "plot_epsilon_lower_bound", "plot_score_hi
 _WIDTH_IN, _HEIGHT_IN, _DPI = 7.2, 3.3, 100
 # series of wealth_history that are NOT log-wealths
 _NOT_WEALTH = ("step", "epsilon_lower_bound")
-# the combined e-process (average of the testers' wealths) is not a tester of its own
+# the decision's e-process: the average of the betting monitors' e-values, not a tester
 _COMBINED = "combined"
-_COMBINED_COLOR = "#2ca02c"
+_COMBINED_COLOR = "black"
+# a betting monitor's own term of that average: "monitor." + its name (the writer's
+# ``MONITOR_COLUMN``); the report's ``monitor_labels`` name it
+_MONITOR = "monitor."
+_STEP_AXIS, _INDEX_AXIS = "training step", "record index"
 
 
 @dataclass
 class Plot:
-    """One rendered plot (``png`` base64, or ``None`` with ``reason``)."""
+    """One rendered plot (``png`` base64, or ``None`` with ``reason``); ``legend`` and ``xticks``
+    are the legend's entries and the x-axis tick labels as drawn (the page writes them beside
+    the image, so that what the plot shows can be read as text)."""
 
     png: str | None
     reason: str = ""
     notes: list[str] = field(default_factory=list)
+    legend: list[str] = field(default_factory=list)
+    xticks: list[str] = field(default_factory=list)
 
 
 def _figure() -> tuple[Any, Any]:
@@ -81,16 +89,30 @@ def _finite_xy(
 def _steps(history: dict[str, list], length: int) -> tuple[list[float], str]:
     steps = history.get("step")
     if steps:
-        return [float(s) for s in steps], "training step"
-    return [float(i) for i in range(length)], "record index"
+        return [float(s) for s in steps], _STEP_AXIS
+    return [float(i) for i in range(length)], _INDEX_AXIS
 
 
-def _series_style(name: str) -> tuple[str, str | None]:
-    """Legend label and colour of a log-wealth series (the registry's, for a tester)."""
+def _series_style(name: str, labels: dict[str, str], by_monitor: bool
+                  ) -> tuple[str, str | None, dict[str, Any]]:
+    """Legend label, colour and line style of a log-wealth series: the decision's average
+    (thick, black), a betting monitor's term (by the report's label of it), a sequential
+    tester's (the registry's label and colour; thin and dashed where the monitors' terms are
+    drawn, as it is a part of one of them)."""
     if name == _COMBINED:
-        return _COMBINED, _COMBINED_COLOR
+        what = ("the decision: log of the average of the monitors' e-values" if by_monitor else
+                "the decision: log of the average of every monitor's e-value (not all drawn)")
+        return what, _COMBINED_COLOR, {"linewidth": 2.2}
+    if name.startswith(_MONITOR):
+        mon = name[len(_MONITOR):]
+        label = labels.get(mon, mon).split(" (")[0]
+        return f"monitor: {label}", None, {"linewidth": 1.6}
     spec = TESTERS.get(name)
-    return (spec.label, spec.color) if spec is not None else (name, None)
+    label, color = (spec.label, spec.color) if spec is not None else (name, None)
+    if by_monitor:
+        return (f"{label} (a sequential test of the canary pairs)", color,
+                {"linewidth": 1.0, "linestyle": "--", "alpha": 0.8})
+    return label, color, {"linewidth": 1.3, "alpha": 0.85}
 
 
 def _mark_step(ax: Any, step: int | None, label: str) -> None:
@@ -101,12 +123,21 @@ def _mark_step(ax: Any, step: int | None, label: str) -> None:
 def _finish(fig: Any, ax: Any, xlabel: str, ylabel: str, title: str, notes: list[str]
             ) -> Plot:
     """Labels, grid and legend of a report plot; the figure as a :class:`Plot`."""
+    from matplotlib.ticker import MaxNLocator
+
     ax.set_xlabel(xlabel)
     ax.set_ylabel(ylabel)
     ax.set_title(title)
     ax.grid(True, alpha=0.3)
-    ax.legend(loc="best", fontsize="small")
-    return Plot(_to_png(fig), notes=notes)
+    if xlabel in (_STEP_AXIS, _INDEX_AXIS):  # steps are whole numbers: so are the ticks
+        ax.xaxis.set_major_locator(MaxNLocator(integer=True))
+    legend = ax.legend(loc="best", fontsize="small")
+    png = _to_png(fig)  # draws the figure: the tick labels below are those drawn
+    lo, hi = sorted(ax.get_xlim())
+    ticks = [t.get_text() for t in ax.get_xticklabels()
+             if lo - 1e-9 <= t.get_position()[0] <= hi + 1e-9 and t.get_text()]
+    return Plot(png, notes=notes, legend=[t.get_text() for t in legend.get_texts()],
+                xticks=ticks)
 
 
 def plot_log_wealth(
@@ -114,8 +145,12 @@ def plot_log_wealth(
     threshold_log: float,
     violation_step: int | None = None,
     crossed_step: float | None = None,
+    labels: dict[str, str] | None = None,
 ) -> Plot:
-    """Log-wealth of each sequential test over training steps, with the log(1/alpha) line.
+    """Log-wealth over training steps, with the log(1/alpha) line: one line per monitor that
+    bets in the decision (``monitor.<name>`` series, named by ``labels``, the report's
+    ``monitor_labels``), the decision itself (``combined``, the log of their average, labelled
+    as such), and each sequential test.
 
     ``crossed_step``: step at which the combined wealth first reached the threshold, marked when
     it differs from ``violation_step`` (the decision may be checked only every few steps).
@@ -138,10 +173,10 @@ def plot_log_wealth(
     if not series:
         return Plot(None, "Nothing to plot: every recorded log-wealth is non-finite.", notes)
     fig, ax = _figure()
+    by_monitor = any(k.startswith(_MONITOR) for k, _, _ in series)
     for k, xs, ys in series:
-        style = {"linewidth": 2.0} if k == _COMBINED else {"linewidth": 1.3, "alpha": 0.85}
         marker = "o" if len(xs) == 1 else None
-        label, color = _series_style(k)
+        label, color, style = _series_style(k, labels or {}, by_monitor)
         ax.plot(xs, ys, label=label, color=color, marker=marker, **style)
     if math.isfinite(threshold_log):
         ax.axhline(threshold_log, color="black", linestyle="--", linewidth=1.0,
@@ -151,7 +186,8 @@ def plot_log_wealth(
                    label=f"threshold first reached (step {crossed_step:g})")
     _mark_step(ax, violation_step, f"violation proven (step {violation_step})")
     return _finish(fig, ax, xlabel, "log-wealth",
-                   "Sequential tests: log-wealth (rejects at the dashed line)", notes)
+                   "Log-wealth of the decision and its monitors (rejects at the dashed line)",
+                   notes)
 
 
 def plot_epsilon_lower_bound(

@@ -21,7 +21,7 @@ engine), never by a table of this package; a finding's optional ``scope`` (the r
 :data:`~dpaudit_torch.registry.ONE_STEP`) says that it is about the per-step guarantee. The
 audit's fingerprint (schema 1.4, field ``fingerprint``; :mod:`dpaudit_torch.report.fingerprint`)
 says what the audit was, so that two releases' audits can be compared (``dpaudit gate``).
-Schema 1.5 states the two levels of evidence (docs/design.md, "Two levels of evidence"):
+Schema 1.6 states the two levels of evidence (docs/design.md, "Two levels of evidence"):
 ``alpha`` is the level of every proof together, ``proof_levels`` its split among the proof
 paths, and ``alpha_warn`` / ``evidence`` / ``evidence_step`` the evidence of a violation (the
 decision's e-process at 1/alpha_warn), which is not a proof.
@@ -81,15 +81,19 @@ __all__ = [
     "no_steps_audited",
     "is_one_step",
     "per_step_delta",
+    "CHECK_STATUSES",
+    "NOTHING_FOUND",
+    "NOT_RUN",
+    "check_status",
 ]
 
 #: version of the ``audit.json`` schema written by this module (see docs/report.md)
-SCHEMA_VERSION = "1.5"
+SCHEMA_VERSION = "1.6"
 #: fields added after 1.0, with the minor version that introduced them (a document of an older
 #: minor version must not carry them; reading it fills in their defaults)
 _FIELDS_SINCE = {"power": 1, "findings": 2, "claim_inconsistent": 2, "audits": 2,
-                 "monitor_labels": 3, "fingerprint": 4, "alpha_warn": 5, "evidence": 5,
-                 "evidence_step": 5, "proof_levels": 5}
+                 "monitor_labels": 3, "fingerprint": 4, "checks": 5, "alpha_warn": 6,
+                 "evidence": 6, "evidence_step": 6, "proof_levels": 6}
 #: file names written by :meth:`AuditReport.save`
 JSON_NAME = "audit.json"
 HTML_NAME = "report.html"
@@ -103,7 +107,7 @@ VERDICT_VIOLATION = "violation proven"
 #: :attr:`AuditReport.verdict` when the accountant's inputs contradict the training that ran
 VERDICT_INCONSISTENT = "claim inconsistent"
 #: :attr:`AuditReport.verdict` prefix when the sequential decision showed evidence of a
-#: violation (level ``alpha_warn``) but proved none (schema 1.5)
+#: violation (level ``alpha_warn``) but proved none (schema 1.6)
 VERDICT_EVIDENCE = "evidence of a violation (not a proof)"
 #: :attr:`AuditReport.verdict` when only findings that are not proofs were made
 VERDICT_FINDING = "finding (not a proof)"
@@ -296,9 +300,41 @@ def _check_fields(d: dict[str, Any]) -> None:
           "a list of strings", w)
     _check_power(g("power"))
     _check_findings(g("findings"))
+    _check_checks(g("checks"))
     labels = g("monitor_labels")
     _need(isinstance(labels, dict) and all(isinstance(v, str) for v in labels.values()),
           "monitor_labels", "a dict {monitor: label} of strings", labels)
+
+
+#: status of a monitor's check section without a finding (notes aside)
+NOTHING_FOUND = "checked, nothing found"
+#: status of a monitor's check section when the monitor did not run at all
+NOT_RUN = "not run"
+#: the statuses of a check section (``checks[i].status``), strongest first
+CHECK_STATUSES = ("violation", "refuted", "inconsistent", "finding", NOT_RUN, NOTHING_FOUND)
+_SECTION_KEYS = {"monitor": str, "title": str, "ran": bool, "status": str, "checked": list,
+                 "measured": list, "not_checked": list, "findings": list}
+
+
+def check_status(section: dict[str, Any], findings: list[dict[str, Any]]) -> str:
+    """The status of a monitor's check section from the report's findings of its monitor: the
+    strongest finding level among them (notes aside), else "not run" (the monitor did not run)
+    or "checked, nothing found"."""
+    levels = {f.get("level") for f in findings if f.get("monitor") == section.get("monitor")}
+    found = next((s for s in CHECK_STATUSES[:4] if s in levels), None)
+    if found is not None:
+        return found
+    return NOTHING_FOUND if section.get("ran", True) else NOT_RUN
+
+
+def _check_checks(checks: Any) -> None:
+    """``checks`` (schema 1.5): one section per monitor (docs/report.md)."""
+    _need(isinstance(checks, list), "checks", "a list of sections", checks)
+    for i, sec in enumerate(checks):
+        ok = isinstance(sec, dict) and all(
+            isinstance(sec.get(k), t) for k, t in _SECTION_KEYS.items())
+        _need(ok and sec["status"] in CHECK_STATUSES, f"checks[{i}]",
+              f"a dict with {sorted(_SECTION_KEYS)} and a status among {CHECK_STATUSES}", sec)
 
 
 def _check_findings(fs: Any) -> None:
@@ -415,13 +451,13 @@ class ReportData:
     claimed_epsilon: float | None = None
     delta: float = 1e-5
     alpha: float = 0.05
-    #: (since 1.5) the level of "evidence of a violation" (the decision's e-process at
+    #: (since 1.6) the level of "evidence of a violation" (the decision's e-process at
     #: 1/alpha_warn; not a proof); None where the report records no evidence level
     alpha_warn: float | None = None
-    #: (since 1.5) whether the decision showed evidence, and the step at which it was available
+    #: (since 1.6) whether the decision showed evidence, and the step at which it was available
     evidence: bool = False
     evidence_step: int | None = None
-    #: (since 1.5) proof path -> the level it was decided at; their sum bounds the probability
+    #: (since 1.6) proof path -> the level it was decided at; their sum bounds the probability
     #: that a correct run gets any false proof (docs/design.md, "Two levels of evidence")
     proof_levels: dict[str, float] = field(default_factory=dict)
     accountant: str | None = None
@@ -453,6 +489,9 @@ class ReportData:
     #: :func:`dpaudit_torch.report.fingerprint.fingerprint_of` of the other fields; ``{}`` when
     #: not filled (a report built by hand, or read from an older version)
     fingerprint: dict = field(default_factory=dict)
+    #: (since 1.5) one section per monitor, in the order they run: what it checked, measured,
+    #: found and did not check (docs/report.md, "Checks by monitor"); ``[]`` when not recorded
+    checks: list[dict] = field(default_factory=list)
 
     # -- plain data ------------------------------------------------------------------------------
 
@@ -558,7 +597,7 @@ class ReportData:
         step N"`` (the sequential decision, about one training step, any monitor), ``"claim
         inconsistent"`` (the accountant's inputs contradict what ran), ``"evidence of a
         violation (not a proof) at step N"`` (the decision's e-process reached 1/alpha_warn,
-        schema 1.5), ``"finding (not a proof)"`` (e.g. noise on a low-precision grid), else
+        schema 1.6), ``"finding (not a proof)"`` (e.g. noise on a low-precision grid), else
         ``"nothing found"``. Every finding is in :attr:`findings`."""
         if self.claim_refuted:
             return VERDICT_REFUTED

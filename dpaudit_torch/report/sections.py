@@ -9,8 +9,11 @@ combined log-wealth with log(1/alpha) (Ville's inequality). The testers' names c
 
 from __future__ import annotations
 
+import json
+
 from . import plots
 from .formatting import pairs_sentence
+from .labels import INTERFERENCE_LABELS, labelled
 from .markup import esc, generic, method_label, num, scalar, tester_label
 from .schema import is_num
 from .view import ReportView
@@ -119,9 +122,12 @@ def plots_section(v: ReportView) -> str:
     )
     figs = [
         ("plot-wealth", plots.plot_log_wealth(wh, v.threshold_log(), d["violation_step"],
-                                              crossed if is_num(crossed) else None),
-         "Log-wealth of each sequential test over training steps. A test proves a violation "
-         "when its log-wealth reaches the dashed line log(1/α); under a true null it "
+                                              crossed if is_num(crossed) else None,
+                                              d["monitor_labels"]),
+         "Log-wealth over training steps: one line per monitor that bets in the decision, "
+         "the decision itself (black: the log of the average of the monitors' e-values) and "
+         "each sequential test of the canary pairs (dashed). The audit proves a violation "
+         "when the decision's line reaches the dashed line log(1/α); under a true null it "
          "stays below it with probability at least 1 − α."),
         ("plot-epsilon", plots.plot_epsilon_lower_bound(wh, grid_max, d["violation_step"]),
          "Sequential ε lower bound for ONE training step (anytime form: once a grid point "
@@ -145,9 +151,11 @@ def plots_section(v: ReportView) -> str:
             f'<img src="data:image/png;base64,{plot.png}" '
             f'alt="{esc(caption.split(".")[0])}">'
         )
+        drawn = (f'<p class="notes" data-part="legend">Lines: {esc("; ".join(plot.legend))}.'
+                 f'</p>' if plot.legend else "")
         out.append(
-            f'<figure id="{anchor}">{body}<figcaption>{esc(caption)}</figcaption>{notes}'
-            "</figure>"
+            f'<figure id="{anchor}" data-xticks="{esc(json.dumps(plot.xticks))}">{body}'
+            f"<figcaption>{esc(caption)}</figcaption>{drawn}{notes}</figure>"
         )
     out.append("</section>")
     return "".join(out)
@@ -196,6 +204,16 @@ def strength_section(v: ReportView) -> str:
             f"{esc(can.get('design', 'n/a'))}, canary norm {num(can.get('norm_multiplier'))}"
             " × clipping norm).</li>"
         )
+        lay = can.get("layers")
+        if isinstance(lay, dict) and is_num(lay.get("contribution")):
+            # per-layer clipping: what the layered one-run canaries reach (docs/design.md 5)
+            strength.append(
+                f"<li>Per-layer clipping: each one-run canary spans {num(lay.get('width'))} "
+                f"parameter tensor(s) and contributes {num(lay['contribution'])} of the "
+                f"clipping norm C ({num(can.get('one_run_coordinates'))} coordinates); the "
+                "power statement is computed for that contribution, while a ceiling (a "
+                "noise-free release) does not depend on it.</li>"
+            )
     for m in v.methods():
         c = v.ceiling(m)
         if c is not None:
@@ -207,7 +225,8 @@ def strength_section(v: ReportView) -> str:
     inter_html = (
         "<h3>Interference from real data</h3><p>Spread of the real-data gradient at the "
         "canary coordinates, in units of the clipping norm C. Interference costs power "
-        "(weaker bounds), not validity.</p>" + generic(inter) if inter else ""
+        "(weaker bounds), not validity.</p>" + labelled(inter, INTERFERENCE_LABELS)
+        if inter else ""
     )
     power = d["power"]
     for w in power.get("warnings") or []:

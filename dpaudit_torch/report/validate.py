@@ -21,7 +21,7 @@ from typing import Any
 from ..registry import bound_method, refuting_methods
 from .fingerprint import stored_fingerprint_contradictions
 from .formatting import format_number
-from .schema import ReportData, is_num
+from .schema import ReportData, check_status, is_num
 
 __all__ = ["InconsistentReportError", "contradictions", "validate"]
 
@@ -136,6 +136,17 @@ def _inconsistency(d: dict[str, Any]) -> list[str]:
             f"{str(flags[n]).lower()}" for n in disagree]
 
 
+def _checks(d: dict[str, Any]) -> list[str]:
+    """Each monitor's check section against the report's findings of that monitor."""
+    out = []
+    for i, sec in enumerate(d.get("checks", [])):
+        want = check_status(sec, d["findings"])
+        if sec["status"] != want:
+            out.append(f"checks[{i}].status is {sec['status']!r} but the findings of monitor "
+                       f"{sec['monitor']!r} make it {want!r}")
+    return out
+
+
 def contradictions(report: ReportData) -> list[str]:
     """Every contradiction between the fields of ``report`` (empty when it is consistent), and
     "no results" when it holds no lower bound, no sequential test and no finding.
@@ -146,7 +157,7 @@ def contradictions(report: ReportData) -> list[str]:
     d = report.to_dict()
     if not d["epsilon_lower_bounds"] and not d["findings"] and not d["sequential"].get("tests"):
         return ["it holds no results (no lower bound, no sequential test, no finding)"]
-    return (_refutation(d) + _findings(d) + _sequential(d) + _numbers(d)
+    return (_refutation(d) + _findings(d) + _sequential(d) + _numbers(d) + _checks(d)
             + stored_fingerprint_contradictions(d))
 
 

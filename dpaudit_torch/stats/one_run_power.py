@@ -72,6 +72,8 @@ __all__ = [
     "bounds_from_scores",
     "simulate_one_run_bounds",
     "one_run_power",
+    "few_inclusions_warning",
+    "stopped_wording",
 ]
 
 #: ``mode="auto"`` simulates the llr score step by step up to this many per-step draws
@@ -98,13 +100,25 @@ _Strategy = FixedK | Bonferroni | RandomSplit
 # ------------------------------------------------------------------------------------------------
 # argument checks
 # ------------------------------------------------------------------------------------------------
-def few_inclusions_warning(q: float, steps: int) -> str | None:
+def few_inclusions_warning(q: float, steps: int, stopped: bool = False) -> str | None:
     """The warning for an audit whose IN canaries are included fewer than
-    :data:`_FEW_INCLUSIONS` times on average (q T), or None."""
+    :data:`_FEW_INCLUSIONS` times on average (q T), or None. ``stopped``: the audit itself
+    stopped training on a proven violation, so there is no advice to train longer."""
     if q * steps >= _FEW_INCLUSIONS:
         return None
+    if stopped:
+        return (f"IN canaries were included only {q * steps:.3g} times on average (q T): the "
+                f"audit stopped training after {steps} step(s) on a proven violation, so the "
+                "one-run bound had almost no power; the violation does not depend on it")
     return (f"IN canaries were included only {q * steps:.3g} times on average (q T); the "
             "one-run bound has almost no power: raise the number of steps or the sample rate")
+
+
+def stopped_wording(warnings: list[str], q: float, steps: int) -> list[str]:
+    """``warnings`` with the few-inclusions warning worded for an audit that itself stopped
+    training on a proven violation (no advice to train longer)."""
+    usual, stopped = few_inclusions_warning(q, steps), few_inclusions_warning(q, steps, True)
+    return [stopped if w == usual else w for w in warnings]
 
 
 def _check_game(sigma: object, q: object, steps: object, m: object, c: object

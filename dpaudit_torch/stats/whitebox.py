@@ -47,37 +47,24 @@ from __future__ import annotations
 import functools
 import logging
 import math
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
 import numpy as np
-from scipy import optimize, special, stats
+from scipy import optimize, stats
 
 from .._validation import check_alpha, check_delta
 from ._whitebox_epsilon import dpsgd_epsilon, smallest_sigma
+from ._whitebox_law import _LEVELS, ReleaseLaw  # noqa: F401 - re-exported
 from .one_run_power import few_inclusions_warning
 
 logger = logging.getLogger(__name__)
 
-__all__ = [
-    "WHITEBOX_FAMILY_NOTE",
-    "WHITEBOX_ALPHA",
-    "ReleaseMoments",
-    "FamilyCheck",
-    "WhiteboxResult",
-    "ReleaseLaw",
-    "release_moments",
-    "family_check",
-    "rho_lower_bound",
-    "whitebox_bound",
-    "whitebox_power",
-    "dpsgd_epsilon",
-    "smallest_sigma",
-    "whole_null_tests",
-    "FAMILY_PARTS",
-    "NOISE_FREE_RATIO",
-]
+__all__ = ["WHITEBOX_FAMILY_NOTE", "WHITEBOX_ALPHA", "ReleaseMoments", "FamilyCheck",
+           "WhiteboxResult", "ReleaseLaw", "release_moments", "family_check", "rho_lower_bound",
+           "whitebox_bound", "whitebox_power", "dpsgd_epsilon", "smallest_sigma",
+           "whole_null_tests", "schedule_moments", "FAMILY_PARTS", "NOISE_FREE_RATIO"]
 
 #: stated with every white-box result: what it proves
 WHITEBOX_FAMILY_NOTE = (
@@ -107,13 +94,6 @@ FAMILY_LAGS: tuple[int, ...] = (1, 2, 3, 4, 5, 8, 10, 16)
 #: steps of OUT values fed to the whole-null tests at a time (bounds their scratch memory)
 _FEED_ROWS = 256
 
-# CDF levels of the quadrature cells: fine in both tails, where a cell's worst corner is far
-# from its mass, and even in the bulk
-_LEVELS = np.unique(np.concatenate((
-    [0.0], np.logspace(-15, -1.3, 70), np.linspace(0.05, 0.95, 121),
-    1.0 - np.logspace(-1.3, -15, 70), [1.0])))
-
-
 # ------------------------------------------------------------------------------------------------
 # sufficient statistics and the family check
 # ------------------------------------------------------------------------------------------------
@@ -124,7 +104,8 @@ class ReleaseMoments:
     ``d``: mean IN sum minus mean OUT sum; ``s2``: sample variance of the OUT sums;
     ``step_var``: mean of Z^2 over every OUT value (the per-step noise variance);
     ``kurtosis``: mean of Z^4 over mean of Z^2 squared, OUT values (None when not tracked);
-    units of C.
+    units of C.  Under a schedule (``weight_sum`` V = sum_t w_t, :mod:`._whitebox_schedule`)
+    the sums are weighted and Z^2, Z^4 are of the values divided by b_t.
     """
 
     n_in: int
@@ -134,6 +115,12 @@ class ReleaseMoments:
     s2: float
     step_var: float | None = None
     kurtosis: float | None = None
+    weight_sum: float | None = None
+
+    @property
+    def signal_steps(self) -> float:
+        """The noise variance of a sum in per-step units: T, or V under a schedule."""
+        return float(self.steps if self.weight_sum is None else self.weight_sum)
 
     @property
     def statistic(self) -> float:
@@ -144,8 +131,8 @@ class ReleaseMoments:
 
 
 def release_moments(sums: np.ndarray, is_in: np.ndarray, steps: int,
-                    sum_sq: np.ndarray | None = None, sum_4: np.ndarray | None = None
-                    ) -> ReleaseMoments:
+                    sum_sq: np.ndarray | None = None, sum_4: np.ndarray | None = None,
+                    weight_sum: float | None = None) -> ReleaseMoments:
     """The moments of the canaries' traces: per-canary sums of Z (and optionally of Z^2 and Z^4)
     over ``steps`` steps, with the revealed coins ``is_in``."""
     sums = np.asarray(sums, dtype=np.float64).ravel()
@@ -167,7 +154,26 @@ def release_moments(sums: np.ndarray, is_in: np.ndarray, steps: int,
         if sum_4 is not None and step_var > 0:
             q4 = np.asarray(sum_4, dtype=np.float64).ravel()[~is_in]
             kurt = float(q4.sum() / (n0 * steps) / step_var ** 2)
-    return ReleaseMoments(n1, n0, int(steps), d, s2, step_var, kurt)
+    return ReleaseMoments(n1, n0, int(steps), d, s2, step_var, kurt, weight_sum)
+
+
+def schedule_moments(values: np.ndarray, sigmas: Sequence[float] | np.ndarray,
+                     is_in: np.ndarray) -> tuple[ReleaseMoments, Any]:
+    """(moments, schedule) of per-step canary values [steps, m] under per-step multipliers
+    ``sigmas``: the sums weighted by w_t, and the second and fourth moments of Z_t / b_t (what
+    the one-run monitor accumulates)."""
+    from ._whitebox_schedule import NoiseSchedule
+
+    z = np.asarray(values, dtype=np.float64)
+    sched = NoiseSchedule.from_steps(sigmas)
+    s = np.asarray(sigmas, dtype=np.float64).ravel()
+    if z.ndim != 2 or z.shape[0] != s.size:
+        raise ValueError(f"values {z.shape} must be [steps, m] with {s.size} steps")
+    b = s / sched.ref
+    x = z / b[:, None]
+    sq = (x * x).sum(0)
+    return release_moments(z.T @ (1.0 / b ** 2), is_in, s.size, sq, (x ** 4).sum(0),
+                           weight_sum=sched.weight_sum), sched
 
 
 @dataclass(frozen=True)
@@ -280,7 +286,7 @@ def family_check(mom: ReleaseMoments, alpha: float = WHITEBOX_ALPHA, *,
             return FamilyCheck(False, f"{name} is not finite ({v!r}): the family check "
                                       f"cannot run", level=level)
     rms = math.sqrt(max(mom.step_var, 0.0))
-    c_hat = mom.d / ((1.0 if q is None else float(q)) * mom.steps)
+    c_hat = mom.d / ((1.0 if q is None else float(q)) * mom.signal_steps)
     if mom.d > 0 and rms <= NOISE_FREE_RATIO * c_hat:
         return FamilyCheck(True, f"a noise-free release: the OUT canaries' values have RMS "
                                  f"{rms:.3g} C, at most {NOISE_FREE_RATIO:g} times the "
@@ -290,7 +296,7 @@ def family_check(mom: ReleaseMoments, alpha: float = WHITEBOX_ALPHA, *,
         return FamilyCheck(False, "the OUT canaries' values carry no noise and the IN canaries "
                                   "no signal", level=level)
     nu = mom.n_out - 1
-    ratio = mom.s2 / (mom.steps * mom.step_var)
+    ratio = mom.s2 / (mom.signal_steps * mom.step_var)
     r_min = float(stats.chi2.ppf(level, nu) / nu)
     if not _finite(ratio):
         return FamilyCheck(False, f"the variance ratio is not finite ({ratio!r})", ratio, r_min,
@@ -343,99 +349,8 @@ def family_check(mom: ReleaseMoments, alpha: float = WHITEBOX_ALPHA, *,
 
 
 # ------------------------------------------------------------------------------------------------
-# the exact law of L
+# the exact law of L: _whitebox_law.ReleaseLaw (re-exported here)
 # ------------------------------------------------------------------------------------------------
-class ReleaseLaw:
-    """The law of L = D / S for n1 IN and n0 OUT canaries, T steps and inclusion rate q.
-
-    :meth:`tail` gives P_rho(L >= l) on a quadrature over the CDF levels of W ~ chi^2(n0 - 1) and
-    K ~ Binomial(n1 T, q).  ``conservative=True`` evaluates each cell at its corner where the
-    integrand is largest (the lower W edge for l >= 0, the upper for l < 0; the upper K edge), so
-    the result is an upper bound on the exact tail; ``False`` evaluates at the cells' median
-    levels (an accurate value for power statements).
-    """
-
-    def __init__(self, n_in: int, n_out: int, steps: int, q: float) -> None:
-        if n_in < 1 or n_out < 2 or steps < 1 or not (0.0 < q <= 1.0):
-            raise ValueError(f"no law for n_in={n_in}, n_out={n_out}, steps={steps}, q={q}")
-        self.n1, self.n0, self.T, self.q = int(n_in), int(n_out), int(steps), float(q)
-        nu = self.n0 - 1
-        mass = np.diff(_LEVELS)
-        mid = 0.5 * (_LEVELS[:-1] + _LEVELS[1:])
-        w_edges = stats.chi2.ppf(_LEVELS, nu)
-        self._w_lo, self._w_hi = w_edges[:-1], w_edges[1:]
-        self._w_mid = stats.chi2.ppf(mid, nu)
-        self._w_mass = mass
-        n_trials = self.n1 * self.T
-        if q >= 1.0:
-            k_hi = np.array([float(n_trials)])
-            k_mass = np.array([1.0])
-            k_mid = k_hi
-        else:
-            k_edges = np.unique(stats.binom.ppf(_LEVELS[1:-1], n_trials, q))
-            k_edges = np.concatenate((k_edges, [float(n_trials)]))
-            cdf = stats.binom.cdf(k_edges, n_trials, q)
-            cdf[-1] = 1.0
-            k_mass = np.diff(np.concatenate(([0.0], cdf)))
-            keep = k_mass > 0
-            k_hi, k_mass = k_edges[keep], k_mass[keep]
-            lo = np.concatenate(([-1.0], k_hi[:-1])) + 1.0
-            k_mid = np.floor(0.5 * (lo + k_hi))
-        self._k_hi, self._k_mid, self._k_mass = k_hi, k_mid, k_mass
-        self._scale = math.sqrt(self.T * (1.0 / self.n1 + 1.0 / self.n0))
-        self._sqrt_t_nu = math.sqrt(self.T / nu)
-
-    def tail(self, stat: float, rho: float, conservative: bool = True) -> float:
-        """P_rho(L >= stat)."""
-        if stat == math.inf:
-            return 0.0
-        if stat == -math.inf:
-            return 1.0
-        if conservative:
-            w = self._w_lo if stat >= 0 else self._w_hi
-            k = self._k_hi
-        else:
-            w, k = self._w_mid, self._k_mid
-        a = (stat * self._sqrt_t_nu * np.sqrt(w))[:, None] - (rho / self.n1) * k[None, :]
-        with np.errstate(invalid="ignore"):
-            vals = special.ndtr(a / self._scale * -1.0)
-        vals = np.where(np.isnan(vals), 1.0, vals)
-        p = float(self._w_mass @ vals @ self._k_mass)
-        return min(1.0, max(0.0, p))
-
-    def quantile(self, prob: float, rho: float, conservative: bool = False) -> float:
-        """The level-``prob`` quantile of L under rho: accurate, or with ``conservative`` the
-        point whose conservative tail is 1 - prob (the test's critical value at level
-        1 - prob: a statistic above it is rejected)."""
-        center = rho * self.q * self.T / math.sqrt(self.T)
-        spread = 1.0 + abs(center)
-        lo, hi = center - 10 * spread, center + 10 * spread
-
-        def f(x: float) -> float:
-            return (1.0 - self.tail(x, rho, conservative=conservative)) - prob
-
-        while f(lo) > 0:
-            lo -= 10 * spread
-        while f(hi) < 0:
-            hi += 10 * spread
-        return float(optimize.brentq(f, lo, hi, xtol=1e-10, rtol=1e-12))
-
-    def rho_lower_bound(self, stat: float, alpha: float) -> float:
-        """The largest rho the test rejects at level alpha: P_rho(L >= stat) = alpha (0 when
-        rho = 0 is not rejected, inf when stat is inf)."""
-        if stat == math.inf:
-            return math.inf
-        if self.tail(stat, 0.0) >= alpha:
-            return 0.0
-        hi = max(1e-6, 2.0 * stat / (self.q * math.sqrt(self.T)))
-        while self.tail(stat, hi) < alpha:
-            hi *= 2.0
-            if hi > 1e12:
-                return math.inf
-        return float(optimize.brentq(lambda r: self.tail(stat, r) - alpha, 0.0, hi,
-                                     xtol=1e-12, rtol=1e-10))
-
-
 @functools.lru_cache(maxsize=32)
 def _law(n_in: int, n_out: int, steps: int, q: float) -> ReleaseLaw:
     return ReleaseLaw(n_in, n_out, steps, q)
@@ -487,9 +402,13 @@ class WhiteboxResult:
 
 
 def whitebox_bound(mom: ReleaseMoments, q: float, delta: float, alpha: float = WHITEBOX_ALPHA,
-                   check: bool = True, out_values: np.ndarray | None = None) -> WhiteboxResult:
+                   check: bool = True, out_values: np.ndarray | None = None,
+                   schedule: Any = None) -> WhiteboxResult:
     """The white-box bound: eps_lower of DP-SGD at noise multiplier 1 / rho_lb (docs/design.md
-    section 13).  With ``check`` the family check runs first, at the bound's own ``alpha``, on
+    section 13).  Under a ``schedule`` (a non-constant
+    :class:`~dpaudit_torch.stats._whitebox_schedule.NoiseSchedule`; ``mom`` of the weighted sums
+    and standardised values, its ``weight_sum`` set) the law and the epsilon are the
+    schedule's.  With ``check`` the family check runs first, at the bound's own ``alpha``, on
     the moments and the OUT canaries' per-step values ``out_values`` [steps, n0]; a failed
     check gives ``bound=None`` with its reason.
 
@@ -504,20 +423,34 @@ def whitebox_bound(mom: ReleaseMoments, q: float, delta: float, alpha: float = W
         raise ValueError(f"inclusion rate q must be in (0, 1], got {q!r}")
     fc = (family_check(mom, alpha, q=q, out_values=out_values) if check
           else FamilyCheck(True, "not checked (check=False)"))
-    s_min = smallest_sigma(float(q), mom.steps, float(delta))
-    ceiling = dpsgd_epsilon(s_min, q, mom.steps, delta, "lower")
-    rho = rho_lower_bound(mom, q, alpha)
+    sched = None if schedule is None or schedule.constant else schedule
+    if sched is None:
+        ceiling = dpsgd_epsilon(smallest_sigma(float(q), mom.steps, float(delta)), q,
+                                mom.steps, delta, "lower")
+        rho = rho_lower_bound(mom, q, alpha)
+    else:
+        from ._whitebox_schedule import scheduled_terms
+
+        if sched.steps != mom.steps or mom.weight_sum is None or not math.isclose(
+                mom.weight_sum, sched.weight_sum, rel_tol=1e-9):
+            raise ValueError(f"the schedule ({sched.steps} steps, weight sum "
+                             f"{sched.weight_sum:.6g}) does not fit the moments ({mom.steps} "
+                             f"steps, weight sum {mom.weight_sum!r})")
+        ceiling, rho, eps_of = scheduled_terms(mom.n_in, mom.n_out, mom.statistic, float(q),
+                                               delta, alpha, sched)
     sigma_up = (1.0 / rho) if rho > 0 else None
     if mom.step_var is not None and mom.step_var >= 0:
         sigma_hat = math.sqrt(mom.step_var)
     else:
-        sigma_hat = math.sqrt(mom.s2 / mom.steps) if mom.steps else None
+        sigma_hat = math.sqrt(mom.s2 / mom.signal_steps) if mom.steps else None
     note = ""
     if not fc.passed:
         bound: float | None = None
         note = f"no white-box bound: {fc.reason}"
     elif rho <= 0:
         bound = 0.0
+    elif sched is not None:
+        bound = eps_of(rho)
     else:
         bound = dpsgd_epsilon(1.0 / rho if math.isfinite(rho) else 0.0, q, mom.steps, delta,
                               "lower")
@@ -525,7 +458,8 @@ def whitebox_bound(mom: ReleaseMoments, q: float, delta: float, alpha: float = W
         bound=bound, method="whitebox", alpha=alpha, delta=delta, m=mom.n_in + mom.n_out,
         n_in=mom.n_in, n_out=mom.n_out, steps=mom.steps, q=float(q), statistic=mom.statistic,
         rho_lower=rho, sigma_upper=sigma_up, sigma_hat=sigma_hat, ceiling=ceiling,
-        family_verified=fc.passed, family_check=asdict(fc), note=note)
+        family_verified=fc.passed, family_check=asdict(fc), note=note,
+        extra={} if sched is None else {"schedule": sched.to_dict()})
 
 
 def whitebox_power(sigma: float, q: float, steps: int, m: int, *, delta: float,

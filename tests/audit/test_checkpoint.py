@@ -278,6 +278,13 @@ _SAMPLING_STEP = re.compile(r"\((?:anytime-valid test rejected after|its own any
                             r"crossed 1/alpha at training step) (\d+)[^)]*\)")
 
 
+#: the few-inclusions warning after the audit stopped training, worded since without advice
+_STOPPED_FEW = re.compile(r"^(IN canaries were included only \S+ times on average \(q T\)): "
+                          r"the audit stopped training after \d+ step\(s\) on a proven "
+                          r"violation, so the one-run bound had almost no power; the violation "
+                          r"does not depend on it$")
+
+
 def _drop_new(d: Any, new: set[str]) -> Any:
     """A report dict without what this release adds to a run of the release that wrote the
     layout-2 checkpoint: the sections and findings of monitors it did not have, the labels,
@@ -317,6 +324,14 @@ def _drop_new(d: Any, new: set[str]) -> Any:
     d["training"].pop("audit_incomplete_from_step", None)
     d["training"].pop("architecture_hash", None)
     d.pop("fingerprint", None)
+    d.pop("checks", None)  # the monitors' check sections (schema 1.5)
+    # each betting monitor's term of the decision, kept in the history since
+    d["wealth_history"] = {k: v for k, v in d["wealth_history"].items()
+                           if not k.startswith("monitor.")}
+    # reworded since: after the audit itself stopped training, no advice to train longer
+    d["warnings"] = [_STOPPED_FEW.sub(r"\1; the one-run bound has almost no power: raise the "
+                                      r"number of steps or the sample rate", w)
+                     for w in d["warnings"]]
     # the white-box release bound and its power statement (the report's power is the default
     # bound's), added since; the resumed run has no per-step moments before the resume, so it
     # gets no white-box bound (tested in tests/audit/monitors/test_one_run.py)

@@ -42,7 +42,7 @@ def _plans(q: float, m: int, n_steps: int, seed: int = 0, k: int = 4):
     log1m_q = math.log1p(-q) if q < 1 else -math.inf
     for t in range(n_steps):
         out = plan_step(draws, at, in_index, log1m_q, consts, k, m, 1, np.zeros(0, np.int64),
-                        empty, empty, 1.0, scratch)
+                        empty, empty, 1.0, scratch, 1)
         assert out[0] >= 0, "the test's draws ran out"
         included = out[2]
         assert np.all(np.diff(included) > 0)  # index order
@@ -92,7 +92,7 @@ def test_plan_says_when_the_draws_run_out():
     empty = np.zeros((0, 2, 0), dtype=np.int64)
     draws = np.full(10, 0.5)
     out = plan_step(draws, 0, in_index, math.log1p(-0.999), consts, 2, 100, 1,
-                    np.zeros(0, np.int64), empty, empty, 1.0, np.empty(100, np.int64))
+                    np.zeros(0, np.int64), empty, empty, 1.0, np.empty(100, np.int64), 1)
     assert out[0] == -1
 
 

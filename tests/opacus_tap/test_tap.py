@@ -101,8 +101,25 @@ def test_a_loader_that_is_not_poisson_is_taken_at_one_over_its_length() -> None:
     assert not tap.poisson_loader and tap.sample_rate == pytest.approx(1.0 / len(s.loader))
     assert len(warned) == 1 and "is not Opacus's Poisson loader" in warned[0]
     assert f"1 / len(loader) = {1.0 / len(s.loader):.4g}" in warned[0]
+    # fixed-size batches: what make_private was given, and the warning says that is what it got
+    assert "(DataLoader, fixed batches of 32)" in warned[0]
+    assert "it is the loader from before make_private" in warned[0]
     poisson = _tap(make_private_setup(), warned)
     assert poisson.poisson_loader and len(warned) == 1
+
+
+def test_the_loader_from_before_make_private_is_named_as_such() -> None:
+    """Training iterates the Poisson loader make_private returned; the auditor is handed the
+    loader make_private was given: the warning says that is what it got."""
+    s = make_private_setup()
+    before = DataLoader(TensorDataset(s.X, s.Y), batch_size=32)
+    warned: list[str] = []
+    OpacusTap(s.engine, s.optimizer, before, warn=warned.append)
+    assert len(warned) == 1
+    assert warned[0].startswith("the data loader handed to the auditor (DataLoader, fixed "
+                                "batches of 32) is not Opacus's Poisson loader: it is the "
+                                "loader from before make_private")
+    assert "pass that one" in warned[0]
 
 
 # ------------------------------------------------------------------ facts
@@ -153,8 +170,10 @@ def test_optimizer_model_and_loader_facts() -> None:
     assert tap.answer(contract.MODEL) is s.model
     assert tap.answer(contract.ACCOUNTANT_NAME) == "RDPAccountant"
     assert tap.answer(contract.TENSOR_NAMES) == [
-        "tensor 0 (group 0, shape 32x16)", "tensor 1 (group 0, shape 32)",
-        "tensor 2 (group 0, shape 2x32)", "tensor 3 (group 0, shape 2)"]
+        "0.weight (group 0, shape 32x16)", "0.bias (group 0, shape 32)",
+        "2.weight (group 0, shape 2x32)", "2.bias (group 0, shape 2)"]
+    # without the model: by index
+    assert _tap(s).answer(contract.TENSOR_NAMES)[2] == "tensor 2 (group 0, shape 2x32)"
     assert tap.answer(contract.TENSOR_GROUPS) == [0, 0, 0, 0]
     assert tap.answer(contract.GROUP_NAMES) == ["group 0"]
 

@@ -49,7 +49,9 @@ def test_decision_cadence_is_explained() -> None:
 def test_plots_section_has_three_figures() -> None:
     section = plots_section(ReportView(make_report("violation")))
     for anchor in ("plot-wealth", "plot-epsilon", "plot-scores"):
-        assert f'<figure id="{anchor}"><img src="data:image/png;base64,' in section
+        # the drawn x tick labels beside the image (data-xticks), then the image
+        assert re.search(rf'<figure id="{anchor}" data-xticks="\[[^"]+\]"><img '
+                         rf'src="data:image/png;base64,', section), anchor
     assert section.count("<figcaption>") == 3
     empty = plots_section(ReportView(AuditReport()))
     assert empty.count('<div class="nodata">Nothing to plot') == 3

@@ -60,6 +60,15 @@ CONTRADICTIONS = [
      "claim_inconsistent is true but audits.accounting.inconsistent is false"),
     ("power measured against another claim", {"power": {"claimed_epsilon": 1.0}},
      "power.claimed_epsilon 1 differs from claimed_epsilon 2.346"),
+    ("a check section whose status its monitor's findings deny",
+     {"checks": [{"monitor": "accounting", "title": "Accounting", "ran": True,
+                  "reason_not_run": None, "status": "checked, nothing found", "checked": [],
+                  "measured": [], "not_checked": [], "findings": []}],
+      "audits": {"accounting": {"inconsistent": True}}, "claim_inconsistent": True,
+      "findings": [{"monitor": "accounting", "level": "inconsistent", "message": "m",
+                    "where": None}]},
+     "checks[0].status is 'checked, nothing found' but the findings of monitor 'accounting' "
+     "make it 'inconsistent'"),
     ("no results at all", {"epsilon_lower_bounds": {}, "lower_bound_details": {},
                            "findings": [], "sequential": {}}, "it holds no results"),
 ]

@@ -47,25 +47,12 @@ from ..._gather import (
     sum_squares,
 )
 from ..._host_view import host_views
+from ...contract import module_path
 
 logger = logging.getLogger(__name__)
 
 __all__ = ["WatchedTensor", "TensorWatch", "Fingerprint", "module_path", "ignore_matches",
            "average_stems", "AVERAGE_MARKERS", "AveragePair"]
-
-#: wrapper prefixes removed from a tensor's name (Opacus's GradSampleModule, DDP, DPDDP)
-_WRAPPERS = ("_module.", "module.")
-
-
-def module_path(name: str) -> str:
-    """A tensor's name in the user's model: wrapper prefixes removed."""
-    stripped = True
-    while stripped:
-        stripped = False
-        for w in _WRAPPERS:
-            if name.startswith(w):
-                name, stripped = name[len(w):], True
-    return name
 
 
 def ignore_matches(path: str, entry: str) -> bool:

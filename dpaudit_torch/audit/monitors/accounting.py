@@ -32,6 +32,7 @@ from ...contract import (
     StepRecord,
 )
 from .base import Contribution, Finding, Monitor, MonitorConfig, MonitorContext, register_monitor
+from .checks import CheckSection
 
 logger = logging.getLogger(__name__)
 
@@ -208,6 +209,36 @@ class AccountingMonitor(Monitor):
     def contribution(self) -> Contribution:
         return Contribution(section=dict(self.result),
                             verdict="inconsistent" if self.result.get("inconsistent") else None)
+
+    def check_section(self) -> CheckSection:
+        """The recomputed epsilon against the claim, the steps against the accountant's, and
+        the inputs it was recomputed from; the checks that could not run, and why."""
+        r = self.result
+        sec = CheckSection("Accounting")
+        if "accountant_steps" in r:
+            sec.check("steps counted by the accountant = noisy releases",
+                      "passed" if r["accountant_steps"] == r["releases"] else
+                      f"{r['accountant_steps']} counted, {r['releases']} released")
+        if "recomputed_epsilon" in r:
+            sec.check("claimed ε at least the ε recomputed from what ran (conservative ends of "
+                      "the intervals)", "inconsistent" if r.get("inconsistent") else "passed")
+        sec.measure("recomputed ε", r.get("recomputed_epsilon"))
+        sec.measure("claimed ε", r.get("claimed_epsilon"))
+        sec.measure("noisy releases, and optimizer steps (micro-batches included)",
+                    [r.get("releases"), r.get("micro_steps")])
+        sec.measure("steps the accountant counted", r.get("accountant_steps"))
+        each = f"{100 * (1 - self.config.alpha / 2):g}% confidence each, Bonferroni"
+        sec.measure(f"interval for the rate really used ({each})", r.get("rate_interval"))
+        sec.measure(f"interval for the noise multiplier measured ({each})",
+                    r.get("noise_multiplier_interval"))
+        sec.measure("explanation", r.get("explanation"))
+        for why in r.get("checks_not_run", []):
+            what, _, reason = why.partition(": ")
+            sec.skip(what, reason or why)
+        if "recomputed_epsilon" not in r and not r.get("checks_not_run"):
+            sec.skip("recomputed ε", "no release was observed, or the accountant has no "
+                     "history or formula for it")
+        return sec
 
     def _count_deferred(self) -> None:
         """Add the noise values of the steps whose finiteness was deferred (device flags) to

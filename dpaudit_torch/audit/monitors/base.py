@@ -34,8 +34,10 @@ The engine (:mod:`dpaudit_torch.audit.engine`) calls, in this order:
   the same filtration is an e-process, docs/design.md section 1);
 * :meth:`Monitor.finalize` once at the end (whole-run statistics, e.g. the one-run bounds);
 * :meth:`Monitor.findings` and :meth:`Monitor.contribution` to fill the report (bounds, its
-  section, report fields it owns, a verdict level); :meth:`Monitor.state_dict` /
-  :meth:`Monitor.load_state_dict` for checkpoints (stored under the monitor's name).
+  section, report fields it owns, a verdict level), and :meth:`Monitor.check_section` for its
+  section of the report's ``checks`` (what it checked, measured, and did not check and why);
+  :meth:`Monitor.state_dict` / :meth:`Monitor.load_state_dict` for checkpoints (stored under
+  the monitor's name).
 
 Nothing outside ``audit/monitors/`` spells a monitor's name: the engine, the decision, the
 report and the page loop over what is registered. See CONTRIBUTING.md, "A new monitor".
@@ -53,6 +55,7 @@ import torch
 
 from ...contract import Fact, FactSource, FactUnavailable, StaticFacts, StepRecord
 from ..config import AuditConfig
+from .checks import CheckSection
 
 __all__ = ["Monitor", "MonitorConfig", "MonitorContext", "Evidence", "Finding", "Contribution",
            "MONITORS", "register_monitor", "build_monitors", "monitor_names", "plain_state",
@@ -77,6 +80,10 @@ class Finding:
     message: str
     where: str | None = None
     scope: str | None = None
+    #: the possible causes the message names with :func:`~.checks.causes_text` (e.g.
+    #: ``("noise", "clipping", "scaling")``); the report's assembly words those another
+    #: monitor's passed checks rule out as passed (not written to the report)
+    causes: tuple[str, ...] = ()
 
     def to_dict(self) -> dict[str, Any]:
         out = {"monitor": self.monitor, "level": self.level, "message": self.message,
@@ -197,6 +204,13 @@ class MonitorContext:
     facts: FactSource | Mapping[Fact[Any], Any] | None = None
     options: Any = None
     needs: tuple[Fact[Any], ...] | None = None
+    #: the one-run canaries' layout under per-layer clipping
+    #: (:class:`~dpaudit_torch.canary_layers.LayerLayout`: m_canaries values of its members
+    #: make its ``groups`` canaries); None: each one-run canary is one coordinate
+    layout: Any = None
+    #: whether the audit itself stopped training on a proven violation (``should_stop``; set by
+    #: the engine, read at finalize, e.g. so that no warning advises training longer)
+    stopped_training: Callable[[], bool] = lambda: False
 
     def fact(self, fact: Fact[T]) -> T:
         """The adapter's answer; :class:`~dpaudit_torch.contract.FactUnavailable` with the
@@ -302,6 +316,13 @@ class Monitor:
 
     def contribution(self) -> Contribution:
         return Contribution()
+
+    def check_section(self) -> CheckSection:
+        """This monitor's section of the report's ``checks`` (after :meth:`finalize`): what it
+        checked, what it measured, and what it did not check and why (docs/report.md, "Checks
+        by monitor"); its status and findings are added by the report's assembly. The default
+        says only that the monitor ran; every registered monitor overrides it."""
+        return CheckSection(self.label or self.name)
 
     def state_dict(self) -> dict[str, Any]:
         return {}

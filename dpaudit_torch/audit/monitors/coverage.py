@@ -41,6 +41,7 @@ import torch
 from ...contract import MODEL, OPTIMIZER_PARAMS, StepRecord
 from ._tensor_watch import Fingerprint, TensorWatch, module_path
 from .base import Contribution, Finding, Monitor, MonitorConfig, MonitorContext, register_monitor
+from .checks import CheckSection
 
 __all__ = ["CoverageMonitor", "CoverageConfig", "module_path"]
 
@@ -319,6 +320,36 @@ class CoverageMonitor(Monitor):
         if self.model is not None:
             section["trainable_tensors"] = sum(1 for _, p in self._named() if p.requires_grad)
         return Contribution(section=section)
+
+    def check_section(self) -> CheckSection:
+        """Who holds what, what changed outside the release; what a model-less audit and the
+        watch's sampled coordinates leave out."""
+        sec = CheckSection("Coverage", ran=self.reason_off is None,
+                           reason_not_run=self.reason_off)
+        c = self.contribution().section or {}
+        if sec.ran:
+            n_unc = len(c.get("uncovered", []))
+            sec.check("every trainable tensor of the model is held by the DP optimizer",
+                      "passed" if not n_unc else f"{n_unc} tensor(s) not held")
+            sec.check("every tensor the DP optimizer holds is a parameter of the model",
+                      "passed" if not c.get("held_not_in_model") else
+                      f"{c['held_not_in_model']} held tensor(s) not in the model")
+            if c.get("watched"):
+                n_ch = len(c.get("changed_outside_release", []))
+                sec.check("no parameter or buffer changes outside the DP release",
+                          "passed" if not n_ch else f"{n_ch} tensor(s) changed outside it")
+            else:
+                sec.skip("changes outside the DP release", "the watch is turned off in this "
+                         "audit's settings")
+        sec.measure("tensors the DP optimizer holds", c.get("held_tensors"))
+        sec.measure("trainable tensors of the model", c.get("trainable_tensors"))
+        sec.measure("tensors watched for changes", c.get("watched_tensors") or None)
+        sec.measure("updates while the audit was not attached", c.get("unaudited_updates")
+                    or None)
+        if c.get("watched"):
+            sec.skip("every coordinate of every tensor", "the watch compares a sample of "
+                     "coordinates per tensor (and each tensor's sum of squares) between steps")
+        return sec
 
     def state_dict(self) -> dict[str, Any]:
         return {"at_start": [[n, list(s)] for n, s in self.at_start],

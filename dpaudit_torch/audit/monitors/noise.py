@@ -43,6 +43,7 @@ from .base import (
     host_flags,
     register_monitor,
 )
+from .checks import CheckSection, outcome_of
 
 logger = logging.getLogger(__name__)
 
@@ -474,6 +475,49 @@ class NoiseMonitor(Monitor):
 
     def contribution(self) -> Contribution:
         return Contribution(section=self.report_section())
+
+    #: the named tests of its ``audits`` section shown in its check section (a new test: one
+    #: line here, with its summary under that key in :meth:`report_section`)
+    CHECKS = {
+        "by_tensor": "noise variance of each tensor at least the claimed (σ C)²",
+        "by_group": "noise variance of each parameter group at least the claimed (σ C)²",
+        "independence": "fresh noise at every step (no correlation with earlier steps)",
+        "whole_null": "noise iid Gaussian with the claimed variance (shape, tails, pairs, "
+                      "lag 1)",
+    }
+
+    def check_section(self) -> CheckSection:
+        """The named tests (:attr:`CHECKS`), the noise multiplier's interval, the precision
+        grid; the canary coordinates are not read here (the canary pairs test them)."""
+        sec = CheckSection("Noise", ran=self.reason_off is None,
+                           reason_not_run=self.reason_off)
+        data = self.report_section()
+        if sec.ran and not self.by_tensor.n_steps:
+            sec.skip("the noise", "no training step was audited")
+        for key, what in self.CHECKS.items():
+            if key in data:
+                sec.check(what, outcome_of(data[key]))
+            elif sec.ran and self.by_tensor.n_steps:
+                sec.skip(what, "not run in this audit (e.g. it resumed from a checkpoint "
+                         "written before this test existed)")
+        p = data.get("precision")
+        if p:
+            sec.check("noise drawn in full precision (not on the bfloat16 / float16 grid)",
+                      f"on the {p['finding']} grid" if p.get("finding") else
+                      f"passed ({p.get('n')} values read)")
+        bt = data.get("by_tensor") or {}
+        sec.measure("noise multiplier σ claimed", bt.get("sigma_claimed"))
+        level = 100 * (1 - self.config.alpha)
+        sec.measure(f"interval for the noise multiplier measured ({level:g}% confidence)",
+                    bt.get("sigma_interval"))
+        sec.measure("noise-audit coordinates read per step", data.get("coordinates"))
+        sec.measure("log-wealth (its e-process in the decision)", data.get("log_wealth"))
+        sec.skip("the canary coordinates", "the canaries sit there; the canary pairs' tests "
+                 "check the noise of those coordinates")
+        if sec.ran and self.by_tensor.n_steps and not any(
+                (data.get(k) or {}).get("rejected") for k in self.CHECKS):
+            sec.rules_out = ("noise",)
+        return sec
 
     def report_section(self) -> dict[str, Any]:
         """This monitor's ``audits`` section."""

@@ -20,6 +20,16 @@ bound of :mod:`dpaudit_torch.stats.whitebox` (docs/design.md section 13), which 
 observation's value through the exact law of the canaries' sums, the known inclusion rate and the
 noise measured on the OUT canaries, and reports only when those canaries' per-step values pass
 its family check. Its power statement (exact, no simulation) is the report's ``power``.
+
+Under per-layer clipping the canaries are layered (:mod:`dpaudit_torch.canary_layers`): each
+step's member values are combined into one value per canary, in units of C, and the scores, the
+bounds and the power statement are those of a canary contributing c = C_S / C.
+
+Under a noise schedule (Opacus's noise schedulers) it keeps each canary's sum weighted by
+w_t = (sigma_0 / sigma_t)^2, the moments and trace of Z_t / b_t (b_t = sigma_t / sigma_0) and the
+steps per multiplier, and the bound is the schedule's (docs/design.md section 13, "Schedules");
+a clipping schedule needs nothing (the values are in units of each step's C_t) and is logged
+once when first seen and summed up at finalize.
 """
 
 from __future__ import annotations
@@ -36,8 +46,10 @@ import torch
 from ..._buffers import host_zeros
 from ...contract import EPSILON_OF_SIGMA, NOISE_MULTIPLIER, SAMPLE_RATE, StepRecord
 from ...registry import methods_of
+from ...stats.one_run_power import stopped_wording
 from ...stats.whitebox import WHITEBOX_ALPHA
 from .base import Contribution, Evidence, Monitor, MonitorConfig, MonitorContext, register_monitor
+from .checks import CheckSection
 
 logger = logging.getLogger(__name__)
 
@@ -81,16 +93,11 @@ class _NoBoundError(Exception):
 
 @dataclass(frozen=True)
 class OneRunConfig(MonitorConfig):
-    """Settings of the one-run game: the bounds' delta and level, the score, the check
-    period (how many steps are scored together on the CPU) and the level of the white-box
-    release bound (``whitebox_alpha``, docs/design.md section 13: it decides how often a
-    correct run's white-box bound can exceed its claim)."""
+    """Settings of the one-run game: the bounds' delta and level (the Steinke share of alpha,
+    docs/design.md section 14), the score, the check period and the white-box bound's level
+    (``whitebox_alpha``: its share; it decides how often a correct run's bound exceeds it)."""
 
-    #: the Steinke bound refutes at the "steinke" share of the audit's alpha (the f-DP bound,
-    #: which never refutes, is reported at the same level); the white-box bound at the
-    #: "whitebox" share (``whitebox_alpha``), docs/design.md "Two levels of evidence"
     alpha_path: ClassVar[str] = "steinke"
-
     delta: float = 1e-5
     alpha: float = 0.05
     one_run_score: str = "llr"
@@ -114,7 +121,14 @@ class OneRunMonitor(Monitor):
     def __init__(self, ctx: MonitorContext) -> None:
         super().__init__(ctx)
         self.config = self.settings
-        self.m = ctx.m_canaries
+        # per-layer clipping: layered canaries (dpaudit_torch.canary_layers), each the
+        # weighted sum of its members' values, in units of C; else one value per canary
+        self._layout = ctx.layout
+        self._members = ctx.m_canaries
+        self.m = ctx.m_canaries if self._layout is None else int(self._layout.groups)
+        self._weights = None if self._layout is None else self._layout.weights()
+        # the canary's contribution in units of C (the likelihood-ratio score's shift)
+        self._c = 1.0 if self._layout is None else float(self._layout.contribution)
         self.device = torch.device(ctx.device)
         self.coins = ctx.coins
         self.sample_rate = float(ctx.fact_or(SAMPLE_RATE, 1.0))
@@ -134,6 +148,18 @@ class OneRunMonitor(Monitor):
         self._trace_np: np.ndarray | None = None  # the last CPU block's NumPy view
         self._trace_cap = TRACE_VALUES // max(self.m, 1)
         self.sigmas: set[float] = set()  # noise multipliers of the observed steps
+        # the schedule of noise multipliers (docs/design.md section 13, "Schedules"): steps per
+        # multiplier, the first step's (the reference of the weights w_t = (sigma_0 /
+        # sigma_t)^2), and per canary the sum of w_t Z_t; the moments and the trace hold
+        # Z_t / b_t, b_t = sigma_t / sigma_0 (all 1 without a schedule)
+        self._sigma_counts: dict[float, int] = {}
+        self._sigma_ref: float | None = None
+        self._wsum = torch.zeros(self.m, dtype=torch.float64, device=self.device)
+        self._schedule_ok = True  # False after loading a checkpoint that lacks the schedule
+        self._row_tmp: np.ndarray | None = None
+        # the clipping bound C_t of each step (noise_std / sigma): a clipping schedule is
+        # followed (the values are in units of C_t), said once and summed up at finalize
+        self.clip_bounds: dict[str, Any] = {"changes": 0}
         self.score_used: str | None = None
         self.bounds: dict[str, float] = {}
         self.details: dict[str, dict[str, Any]] = {}
@@ -182,11 +208,24 @@ class OneRunMonitor(Monitor):
         sig = self._pending_sigma
         self._pending_sigma = []
         mom = self._moments.numpy()
+        wsum = self._wsum.numpy()
         sq = self._scratch[0][:1]
-        for row in self._pending[:n]:
-            self._keep(row)
+        if self._row_tmp is None:
+            self._row_tmp = host_zeros((2, self.m))
+        for row, s in zip(self._pending[:n], sig):
+            b = self._shape(s)
+            x = row
+            if b != 1.0:  # a schedule: the value in units of the reference noise
+                x = self._row_tmp[0]
+                np.multiply(row, 1.0 / b, out=x)
+            self._keep(x)
             np.add(total, row, out=total)
-            np.multiply(row, row, out=sq[0])
+            if b != 1.0:
+                np.multiply(x, 1.0 / b, out=self._row_tmp[1])
+                np.add(wsum, self._row_tmp[1], out=wsum)
+            else:
+                np.add(wsum, row, out=wsum)
+            np.multiply(x, x, out=sq[0])
             np.add(mom[0], sq[0], out=mom[0])
             np.multiply(sq[0], sq[0], out=sq[0])
             np.add(mom[1], sq[0], out=mom[1])
@@ -195,9 +234,52 @@ class OneRunMonitor(Monitor):
             j = i + 1
             while j < n and sig[j] == sig[i]:
                 j += 1
-            accumulate_llr(self._pending[i:j], llr, self.sample_rate, sig[i],
+            accumulate_llr(self._pending[i:j], llr, self.sample_rate, sig[i], self._c,
                            scratch=(self._scratch[0][:j - i], self._scratch[1][:j - i]))
             i = j
+
+    def _track_clip(self, clip: float, step: int) -> None:
+        """Follow the clipping bound; one line at its first change (a schedule)."""
+        cb = self.clip_bounds
+        last = cb.get("last")
+        if last is None:
+            cb.update(first=clip, last=clip, min=clip, max=clip)
+            return
+        if math.isclose(clip, last, rel_tol=1e-9):
+            return
+        cb["changes"] += 1
+        cb.update(last=clip, last_step=step, min=min(cb["min"], clip), max=max(cb["max"], clip))
+        if cb["changes"] == 1:
+            logger.info("clipping bound changed from %.6g to %.6g at step %d (a clipping "
+                        "schedule): the canaries' values are read in units of each step's "
+                        "bound, so the audit follows it (summed up at finalize)", last, clip,
+                        step)
+
+    def _shape(self, sigma: float) -> float:
+        """b_t = sigma_t / sigma_0 of a step (1 for a step without a finite positive
+        multiplier: the schedule then has no bound, :meth:`_schedule`)."""
+        ref = self._sigma_ref
+        if ref is None or not (sigma > 0 and math.isfinite(sigma)):
+            return 1.0
+        return sigma / ref
+
+    def _schedule(self) -> Any:
+        """The run's :class:`~dpaudit_torch.stats._whitebox_schedule.NoiseSchedule` (None
+        with one multiplier); _NoBoundError where a schedule has no white-box law."""
+        if len(self._sigma_counts) <= 1 and len(self.sigmas) <= 1:
+            return None
+        from ...stats._whitebox_schedule import NoiseSchedule
+
+        if not self._schedule_ok:
+            raise _NoBoundError("the noise multiplier changed during the run and the "
+                                "checkpoint this audit resumed from lacks its schedule")
+        bad = [s for s in self._sigma_counts if not (s > 0 and math.isfinite(s))]
+        if bad or self._sigma_ref is None:
+            raise _NoBoundError(f"the noise multiplier changed during the run and a step had "
+                                f"none (finite and positive): {bad[:3]}")
+        vals = sorted(self._sigma_counts)
+        return NoiseSchedule(self._sigma_ref, tuple(vals),
+                             tuple(self._sigma_counts[v] for v in vals))
 
     def _keep(self, z: np.ndarray | torch.Tensor) -> None:
         """Keep one step's canary values [m] in the trace (float32), while it has room."""
@@ -229,6 +311,9 @@ class OneRunMonitor(Monitor):
         return full.numpy()
 
     def observe(self, record: StepRecord) -> None:
+        sig = float(record.sigma)
+        if self._sigma_ref is None and sig > 0 and math.isfinite(sig):
+            self._sigma_ref = sig
         if self.m:
             from ...stats.one_run_scores import llr_step_score
 
@@ -236,9 +321,13 @@ class OneRunMonitor(Monitor):
             hv = record.host  # the compiled CPU path's NumPy buffers (no torch call needed)
             if (scored and hv is not None and isinstance(record.finite, bool)
                     and self._host_scores() and self._moments.device.type == "cpu"):
-                z_np = hv.vals[2 * hv.k:2 * hv.k + self.m]
+                z_np = hv.vals[2 * hv.k:2 * hv.k + self._members]
+                members = self._weights is not None  # (combined below, into its row)
             else:
+                members = False
                 z = record.one_run
+                if self._layout is not None:
+                    z = self._layout.combine(z)
                 total, llr = self._scores["sum"], self._scores["llr"]
                 z_np = (z.numpy() if scored and isinstance(record.finite, bool)
                         and _host_f64(z, total, llr, self._moments) else None)
@@ -253,23 +342,34 @@ class OneRunMonitor(Monitor):
                                      host_zeros((self._rows, self.m)))
                 if len(self._pending_sigma) == self._rows:
                     self._flush()
-                self._pending[len(self._pending_sigma)] = z_np
+                if members:
+                    np.matmul(self._weights, z_np.reshape(self._weights.shape[0], self.m),
+                              out=self._pending[len(self._pending_sigma)])
+                else:
+                    self._pending[len(self._pending_sigma)] = z_np
                 self._pending_sigma.append(float(record.sigma))
             else:
                 self._flush()
-                self._keep(z)
+                b = self._shape(sig)
+                x = z if b == 1.0 else z * (1.0 / b)
+                self._keep(x)
                 total += z
-                sq = z * z
+                self._wsum += z if b == 1.0 else x * (1.0 / b)
+                sq = x * x
                 if not isinstance(record.finite, bool):
                     sq = torch.where(record.finite, sq, torch.zeros_like(sq))
                 self._moments[0] += sq
                 self._moments[1] += sq * sq
                 if scored:
-                    inc = llr_step_score(z, self.sample_rate, record.sigma)
+                    inc = llr_step_score(z, self.sample_rate, record.sigma, self._c)
                     if not isinstance(record.finite, bool):  # a dropped step adds nothing
                         inc = torch.where(record.finite, inc, torch.zeros_like(inc))
                     llr += inc
-        self.sigmas.add(float(record.sigma))
+        self.sigmas.add(sig)
+        self._sigma_counts[sig] = self._sigma_counts.get(sig, 0) + 1
+        std = float(record.noise_std)
+        if sig > 0 and std > 0 and math.isfinite(std / sig):
+            self._track_clip(std / sig, int(record.step))
         self.steps += 1
 
     def stacked_scores(self) -> torch.Tensor:
@@ -293,7 +393,10 @@ class OneRunMonitor(Monitor):
     def finalize(self, claimed_epsilon: float | None) -> None:
         """Reveal the secret coins, compute every whole-run bound of this monitor and the
         power statement."""
+        self.claimed = claimed_epsilon
         self._in_mask = self.coins.reveal()
+        if self._layout is not None:  # a canary's members share its coin
+            self._in_mask = self._layout.group_mask(self._in_mask)
         self.score_used = score = self._score()
         scores = self.scores[score].detach().cpu()
         ins, outs = scores[self._in_mask], scores[~self._in_mask]
@@ -321,6 +424,12 @@ class OneRunMonitor(Monitor):
                     self.bounds[method] = 0.0
                     self.details[method] = {"bound": 0.0, "method": method, "note": msg}
         self.power = self._power(claimed_epsilon, score)
+        cb = self.clip_bounds
+        if cb["changes"] > 1:
+            logger.info("clipping bound changed %d times (a schedule), from %.6g at the start "
+                        "to %.6g from step %d (range %.6g to %.6g); each step's values were "
+                        "read in units of its own bound", cb["changes"], cb["first"],
+                        cb["last"], cb["last_step"], cb["min"], cb["max"])
 
     def _whitebox(self) -> None:
         """The white-box release bound (docs/design.md section 13); never raises."""
@@ -329,22 +438,24 @@ class OneRunMonitor(Monitor):
         method = "whitebox"
         t0 = time.perf_counter()
         try:
-            if len(self.sigmas) > 1:
-                raise _NoBoundError("the noise multiplier changed during the run, and the "
-                                    "white-box family has one noise level")
+            sched = self._schedule()
             if not self._moments_ok:
                 raise _NoBoundError("the per-step moments were not in the checkpoint this "
                                     "audit resumed from")
             assert self._in_mask is not None
             mask = self._in_mask.cpu().numpy()
-            mom = release_moments(self.scores["sum"].detach().cpu().numpy(), mask, self.steps,
+            sums = self.scores["sum"] if sched is None else self._wsum
+            mom = release_moments(sums.detach().cpu().numpy(), mask, self.steps,
                                   self._moments[0].detach().cpu().numpy(),
-                                  self._moments[1].detach().cpu().numpy())
+                                  self._moments[1].detach().cpu().numpy(),
+                                  weight_sum=None if sched is None else sched.weight_sum)
             res = whitebox_bound(mom, self.sample_rate, self.config.delta,
                                  alpha=float(self.config.whitebox_alpha),
-                                 out_values=self.trace()[:, ~mask])
+                                 out_values=self.trace()[:, ~mask], schedule=sched)
             det = res.to_dict()
             det["score"] = "sum"
+            if self._layout is not None:  # what the canaries contribute, in units of C
+                det["contribution"] = float(self._layout.contribution)
             if res.bound is None:
                 self._warn(f"one-run white-box bound: {res.note}")
             self.bounds[method] = float(res.bound) if res.bound is not None else 0.0
@@ -376,7 +487,7 @@ class OneRunMonitor(Monitor):
             res = one_run_power(
                 sigma if sigma > 0 else 1.0, self.sample_rate, self.steps, self.m,
                 score=score, delta=self.config.delta, alpha=self.config.alpha,
-                claimed_epsilon=claimed,
+                claimed_epsilon=claimed, c=self._c,
                 epsilon_of_sigma=(None if eps_of is None
                                   else (lambda s, _t=self.steps: eps_of(s, _t))),
                 replicates=POWER_REPLICATES, search_replicates=POWER_SEARCH_REPLICATES, seed=0)
@@ -393,6 +504,9 @@ class OneRunMonitor(Monitor):
                         "min_refutable_sigma"):
                 if key in out:
                     out[key] = None
+        if self.ctx.stopped_training():  # no advice to train longer
+            out["warnings"] = stopped_wording(out.get("warnings", []), self.sample_rate,
+                                              self.steps)
         for w in out.get("warnings", []):
             self._warn(w)
         # the report holds what the audit could find, not how long the simulation took
@@ -407,17 +521,33 @@ class OneRunMonitor(Monitor):
         t0 = time.perf_counter()
         eps_of = self._epsilon_of_sigma
         n_in = int(self._in_mask.sum()) if self._in_mask is not None else None
+        # the contribution the canaries reach (per-layer clipping: C_S / C, else 1): their
+        # release is the family's at noise multiplier sigma / c (docs/design.md section 5)
+        c = 1.0 if self._layout is None else float(self._layout.contribution)
         try:
             out = whitebox_power(
-                sigma, self.sample_rate, self.steps, self.m, delta=self.config.delta,
+                sigma / c, self.sample_rate, self.steps, self.m, delta=self.config.delta,
                 alpha=float(self.config.whitebox_alpha), claimed_epsilon=claimed, n_in=n_in,
                 epsilon_of_sigma=(None if eps_of is None
-                                  else (lambda s, _t=self.steps: float(eps_of(s, _t)))))
+                                  else (lambda s, _t=self.steps: float(eps_of(s * c, _t)))))
+            if self._layout is not None:
+                from ...canary_layers import reached_contribution
+
+                reached_contribution(out, self._layout, sigma, self.sample_rate, self.steps,
+                                     self.config.delta)
         except Exception as e:  # noqa: BLE001 - a power statement must not break finalize
             self._warn(f"one-run white-box power failed: {e!r}")
             return {"note": f"no power statement: the computation failed ({e!r})"}
         out["claimed_epsilon"] = claimed
         out["sigma"] = sigma
+        if len(self._sigma_counts) > 1:  # the law of a schedule is the bound's, not this one's
+            out["note"] = " ".join(filter(None, (out.get("note"), (
+                f"a noise schedule ({len(self._sigma_counts)} multipliers): the power is "
+                f"computed as for a run at the smallest, {sigma:.4g}, at every step (an upper "
+                f"end of the power under the schedule)"))))
+        if self.ctx.stopped_training():  # no advice to train longer
+            out["warnings"] = stopped_wording(out.get("warnings", []), self.sample_rate,
+                                              self.steps)
         for w in out.get("warnings", []):
             self._warn(w)
         logger.info("white-box power took %.2f s", time.perf_counter() - t0)
@@ -431,6 +561,27 @@ class OneRunMonitor(Monitor):
             bounds={m: (sec["bounds"][m], sec["details"][m]) for m in sec["bounds"]},
             fields={"one_run_scores": sec["scores"], "power": sec["power"]},
             canaries={"one_run_in": sec["n_in"]})
+
+    def check_section(self) -> CheckSection:
+        """The whole-run bounds against the claim, the power; a withheld bound says why."""
+        sec = CheckSection("One-run canaries (whole-run bounds)")
+        claim = getattr(self, "claimed", None)
+        for m in self.methods:
+            det = self.details.get(m) or {}
+            if m not in self.bounds or det.get("family_verified") is False or (
+                    self.bounds[m] == 0 and str(det.get("note")).startswith("no ")):
+                sec.skip(f"{m} lower bound", det.get("note") or "withheld or not computed")
+                continue
+            b = self.bounds[m]
+            sec.check(f"{m} lower bound on the whole run's ε at most the claimed ε",
+                      "no claim to compare" if claim is None else
+                      f"{b:.4g} {'>' if b > claim else '≤'} {claim:.4g} (whether a bound "
+                      f"above the claim refutes it: the bounds table)")
+            sec.measure(f"{m} lower bound", b)
+        sec.measure("audited steps", self.steps)
+        sec.measure("expected bound of a correct implementation", self.power.get(
+            "expected_bound"))
+        return sec.measure("smallest refutable ε", self.power.get("min_refutable_epsilon"))
 
     def report_section(self) -> dict[str, Any]:
         """The bounds, their details, the scores split by the revealed coins and the power
@@ -451,6 +602,11 @@ class OneRunMonitor(Monitor):
                 "scores": {k: v.detach().cpu().clone() for k, v in self.scores.items()},
                 "moments": (self._moments.detach().cpu().clone() if self._moments_ok
                             else None),
+                "schedule": ({"ref": self._sigma_ref,
+                              "counts": [[s, c] for s, c in self._sigma_counts.items()],
+                              "wsum": self._wsum.detach().cpu().clone()}
+                             if self._schedule_ok else None),
+                "clip_bounds": dict(self.clip_bounds),
                 "trace": torch.from_numpy(self.trace().copy())}
 
     def load_state_dict(self, sd: dict[str, Any]) -> None:
@@ -470,6 +626,21 @@ class OneRunMonitor(Monitor):
         else:
             self._moments = torch.zeros(2, self.m, dtype=torch.float64, device=self.device)
             self._moments_ok = self.steps == 0
+        self.clip_bounds = dict(sd.get("clip_bounds") or {"changes": 0})
+        # the schedule (absent in older checkpoints: rebuilt where there was one multiplier)
+        sch = sd.get("schedule")
+        self._wsum = torch.zeros(self.m, dtype=torch.float64, device=self.device)
+        if isinstance(sch, dict) and tuple(sch["wsum"].shape) == (self.m,):
+            self._sigma_ref = None if sch["ref"] is None else float(sch["ref"])
+            self._sigma_counts = {float(s): int(c) for s, c in sch["counts"]}
+            self._wsum = sch["wsum"].to(self.device, torch.float64).clone()
+            self._schedule_ok = True
+        else:
+            one = next(iter(self.sigmas)) if len(self.sigmas) == 1 else None
+            self._sigma_counts = {one: self.steps} if one is not None and self.steps else {}
+            self._sigma_ref = one if one is not None and one > 0 and math.isfinite(one) else None
+            self._wsum = self._scores["sum"].clone()
+            self._schedule_ok = len(self.sigmas) <= 1
         # the kept per-step values (absent in older checkpoints: the trace then holds the
         # steps after the resume, a window fixed before they were seen)
         tr = sd.get("trace")

@@ -34,6 +34,7 @@ from .base import (
     host_flags,
     register_monitor,
 )
+from .checks import CheckSection, outcome_of
 
 logger = logging.getLogger(__name__)
 
@@ -136,6 +137,30 @@ class SamplingMonitor(Monitor):
 
     def contribution(self) -> Contribution:
         return Contribution(section=self.report_section())
+
+    #: the named tests of its ``audits`` section shown in its check section (key -> what)
+    CHECKS = {"poisson_batch": "real batch sizes Binomial(N, q): Poisson sampling at the "
+                               "loader's rate"}
+
+    def check_section(self) -> CheckSection:
+        """The batch-size test, the rate measured; what the batch sizes cannot show."""
+        sec = CheckSection("Sampling", ran=self.test is not None,
+                           reason_not_run=self.reason_off)
+        data = self.report_section()
+        for key, what in self.CHECKS.items():
+            if data.get("test") == key:
+                sec.check(what, outcome_of(data))
+        sec.measure("loader's rate q", data.get("rate"))
+        sec.measure("records N", data.get("n_records"))
+        sec.measure("mean batch size (expected N q)",
+                    [data["mean_batch_size"], data["expected_batch_size"]]
+                    if data.get("mean_batch_size") is not None else None)
+        sec.measure(f"interval for the rate really used ({100 * (1 - self.config.alpha):g}% "
+                    "confidence)", data.get("rate_interval"))
+        sec.skip("which records each batch holds", "the auditor sees batch sizes, not record "
+                 "identities: a sampler that picks records unfairly at the right rate is not "
+                 "seen")
+        return sec
 
     def report_section(self) -> dict[str, Any]:
         """This monitor's ``audits`` section."""

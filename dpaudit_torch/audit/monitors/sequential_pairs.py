@@ -31,7 +31,7 @@ import numpy as np
 import torch
 
 from ...contract import NOISE_MULTIPLIER, StepRecord
-from ...registry import ONE_STEP, tester_class
+from ...registry import ONE_STEP, TESTERS, tester_class
 from ..config import DEFAULT_NULL_GRID, DEFAULT_TEST_OPTIONS, TESTER_PLACEMENTS
 from ..placement import resolve_placement
 from .base import (
@@ -44,8 +44,12 @@ from .base import (
     plain_state,
     register_monitor,
 )
+from .checks import CheckSection, causes_text, outcome_of
 
 logger = logging.getLogger(__name__)
+
+#: what a canary pair violation may come from (checks that passed rule some out)
+_CAUSES = ("noise", "clipping", "scaling")
 
 __all__ = ["SequentialPairsMonitor", "per_step_null_grid", "Segment"]
 
@@ -486,9 +490,23 @@ class SequentialPairsMonitor(Monitor):
             return []
         return [Finding(self.name, "violation",
                         f"the canary pairs: a training step leaks more than the per-step null "
-                        f"({self.segment.null_text()}) allows: bad noise, clipping or scaling "
+                        f"({self.segment.null_text()}) allows: {causes_text(_CAUSES)} "
                         f"(anytime-valid tests at level {self.config.alpha:g})",
-                        "the canary pairs' coordinates", scope=ONE_STEP)]
+                        "the canary pairs' coordinates", scope=ONE_STEP, causes=_CAUSES)]
+
+    def check_section(self) -> CheckSection:
+        """Each sequential test on the canary pairs; the whole run is the bounds' matter."""
+        sec = CheckSection("Canary pairs (sequential tests)")
+        for name, summ in self.report_section()["sequential"]["tests"].items():
+            label = TESTERS[name].label if name in TESTERS else name
+            sec.check(f"{label}: one step leaks no more than the per-step null allows"
+                      f" ({summ.get('n_pairs', 0)} pairs fed)",
+                      outcome_of(summ, "pair"))
+        sec.measure("canary pairs per step", self.k)
+        sec.measure("per-step ε lower bound", self.sequential_bound())
+        sec.measure("log-wealth (its e-process in the decision)", self.log_wealth)
+        return sec.skip("the whole run's ε", "these tests are about one step; the whole-run "
+                        "bounds are in the bounds table")
 
     def contribution(self) -> Contribution:
         """The per-step bound (``sequential``), the testers' section (``sequential``; the

@@ -20,6 +20,7 @@ from typing import Any
 
 from ...contract import ACCOUNTANT_HISTORY, SETUP_CHECK, StepRecord
 from .base import Contribution, Finding, Monitor, MonitorContext, register_monitor
+from .checks import CheckSection
 
 __all__ = ["SetupMonitor"]
 
@@ -91,6 +92,36 @@ class SetupMonitor(Monitor):
                                    "accountant_undercounted": self.undercounted}
         return Contribution(section=section,
                             verdict="inconsistent" if self.undercounted else None)
+
+    def check_section(self) -> CheckSection:
+        """The engine, loader and accountant checked at attach; the releases against the
+        accountant's count at finalize."""
+        st = self.setup or {}
+        sec = CheckSection("Setup", ran=self.reason_off is None,
+                           reason_not_run=self.reason_off)
+        problems = st.get("problems", [])
+        if sec.ran:
+            sec.check("the engine's accountant is the one the optimizer's step hook feeds",
+                      "passed" if st.get("step_hook") == "opacus" else
+                      f"step hook: {st.get('step_hook')}")
+            sec.check("the data loader handed over is the one whose batches are released",
+                      "passed" if st.get("loader_verified") else "not verified")
+            sec.check("problems found at attach",
+                      "none" if not problems else f"{len(problems)} (see the findings)")
+        if self.accountant_steps is not None:
+            sec.check("the accountant counted every release",
+                      "passed" if not self.undercounted else
+                      f"{self.accountant_steps} counted, {self.releases} released")
+        else:
+            sec.skip("the accountant counted every release",
+                     self.history_reason or "no release was observed")
+        sec.measure("sample rate used (its source)",
+                    f"{st['rate']:.4g} ({st.get('rate_source')})" if "rate" in st else None)
+        sec.measure("records N", st.get("n_records"))
+        sec.measure("N unknown because", st.get("n_records_unknown_because"))
+        sec.measure("releases observed", self.releases)
+        sec.measure("steps the accountant counted", self.accountant_steps)
+        return sec
 
     def state_dict(self) -> dict[str, Any]:
         return {"releases": self.releases}
