@@ -6,7 +6,8 @@ bundled 8x8 digits (1,437 real training images, nothing downloaded), Opacus ``ho
 Poisson sampling with expected batch 64 (q = 1/23), lr 0.5, sigma = 1, C = 1, RDP accountant,
 delta = 1e-5. The auditor runs with its defaults (every monitor; 16 pairs, each a spread canary
 over 4 tensors, the default number of one-run canaries, canary norm 25 C, both sequential tests,
-check_every 5, alpha 0.05). ``--seeds`` runs per bug (default 20); seed s fixes the model, the
+check_every 5, proofs at alpha 0.001 in total: the decision at its share 5e-4; evidence at
+alpha_warn 0.05). ``--seeds`` runs per bug (default 20); seed s fixes the model, the
 data order, the noise generator and the auditor's streams.
 
 * **Per-step bugs** (the optimizer bugs of :mod:`dpaudit_torch.testing.bugs`): at most
@@ -23,7 +24,9 @@ data order, the noise generator and the auditor's streams.
 
 Printed per bug: the count, the decision / crossing steps (``violation_step``, the check step at
 which the decision was available, a multiple of check_every; ``crossed_at_step``, the step whose
-observations pushed the averaged e-process over 1/alpha), the monitor of the first finding
+observations pushed the averaged e-process over 1/alpha), the evidence (``evidence``,
+``evidence_step``: the same e-process over 1/alpha_warn, not a proof), the monitor of the first
+finding
 (``report.findings[0]["monitor"]``, notes excluded) and how often each monitor made a finding.
 ``--spread-diagnostic 2,4,8`` adds rows for ``per-tensor-clipping`` with that many spread pairs
 (fewer than the default, every pair; a diagnosis of how many the bug needs). False alarms on
@@ -127,6 +130,7 @@ def train_audited(train: Any, seed: int, bug: str | None, steps: int, stop: bool
     rep = aud.finalize()
     found = [f for f in rep.findings if f["level"] in FOUND_LEVELS]
     return {"violation": rep.violation, "step": rep.violation_step,
+            "evidence": rep.evidence, "evidence_step": rep.evidence_step,
             "crossed": rep.sequential.get("crossed_at_step"), "steps": done,
             "refuted": rep.claim_refuted, "inconsistent": rep.claim_inconsistent,
             "findings": [(f["monitor"], f["level"]) for f in found],
@@ -137,6 +141,7 @@ def train_audited(train: Any, seed: int, bug: str | None, steps: int, stop: bool
 def _outcome(rep: Any, steps: int, t0: float, t1: float) -> dict[str, Any]:
     found = [f for f in rep.findings if f["level"] in FOUND_LEVELS]
     return {"violation": rep.violation, "step": rep.violation_step,
+            "evidence": rep.evidence, "evidence_step": rep.evidence_step,
             "crossed": rep.sequential.get("crossed_at_step"), "steps": steps,
             "refuted": rep.claim_refuted, "inconsistent": rep.claim_inconsistent,
             "findings": [(f["monitor"], f["level"]) for f in found],
@@ -240,7 +245,9 @@ def evaluate(bug: str, res: list[dict[str, Any]], max_steps: int, label: str | N
     dec = [r["step"] for r in res if r["violation"] and r["step"] is not None]
     cro = [r["crossed"] for r in res if r["violation"] and r["crossed"] is not None]
     first = collections.Counter(r["first"] for r in res if r["first"] is not None)
+    ev = [r["evidence_step"] for r in res if r["evidence"] and r["evidence_step"] is not None]
     row = [label or bug, kind, criterion, f"{sum(hit)}/{n}",
+           f"{len(ev)}/{n}", _median(ev),
            sum(r["violation"] for r in res), sum(r["inconsistent"] for r in res),
            sum(r["refuted"] for r in res), _median(dec), max(dec) if dec else "-",
            _median(cro), ", ".join(f"{m} {c}" for m, c in first.most_common()) or "-",
@@ -302,11 +309,13 @@ def main() -> None:
         rows.append(row)
         if label == bug:
             met[bug] = ok
-        print(f"{label}: {row[3]} {row[2]}; violations {row[4]}, inconsistent {row[5]}, refuted "
-              f"{row[6]}; decision step median {row[7]} max {row[8]}, crossing median {row[9]}; "
-              f"first finding by {row[10]}; findings: {row[11]}; target {row[12]}: {row[13]} "
+        print(f"{label}: {row[3]} {row[2]}; evidence {row[4]} (median step {row[5]}); "
+              f"violations {row[6]}, inconsistent {row[7]}, refuted {row[8]}; decision step "
+              f"median {row[9]} max {row[10]}, crossing median {row[11]}; first finding by "
+              f"{row[12]}; findings: {row[13]}; target {row[14]}: {row[15]} "
               f"({time.time() - t0:.0f}s)", flush=True)
-    headers = ["bug", "kind", "criterion", "detected", "violation", "claim inconsistent",
+    headers = ["bug", "kind", "criterion", "detected", "evidence at alpha_warn",
+               "median evidence step", "violation", "claim inconsistent",
                "claim refuted", "median decision step", "max decision step",
                "median crossing step", "first finding (findings[0] monitor)",
                "runs with a finding, per monitor (levels)", "target", "met",
@@ -352,7 +361,10 @@ def main() -> None:
             "16 pairs/step, each a spread canary over 4 tensors, the default one-run canaries, "
             "canary norm 25 C, MMD + hockey-stick tests at 5 points of the per-step Gaussian "
             "profile, "
-            f"check_every 5, alpha 0.05). {args.seeds} seeds per bug (model, data order, noise "
+            "check_every 5; two levels: proofs (violation proven, claim refuted, claim "
+            "inconsistent) at alpha 0.001 in total, the decision at its share 5e-4; evidence "
+            f"at alpha_warn 0.05, reported, not acted on). {args.seeds} seeds per bug (model, "
+            "data order, noise "
             "generator and auditor streams). Bugs: `dpaudit_torch/testing/bugs.py` (module "
             f"docstring). *Per-step* bugs: at most {args.max_steps} steps, stopped at "
             "`should_stop`, then `finalize()`; detected = `report.violation` with "
@@ -364,7 +376,9 @@ def main() -> None:
             f"{args.setup_steps // bugs.ACCUMULATION_STEPS} releases, and its steps are "
             "releases). *Decision step* = `violation_step` (a check step, a multiple of "
             "check_every = 5); *crossing step* = the step whose observations first pushed the "
-            "averaged e-process over 1/alpha. *First finding* = the monitor of "
+            "averaged e-process over 1/alpha; *evidence* = the runs whose e-process reached "
+            "1/alpha_warn (`report.evidence`; every proven violation is evidence too), at "
+            "`evidence_step`. *First finding* = the monitor of "
             "`report.findings[0]` (notes excluded; a refuted claim is listed first); the next "
             "column counts the runs in which each monitor made a finding. Rows marked "
             "*diagnostic* lower `spread_pairs` from its default (every pair) to show what "

@@ -2,7 +2,8 @@
 
 Exit codes follow the report's verdict: 0 nothing found, 3 violation proven or claim refuted,
 4 claim inconsistent (the accountant's inputs contradict the training that ran), 5 a finding that
-is not a proof (e.g. noise on a low-precision grid); 2 usage error (one line on stderr, never a
+is not a proof (e.g. noise on a low-precision grid), 6 evidence of a violation that is not a
+proof (the decision's e-process at 1/alpha_warn); 2 usage error (one line on stderr, never a
 traceback), 1 unexpected internal error. ``gate`` has its own: 0 pass, 1 fail, 2 bad input or a
 comparison that is impossible (docs/release_gate.md).
 """
@@ -137,7 +138,8 @@ def _build_parser() -> _Parser:
         description="DP-SGD (Opacus) on scikit-learn's bundled 8x8 digits with the auditor "
                     "attached. Writes audit.json and report.html to --out. Exit 3 if a "
                     "violation is proven or the claim refuted, 4 if the claim is inconsistent "
-                    "with the training that ran, 5 for a finding that is not a proof, else 0.")
+                    "with the training that ran, 6 for evidence of a violation that is not a "
+                    "proof, 5 for a finding that is not a proof, else 0.")
     demo.add_argument("--out", default="audit_out", help="report directory (default audit_out)")
     demo.add_argument("--steps", type=int, default=300, help="training steps (default 300)")
     demo.add_argument("--seed", type=_seed, default=0,
@@ -167,7 +169,7 @@ def _build_parser() -> _Parser:
         description="Run a training script with an auditor on every PrivacyEngine.make_private* "
                     "call of its Python processes (DDP launchers such as torchrun included); "
                     "rank 0 writes the report(s) when the script ends, also after an error. Exit "
-                    "code: the strongest verdict's (0, 3, 4, 5 as for demo); 2 when nothing was "
+                    "code: the strongest verdict's (0, 3, 4, 5, 6 as for demo); 2 when nothing was "
                     "audited or the script failed (what report could be written is written).")
     run.add_argument("--out", default="audit_out", help="report directory (default audit_out; "
                      "several make_private calls: DIR/audit-<i>)")

@@ -324,7 +324,12 @@ def _warnings(new: AuditInput, old: AuditInput | None, c: Comparison | None,
                        f"{format_number(claim)}, but the report does not count it as refuting "
                        f"the claim (it assumes a trade-off family, docs/report.md), so it does "
                        f"not fail the gate on its own")
-    if verdict_phrase(r.verdict) not in (*_FAILING_VERDICTS, VERDICT_NOTHING):
+    if r.evidence and not r.violation:  # the two levels (docs/design.md): evidence is no proof
+        lvl = "" if r.alpha_warn is None else f" at alpha_warn = {format_number(r.alpha_warn)}"
+        out.append(f"the new audit shows evidence of a per-step violation{lvl} (not a proof: "
+                   f"proofs are at alpha = {format_number(r.alpha)}); it does not fail the gate "
+                   f"on its own; read its report")
+    elif verdict_phrase(r.verdict) not in (*_FAILING_VERDICTS, VERDICT_NOTHING):
         out.append(f"the new audit's verdict is '{r.verdict}': read its report's findings")
     if old is None or c is None:
         return out

@@ -179,7 +179,7 @@ class RunResult:
     @property
     def exit_code(self) -> int:
         """The strongest verdict's exit code (:data:`~dpaudit_torch.report.schema.
-        VERDICT_EXIT_CODES`: 0, 3, 4, 5); :data:`EXIT_BAD_RUN` when :attr:`problem` is set."""
+        VERDICT_EXIT_CODES`: 0, 3, 4, 5, 6); :data:`EXIT_BAD_RUN` when :attr:`problem` is set."""
         from .report.schema import VERDICT_EXIT_CODES, VERDICTS, verdict_phrase
 
         if self.problem is not None:

@@ -242,8 +242,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--max-grad-norm", type=_positive_float, default=1.0,
                    help="clipping norm C (default 1.0)")
     p.add_argument("--delta", type=_positive_float, default=1e-5, help="delta (default 1e-5)")
-    p.add_argument("--alpha", type=_positive_float, default=0.05,
-                   help="level of the audit's tests (default 0.05)")
+    p.add_argument("--alpha", type=_positive_float, default=1e-3,
+                   help="level of the audit's proofs, every path together (default 0.001; "
+                        "evidence at 0.05)")
     p.add_argument("--lr", type=_positive_float, default=2.0, help="SGD learning rate (default 2)")
     p.add_argument("--m-canaries", type=_positive_int, default=20000,
                    help="one-run canaries (each IN with probability 1/2; default 20000)")

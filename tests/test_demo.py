@@ -58,7 +58,8 @@ def test_demo_progress_bar_shows_loss_and_wealth(tmp_path: Path) -> None:
                           timeout=600)
     assert proc.returncode == 0, proc.stderr
     assert "loss=" in proc.stderr
-    assert "logK=" in proc.stderr and "/3.00" in proc.stderr  # log(1/0.05) = 3.00
+    # the proof's threshold: log(1 / 5e-4) = 7.60, the decision's share of alpha = 1e-3
+    assert "logK=" in proc.stderr and "/7.60" in proc.stderr
 
 
 def test_demo_trains_with_ghost_clipping(tmp_path: Path) -> None:

@@ -90,7 +90,7 @@ def baseline() -> AuditInput:
 
 # ---------------------------------------------------------------- the previous release's report
 def test_a_1_3_report_of_the_previous_release_is_read_as_a_baseline(baseline: AuditInput) -> None:
-    assert baseline.written_schema == "1.3" and baseline.report.schema_version == "1.5"
+    assert baseline.written_schema == "1.3" and baseline.report.schema_version == "1.6"
     assert baseline.report.fingerprint == {}  # 1.3 had none: computed from its fields instead
     fp = baseline.fingerprint
     assert (fp.threat_model, fp.one_run_canaries, fp.canary_pairs) == ("white box", 40, 8)
@@ -132,7 +132,7 @@ def test_a_real_report_of_this_release_against_the_1_3_baseline(baseline: AuditI
     s.train(script.STEPS, auditor=aud)
     out = aud.finalize().save(tmp_path / "release-2")
     new = read_audit(out, "new report")
-    assert new.written_schema == "1.5" and new.report.fingerprint["model_name"] == "mlp-16-32-2"
+    assert new.written_schema == "1.6" and new.report.fingerprint["model_name"] == "mlp-16-32-2"
     res = gate(new, baseline)
     assert res.outcome == PASS, res.reason
     # and the other way round: the new report as the baseline of a copy of itself
@@ -220,13 +220,34 @@ def test_fail_when_neither_audit_is_at_least_as_strong(baseline: AuditInput) -> 
     res = gate(_audit(mixed), baseline)
     assert res.outcome == FAIL and "canary pairs per step (k): 8 -> 4" in res.reason
     assert not res.comparison.baseline_at_least_as_strong  # incomparable, not just weaker
-    other_level = _doc({"alpha": 0.01, "config.alpha": 0.01})
+    # proofs at a larger level are weaker (the two levels, docs/design.md section 14)
+    other_level = _doc({"alpha": 0.1, "config.alpha": 0.1})
     res = gate(_audit(other_level), baseline)
-    assert res.outcome == FAIL and "alpha: 0.05 -> 0.01" in res.reason
-    own_level = _doc({"lower_bound_details.steinke.alpha": 0.01})  # a method's own level
+    assert res.outcome == FAIL and "alpha (proofs): 0.05 -> 0.1" in res.reason
+    own_level = _doc({"lower_bound_details.steinke.alpha": 0.1})  # a method's own level
     res = gate(_audit(own_level), baseline)
-    assert res.outcome == FAIL and "levels of the bound methods: steinke: 0.05 -> 0.01" in \
+    assert res.outcome == FAIL and "levels of the bound methods: steinke: 0.05 -> 0.1" in \
         res.reason
+    # one method smaller and another larger: incomparable
+    mixed_levels = _doc({"lower_bound_details.steinke.alpha": 0.01,
+                         "lower_bound_details.fdp.alpha": 0.1})
+    res = gate(_audit(mixed_levels), baseline)
+    assert res.outcome == FAIL and "not comparable" in res.reason
+
+
+def test_a_new_audit_at_a_smaller_alpha_is_compared_with_a_baseline_at_005(
+        baseline: AuditInput) -> None:
+    """The migration to proofs at 1e-3 (docs/design.md section 14): a new release audited at a
+    smaller alpha, its bounds at smaller levels, is at least as strong as a baseline made at
+    0.05, so the gate compares them (and says why it is stronger) instead of refusing."""
+    smaller = _doc({"alpha": 1e-3, "config.alpha": 1e-3,
+                    "lower_bound_details.steinke.alpha": 1.25e-4,
+                    "lower_bound_details.fdp.alpha": 1.25e-4})
+    res = gate(_audit(smaller), baseline)
+    assert res.outcome == PASS, res.reason
+    assert res.comparison.relations["alpha"] == res.comparison.relations["levels"] == \
+        "stronger"
+    assert "alpha (proofs): 0.05 -> 0.001 (proofs at a smaller level)" in res.strength_text()
 
 
 def test_fail_when_a_stronger_audit_makes_L_jump(baseline: AuditInput) -> None:

@@ -216,5 +216,11 @@ def test_live_runs_of_the_fixtures_settings(tmp_path: Path) -> None:
     code, out, err = _run("gate", str(short), "--baseline", str(long))
     assert code == EXIT_FAIL and "smallest refutable epsilon (power)" in out[-1], err
     res = gate(read_audit(long), read_audit(LONG))
-    assert res.outcome == PASS and not res.comparison.strictly_stronger, res.reason
-    assert res.comparison.relations["refutable_ratio"] == "same"
+    # the stored fixtures were written at the former default alpha 0.05; the live run's
+    # proofs are at the default 1e-3, so it is stronger by its levels only (the migration,
+    # docs/design.md section 14: measured, the power aspects all "same")
+    rel = res.comparison.relations
+    assert res.outcome == PASS, res.reason
+    assert rel["alpha"] == rel["levels"] == "stronger"
+    assert all(r == "same" for a, r in rel.items() if a not in ("alpha", "levels")), rel
+    assert rel["refutable_ratio"] == "same"

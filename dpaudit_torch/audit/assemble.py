@@ -99,9 +99,12 @@ def assemble_report(aud: PrivacyAuditor, claimed: float | None) -> AuditReport:
         **fields.pop("sequential", {}),
         "combined_log_wealth": dec.log_wealth,
         "decision_threshold_log": dec.threshold_log,
+        "evidence_threshold_log": dec.evidence_threshold_log,
         "crossed_at_step": dec.crossed_at,
+        "evidence_at_step": dec.evidence_at,
         "check_every": cfg.check_every,
-        "decision": "average of the tests' e-processes >= 1/alpha (Ville)",
+        "decision": "average of the tests' e-processes >= 1/alpha (Ville): proof at the "
+                    "decision's share of alpha, evidence at 1/alpha_warn",
     }
     # the one field whose empty form the page reads by key (the report's defaults do the rest)
     fields.setdefault("one_run_scores", {"in": [], "out": []})
@@ -119,6 +122,10 @@ def assemble_report(aud: PrivacyAuditor, claimed: float | None) -> AuditReport:
         clipping_exercised=tap.clipping_exercised,
         delta=cfg.delta,
         alpha=cfg.alpha,
+        alpha_warn=cfg.alpha_warn,
+        evidence=dec.evidence,
+        evidence_step=dec.evidence_step,
+        proof_levels=cfg.proof_levels,
         accountant=tap.accountant.name,
         violation=dec.violation,
         violation_step=dec.violation_step,

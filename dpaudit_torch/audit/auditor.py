@@ -9,10 +9,9 @@ Two lines in a training loop that already uses Opacus::
             break
     report = auditor.finalize()
 
-A facade (docs/auditor.md "How it works") that wires the Opacus adapter
-(:class:`~dpaudit_torch.opacus_tap.OpacusTap`), the engine
-(:class:`~dpaudit_torch.audit.engine.AuditEngine`: the registered monitors, the checks, the
-decision), the report (:mod:`.assemble`) and the checkpoint layout (:mod:`.checkpoint`).
+A facade (docs/auditor.md "How it works") that wires the Opacus adapter (:class:`~dpaudit_torch.
+opacus_tap.OpacusTap`), the engine (:class:`~dpaudit_torch.audit.engine.AuditEngine`: the
+monitors, the checks, the decision), the report (:mod:`.assemble`) and the checkpoints.
 """
 
 from __future__ import annotations
@@ -57,7 +56,7 @@ class PrivacyAuditor:
         optimizer: the optimizer ``make_private`` returned (an Opacus ``DPOptimizer``; flat,
             per-layer, adaptive or ghost clipping).
         data_loader: the data loader ``make_private`` returned.
-        delta, alpha: the delta of the claim and of the bounds, and the level of every test.
+        delta, alpha: the delta of the claim and the bounds; the level of all proofs together.
         model: the model being trained (optional; monitors that check the model, such as the
             coverage monitor, say they did not run without it).
         config: an :class:`~dpaudit_torch.audit.config.AuditConfig`; keyword ``settings`` (its
@@ -66,6 +65,7 @@ class PrivacyAuditor:
             documented there and in docs/auditor.md) override it.
         on_step: a callable (or a sequence of callables) receiving :attr:`latest_metrics` after
             every audited step; its exceptions are logged, never raised into training.
+        on_evidence: likewise, once, at the first evidence of a violation (not a proof).
 
     Checkpoints: :meth:`state_dict` / :meth:`load_state_dict` (exact resume, also in a new
     process). Faults: an exception inside the auditor detaches it (optimizer restored) and, by
@@ -82,6 +82,7 @@ class PrivacyAuditor:
                  delta: float | None = None, alpha: float | None = None, *,
                  model: torch.nn.Module | None = None, config: AuditConfig | None = None,
                  on_step: StepCallback | Sequence[StepCallback] | None = None,
+                 on_evidence: StepCallback | Sequence[StepCallback] | None = None,
                  **settings: Any) -> None:
         from .._compiled import COMPILED_BELOW  # (read now: tests patch it)
         from ..opacus_tap import OpacusTap
@@ -91,7 +92,7 @@ class PrivacyAuditor:
         if alpha is not None:
             settings["alpha"] = alpha
         cfg = AuditConfig.from_kwargs(config, **settings)
-        callbacks = step_callbacks(on_step)
+        callbacks = step_callbacks(on_step), step_callbacks(on_evidence, "on_evidence")
         self.warnings: list[str] = []
         self.tap = tap = OpacusTap(privacy_engine, optimizer, data_loader, self.warn,
                                    model=model, delta=cfg.delta)
@@ -113,7 +114,7 @@ class PrivacyAuditor:
         self.config = cfg
         monitors = build_monitors(self.monitor_context(self.coins, self.noise_coords))
         self.engine = AuditEngine(cfg, monitors, self.warn, tap.read_claim,
-                                  tap.decision_sharer(), callbacks)
+                                  tap.decision_sharer(), *callbacks)
         self.engine.steps_at_attach = tap.steps_at_attach
         tap.build(self.design, self.coins, torch.Generator().manual_seed(seeds["mechanics"]),
                   cfg.canary_norm, self.device, self.on_internal_failure, self.noise_coords)
@@ -149,9 +150,10 @@ class PrivacyAuditor:
     monitors = _engine_attr("monitors", "The monitors this audit runs, by name.")
     decision = _engine_attr("decision", "The anytime-valid decision over their evidence.")
     step = _engine_attr("step", "Audited (observed) logical steps.")
-    should_stop = _engine_attr("should_stop", "True once a proven violation asks training to "
-                                              "stop (``on_violation`` 'stop' or 'raise').")
+    should_stop = _engine_attr("should_stop", "Training should stop (on_violation, stop_on).")
     violation = _engine_attr("violation", "Has the audit proved a violation (level alpha)?")
+    evidence = _decision_attr("evidence", "Evidence of a violation (alpha_warn; not a proof)?")
+    evidence_step = _decision_attr("evidence_step", "The step evidence was available, or None.")
     claimed_epsilon = _engine_attr("claimed_epsilon", "The last claimed epsilon read.")
     claimed_history = _engine_attr("claimed_history", "(accountant steps, claimed epsilon) "
                                                       "at every read of the accountant.")
@@ -166,10 +168,8 @@ class PrivacyAuditor:
 
     violation_step = _decision_attr("violation_step", "The training step at which the violation "
                                                       "decision was available, or None.")
-    crossed_at_step = _decision_attr("crossed_at", "The training step whose observation first "
-                                                   "pushed the combined wealth over 1/alpha.")
-    combined_log_wealth = _decision_attr("log_wealth", "Log of the decision's e-process (as of "
-                                                       "the last check).")
+    crossed_at_step = _decision_attr("crossed_at", "The step that first crossed the proof's level.")
+    crossed_at_step = _decision_attr("crossed_at", "The step that first reached the proof.")
 
     latest_metrics = property(lambda self: self.engine.metrics(), doc="Host-side audit metrics "
                               "(no device synchronisation): the wealth as of the last check, the "

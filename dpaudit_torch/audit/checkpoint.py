@@ -35,6 +35,7 @@ from ..canaries import CanaryDesign, SecretCoins
 from ..canary_layers import layout_of
 from .config import DEFAULT_NOISE_COORDINATES_TOTAL, AuditConfig
 from .engine import AuditEngine
+from .levels import DEFAULT_ALPHA, DEFAULT_ALPHA_WARN, PER_PATH
 from .monitors import Monitor, build_monitors
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -114,6 +115,33 @@ def _config_of_state(cfg: AuditConfig, theirs: dict[str, Any]) -> AuditConfig:
     return cfg
 
 
+def _levels_of_state(cfg: AuditConfig, theirs: dict[str, Any]
+                     ) -> tuple[AuditConfig, dict[str, Any], str | None]:
+    """A checkpoint written before the two levels of evidence (its fingerprint lacks
+    ``level_split``) resumes at its own level, as that release made its proofs: every proof
+    path at the checkpoint's alpha (the white-box bound at its fixed 1e-3), evidence at that
+    same level (:data:`~dpaudit_torch.audit.levels.PER_PATH`). Where this auditor has the
+    default levels, it takes the checkpoint's alpha; an alpha set to another value is compared
+    as any other setting. Returns the configuration, the checkpoint's fingerprint completed
+    with the new settings, and a note for the report (None for a checkpoint of this
+    release)."""
+    if "level_split" in theirs:
+        return cfg, theirs, None
+    alpha = cfg.alpha
+    if (cfg.alpha, cfg.alpha_warn, cfg.level_split) == (DEFAULT_ALPHA, DEFAULT_ALPHA_WARN,
+                                                        "union") and "alpha" in theirs:
+        alpha = float(theirs["alpha"])
+    new = cfg.replace(alpha=alpha, alpha_warn=max(cfg.alpha_warn, alpha), level_split=PER_PATH)
+    theirs = {**theirs, "alpha_warn": new.alpha_warn, "stop_on": new.stop_on,
+              "level_split": PER_PATH}
+    note = (f"this checkpoint was written before the two levels of evidence: the audit "
+            f"resumes at its own level, alpha = {alpha:g} for each proof path as that release "
+            f"decided (the white-box bound at {new.level_of('whitebox'):g}), evidence at "
+            f"alpha_warn = {new.alpha_warn:g}; a new audit makes its proofs at alpha = "
+            f"{DEFAULT_ALPHA:g} in total")
+    return new, theirs, note
+
+
 def _settings_of_state(theirs: dict[str, Any], m: Monitor) -> dict[str, Any]:
     """A checkpoint's settings of monitor ``m`` as this auditor compares them with its own: a
     setting the checkpoint lacks (written before the setting existed, e.g. the sequential
@@ -139,8 +167,8 @@ def load_state(aud: PrivacyAuditor, sd: dict[str, Any]) -> None:
     """Resume ``aud`` from ``sd``: validates and builds everything first (an error leaves the
     auditor as it was), then swaps the parts in."""
     sd = migrate(sd)
-    theirs = sd["config"]
-    config = _config_of_state(aud.config, theirs)
+    config, theirs, level_note = _levels_of_state(aud.config, sd["config"])
+    config = _config_of_state(config, theirs)
     mine = fingerprint(config, aud)
     diff = sorted(k for k in set(mine) | set(theirs) if mine.get(k) != theirs.get(k))
     if diff:
@@ -160,7 +188,7 @@ def load_state(aud: PrivacyAuditor, sd: dict[str, Any]) -> None:
     mechanics = aud.tap.mechanics_of_state(sd["tap"])
     noise_coords = (sd["noise_coords"]["param"], sd["noise_coords"]["flat"])
     esd = sd["engine"]
-    notes: list[str] = []
+    notes: list[str] = [] if level_note is None else [level_note]
     saved_warnings = list(aud.warnings)
     try:  # building testers may warn; the state's own warnings replace them below
         ctx = aud.monitor_context(coins, noise_coords, config)

@@ -18,6 +18,15 @@ from typing import Any
 
 from .._validation import check_alpha, check_epsilon, check_positive_int
 from ..registry import TESTERS
+from .levels import (
+    DEFAULT_ALPHA,
+    DEFAULT_ALPHA_WARN,
+    LEVEL_SPLITS,
+    STOP_ON,
+    UNION,
+    path_level,
+    path_levels,
+)
 
 __all__ = ["AuditConfig", "ON_VIOLATION", "ON_NONFINITE", "ON_INTERNAL_ERROR",
            "DEFAULT_TEST_OPTIONS", "DEFAULT_NULL_GRID", "DEFAULT_M_CANARIES", "default_m_canaries",
@@ -138,6 +147,15 @@ class AuditConfig:
     resumes the monitors both sets share, each checked against its own settings, and starts the
     others fresh.
 
+    The two levels of evidence (docs/design.md, "Two levels of evidence";
+    :mod:`dpaudit_torch.audit.levels`): ``alpha`` (default 1e-3) is the level of every proof
+    together ("violation proven", "claim refuted", "claim inconsistent"), split among the proof
+    paths by ``level_split`` (``"union"``; ``"per_path"`` only resumes a checkpoint written
+    before the two levels); ``alpha_warn`` (default 0.05, or ``alpha`` where that is larger;
+    it must lie in [alpha, 1)) is the level of "evidence of a violation", the decision's
+    e-process at 1/alpha_warn, reported and never acted on unless ``stop_on="evidence"``
+    (default ``"proof"``: ``on_violation`` acts on the proof only).
+
     ``model_name`` and ``dataset_name`` are the user's names for what is trained and on what
     (e.g. ``"resnet18-v3"``, ``"cifar10-train"``); they are recorded in the report's ``config``
     and its ``fingerprint``, where the release gate (``dpaudit gate``, docs/release_gate.md)
@@ -146,7 +164,10 @@ class AuditConfig:
     """
 
     delta: float = 1e-5
-    alpha: float = 0.05
+    alpha: float = DEFAULT_ALPHA
+    alpha_warn: float | None = None
+    stop_on: str = "proof"
+    level_split: str = UNION
     k_pairs: int = 16
     m_canaries: int | None = None
     canary_norm: float = 25.0
@@ -178,6 +199,22 @@ class AuditConfig:
         put = object.__setattr__  # frozen: normalise the values once, here
         put(self, "delta", check_alpha(self.delta, "delta"))  # the open interval (0, 1)
         put(self, "alpha", check_alpha(self.alpha, "alpha"))
+        if self.level_split not in LEVEL_SPLITS:
+            raise ValueError(f"level_split must be one of {LEVEL_SPLITS}, got "
+                             f"{self.level_split!r}")
+        if self.alpha_warn is None:  # the default: 0.05, or alpha where alpha is larger
+            put(self, "alpha_warn", max(DEFAULT_ALPHA_WARN, self.alpha))
+        else:
+            put(self, "alpha_warn", check_alpha(self.alpha_warn, "alpha_warn"))
+            # evidence is weaker than proof: its level is not below alpha (equal: no separate
+            # evidence level; the decision's e-process still shows evidence at 1/alpha, below
+            # its proof threshold, 1 / its share of alpha)
+            assert self.alpha_warn is not None
+            if self.alpha_warn < self.alpha:
+                raise ValueError(f"alpha_warn must lie in [alpha, 1) = [{self.alpha:g}, 1), "
+                                 f"got {self.alpha_warn!r}")
+        if self.stop_on not in STOP_ON:
+            raise ValueError(f"stop_on must be one of {STOP_ON}, got {self.stop_on!r}")
         put(self, "k_pairs", check_positive_int(self.k_pairs, "k_pairs"))
         if self.m_canaries is not None:
             put(self, "m_canaries", check_positive_int(self.m_canaries, "m_canaries",
@@ -257,10 +294,29 @@ class AuditConfig:
                              f"{self.one_run_score!r}")
 
     # ------------------------------------------------------------------ derived
+    def level_of(self, path: str) -> float:
+        """The level proof path ``path`` is decided at (:mod:`dpaudit_torch.audit.levels`)."""
+        return path_level(self.alpha, path, self.level_split)
+
+    @property
+    def proof_levels(self) -> dict[str, float]:
+        """Every proof path's level; their sum bounds P(any false proof) (the union bound)."""
+        return path_levels(self.alpha, self.level_split)
+
+    @property
+    def decision_alpha(self) -> float:
+        """The sequential decision's share of ``alpha``."""
+        return self.level_of("decision")
+
     @property
     def decision_threshold_log(self) -> float:
-        """log(1 / alpha): the decision's e-process is compared with this."""
-        return math.log(1.0 / self.alpha)
+        """log(1 / decision_alpha): the decision's e-process proves a violation at this."""
+        return math.log(1.0 / self.decision_alpha)
+
+    @property
+    def evidence_threshold_log(self) -> float:
+        """log(1 / alpha_warn): the decision's e-process shows evidence at this."""
+        return math.log(1.0 / self.alpha_warn)
 
     def tester_options(self, name: str) -> dict[str, Any]:
         """The keyword options tester ``name`` is built with (defaults, then the user's)."""
@@ -287,10 +343,14 @@ class AuditConfig:
 
     def replace(self, **changes: Any) -> AuditConfig:
         """A copy with some settings changed (validated again). A ``spread_pairs`` that is the
-        default (every pair, ``k_pairs``) follows a new ``k_pairs``."""
+        default (every pair, ``k_pairs``) follows a new ``k_pairs``, an ``alpha_warn`` that is
+        the default a new ``alpha``."""
         if "k_pairs" in changes and "spread_pairs" not in changes and \
                 self.spread_pairs == self.k_pairs:
             changes["spread_pairs"] = None
+        if "alpha" in changes and "alpha_warn" not in changes and \
+                self.alpha_warn == max(DEFAULT_ALPHA_WARN, self.alpha):
+            changes["alpha_warn"] = None  # the default follows a new alpha
         return dataclasses.replace(self, **changes)
 
     @classmethod
@@ -313,6 +373,8 @@ class AuditConfig:
         return {
             "k_pairs": self.k_pairs, "m_canaries": self.m_canaries,
             "canary_norm": self.canary_norm, "delta": self.delta, "alpha": self.alpha,
+            "alpha_warn": self.alpha_warn, "stop_on": self.stop_on,
+            "level_split": self.level_split,
             "null": list(self.per_step_null) if self.per_step_null else None,
             "tests": list(self.tests), "check_every": self.check_every,
             "claimed_every": self.claimed_every, "on_violation": self.on_violation,
@@ -327,7 +389,8 @@ class AuditConfig:
     def to_dict(self) -> dict[str, Any]:
         """The report's ``config`` section (the seed itself is never reported)."""
         return {
-            "delta": self.delta, "alpha": self.alpha, "k_pairs": self.k_pairs,
+            "delta": self.delta, "alpha": self.alpha, "alpha_warn": self.alpha_warn,
+            "stop_on": self.stop_on, "level_split": self.level_split, "k_pairs": self.k_pairs,
             "m_canaries": self.m_canaries, "canary_norm": self.canary_norm,
             "per_step_null": list(self.per_step_null) if self.per_step_null else None,
             "tests": list(self.tests), "check_every": self.check_every,

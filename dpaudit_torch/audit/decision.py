@@ -3,13 +3,16 @@
 Each monitor that bets gives, at every check, the log of its e-process after each step it
 processed (:class:`~dpaudit_torch.audit.monitors.base.Evidence`). The decision's e-process is
 their average (an average of e-processes on the same filtration is an e-process), compared with
-1/alpha: by Ville's inequality a correct implementation crosses it with probability at most alpha
-over the whole run, however long, however often it is looked at.
+two thresholds (docs/design.md, "Two levels of evidence"): 1/alpha_warn ("evidence of a
+violation") and 1/alpha, alpha here being the decision's share of the audit's proof level
+("violation proven"). By Ville's inequality, P(sup_t E_t >= 1/a) <= a at every threshold a, so a
+correct implementation shows evidence with probability at most alpha_warn, and is proven wrong
+with probability at most alpha, over the whole run, however long, however often it is looked at.
 
 The decision also keeps the wealth history the report plots, and the violation bookkeeping:
 ``crossed_at`` (the step whose observation first pushed the average over 1/alpha) and
 ``violation_step`` (the step at which the decision was available: the first check at or after
-the crossing).
+the crossing); likewise ``evidence_at`` and ``evidence_step`` for the lower threshold.
 """
 
 from __future__ import annotations
@@ -38,17 +41,27 @@ def _log_mean_exp(stack: np.ndarray) -> np.ndarray:
 
 
 class Decision:
-    """Averages the monitors' e-processes and decides at level ``alpha``.
+    """Averages the monitors' e-processes; evidence at ``alpha_warn``, proof at ``alpha``.
 
     Args:
-        alpha: the level.
+        alpha: the level of the proof (the decision's share of the audit's alpha).
         history_stride: keep every ``history_stride``-th step in the history.
         extra_keys: names of the per-step diagnostics the monitors report (history columns).
+        alpha_warn: the level of evidence (None: no evidence level below the proof's).
     """
 
-    def __init__(self, alpha: float, history_stride: int, extra_keys: list[str]) -> None:
+    def __init__(self, alpha: float, history_stride: int, extra_keys: list[str],
+                 alpha_warn: float | None = None) -> None:
         self.alpha = alpha
         self.threshold_log = math.log(1.0 / alpha)
+        self.alpha_warn = alpha if alpha_warn is None else alpha_warn
+        #: log(1 / alpha_warn): evidence of a violation at this (never above the proof's)
+        self.evidence_threshold_log = min(math.log(1.0 / self.alpha_warn), self.threshold_log)
+        #: the step whose observation first pushed the average over 1/alpha_warn, and the step
+        #: at which that was available (the first check at or after it); None before
+        self.evidence_at: int | None = None
+        self.evidence_step: int | None = None
+        self.evidence = False
         self.history_stride = history_stride
         self.log_wealth = 0.0
         self.latest: dict[str, float] = {k: 0.0 for k in extra_keys}
@@ -114,11 +127,20 @@ class Decision:
                     self.monitor_latest[n] = float(col[s])
                 for key, col in extras.items():
                     self.latest[key] = float(col[s])
+                if self.log_wealth >= self.evidence_threshold_log and self.evidence_at is None:
+                    self.evidence_at = st
                 if self.log_wealth >= self.threshold_log and self.crossed_at is None:
                     self.crossed_at = st
                     self.crossed_log_wealth = self.log_wealth
                 if st % self.history_stride == 0:
                     self.record(st)
+        if self.evidence_at is not None and not self.evidence:
+            self.evidence = True
+            self.evidence_step = now
+            logger.warning("audit decision: evidence of a violation (not a proof) at step %d: "
+                           "the e-process reached 1/alpha_warn = %.4g at step %d (proof needs "
+                           "1/alpha = %.4g)", now, 1.0 / self.alpha_warn, self.evidence_at,
+                           1.0 / self.alpha)
         if self.crossed_at is not None and not self.violation:
             self.violation = True
             self.violation_step = now
@@ -148,12 +170,16 @@ class Decision:
             self.crossed_log_wealth = None
         self.violation, self.violation_step, self.crossed_at = (violation, violation_step,
                                                                 crossed_at)
+        if violation and not self.evidence:  # a proof is evidence too (1/alpha_warn below it)
+            self.evidence, self.evidence_step, self.evidence_at = True, violation_step, crossed_at
         return differs
 
     def state_dict(self) -> dict[str, Any]:
         return {"log_wealth": self.log_wealth, "latest": dict(self.latest),
                 "crossed_at": self.crossed_at, "violation_step": self.violation_step,
                 "crossed_log_wealth": self.crossed_log_wealth, "violation": self.violation,
+                "evidence": self.evidence, "evidence_at": self.evidence_at,
+                "evidence_step": self.evidence_step,
                 "last": dict(self._last),
                 "excluded": sorted(self.excluded), "frozen": dict(self.frozen),
                 "monitor_latest": dict(self.monitor_latest),
@@ -185,6 +211,12 @@ class Decision:
         self.violation_step = (None if sd["violation_step"] is None
                                else int(sd["violation_step"]))
         self.violation = bool(sd["violation"])
+        # absent from states written before the two levels: their one level was both
+        ev_at, ev_step = sd.get("evidence_at", sd["crossed_at"]), sd.get(
+            "evidence_step", sd["violation_step"])
+        self.evidence_at = None if ev_at is None else int(ev_at)
+        self.evidence_step = None if ev_step is None else int(ev_step)
+        self.evidence = bool(sd.get("evidence", sd["violation"]))
         self.history = hist
         self._last = {str(k): float(v) for k, v in sd.get("last", {}).items()}
         self.excluded = set(sd.get("excluded", []))

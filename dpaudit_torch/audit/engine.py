@@ -14,9 +14,12 @@ tap, or a test) and never names a monitor. Per audited step (:meth:`AuditEngine.
    host in one transfer and handed back to their owners; the monitors process what they
    buffered and return their evidence, which the decision
    (:class:`~dpaudit_torch.audit.decision.Decision`) averages into one e-process against
-   1/alpha (docs/design.md section 1);
+   1/alpha (docs/design.md section 1), and against 1/alpha_warn for evidence ("Two levels of
+   evidence");
 4. the claimed epsilon is read every ``claimed_every`` steps (and at the first);
-5. the callbacks get the metrics, and a proven violation is acted on (stop / raise / warn).
+5. the callbacks get the metrics (the ``on_evidence`` callbacks once, when evidence is first
+   reached), and a proven violation (or, with ``stop_on="evidence"``, evidence) is acted on
+   (stop / raise / warn).
 
 At the end :meth:`AuditEngine.finalize` runs the last check and every monitor's whole-run
 statistics; the report is gathered by :mod:`dpaudit_torch.audit.assemble`.
@@ -51,15 +54,16 @@ AUDITOR = ("auditor", "the auditor itself (its own failure)")
 StepCallback = Callable[[dict[str, Any]], Any]
 
 
-def step_callbacks(on_step: Any) -> list[StepCallback]:
-    """``on_step`` (None, a callable or a sequence of callables) as a list; TypeError else."""
+def step_callbacks(on_step: Any, name: str = "on_step") -> list[StepCallback]:
+    """``on_step`` (None, a callable or a sequence of callables) as a list; TypeError (naming
+    the setting ``name``) else."""
     if on_step is None:
         return []
     if callable(on_step):
         return [on_step]
     if isinstance(on_step, Sequence) and all(callable(f) for f in on_step):
         return list(on_step)
-    raise TypeError(f"on_step must be a callable or a sequence of callables, got {on_step!r}")
+    raise TypeError(f"{name} must be a callable or a sequence of callables, got {on_step!r}")
 
 
 class PrivacyViolationError(RuntimeError):
@@ -82,6 +86,8 @@ class AuditEngine:
         share_decision: under DDP, takes this process's decision and returns rank 0's
             ``(violation, violation_step, crossed_at)``; None without DDP.
         callbacks: receive :meth:`metrics` after every audited step (errors logged only).
+        evidence_callbacks: receive :meth:`metrics` once, after the step at which the decision
+            first showed evidence of a violation (errors logged only).
     """
 
     def __init__(self, config: AuditConfig, monitors: dict[str, Monitor],
@@ -89,7 +95,8 @@ class AuditEngine:
                  read_claim: Callable[[], tuple[int, float | None] | None] | None = None,
                  share_decision: Callable[[Decision], tuple[bool, int | None, int | None]]
                  | None = None,
-                 callbacks: list[StepCallback] | None = None) -> None:
+                 callbacks: list[StepCallback] | None = None,
+                 evidence_callbacks: list[StepCallback] | None = None) -> None:
         self.config = config
         self.monitors = monitors
         self._tell_monitors()
@@ -97,6 +104,11 @@ class AuditEngine:
         self._read_claim = read_claim
         self._share = share_decision
         self.callbacks = list(callbacks or [])
+        self.evidence_callbacks = list(evidence_callbacks or [])
+        #: whether the evidence callbacks were called (once per audit)
+        self.evidence_told = False
+        #: whether evidence was acted on (``stop_on="evidence"``)
+        self.acted_on_evidence = False
         self.decision = self.new_decision(monitors)
         self.step = 0  # audited (observed) logical steps
         self.steps_at_attach = 0  # the training step count when the audit began
@@ -127,7 +139,8 @@ class AuditEngine:
     def new_decision(self, monitors: dict[str, Monitor]) -> Decision:
         """A fresh decision whose history has the monitors' columns."""
         cols = [c for m in monitors.values() for c in m.columns()]
-        return Decision(self.config.alpha, self.config.history_stride, cols)
+        cfg = self.config
+        return Decision(cfg.decision_alpha, cfg.history_stride, cols, alpha_warn=cfg.alpha_warn)
 
     # ------------------------------------------------------------------ state
     @property
@@ -154,7 +167,9 @@ class AuditEngine:
         out: dict[str, Any] = {
             "step": self.steps_at_attach + self.step, "audited_steps": self.step,
             "combined_log_wealth": d.log_wealth, "decision_threshold_log": d.threshold_log,
-            "violation": d.violation, "claimed_epsilon": self.claimed_epsilon}
+            "violation": d.violation, "claimed_epsilon": self.claimed_epsilon,
+            "evidence": d.evidence, "evidence_step": d.evidence_step,
+            "evidence_threshold_log": d.evidence_threshold_log}
         for m in self.monitors.values():
             for col in m.columns():
                 out[m.metric_name(col)] = d.latest.get(col, 0.0)
@@ -188,9 +203,15 @@ class AuditEngine:
                 f"step {step}")
 
     def before_step(self) -> None:
-        """With ``on_violation="raise"``, a step after a proven violation is refused."""
-        if self.decision.violation and self.config.on_violation == "raise":
-            raise PrivacyViolationError(self.violation_message(), self.decision.violation_step)
+        """With ``on_violation="raise"``, a step after a proven violation (or after evidence,
+        with ``stop_on="evidence"``) is refused."""
+        if self.config.on_violation != "raise":
+            return
+        d = self.decision
+        if d.violation:
+            raise PrivacyViolationError(self.violation_message(), d.violation_step)
+        if self.acts_on_evidence():
+            raise PrivacyViolationError(self.evidence_message(), d.evidence_step)
 
     def observe(self, read: Callable[[], StepRecord],
                 run: Callable[[Callable[[], Any]], Any] = run_here) -> None:
@@ -236,8 +257,27 @@ class AuditEngine:
                     fn(dict(metrics))
                 except Exception as e:  # noqa: BLE001 - a logging callback must not break training
                     logger.warning("on_step callback %r failed: %r", fn, e)
+        self.tell_evidence()
         if self.decision.violation and not self.raised:
             self.act()
+        elif self.acts_on_evidence() and not self.acted_on_evidence:
+            self.act(evidence=True)
+
+    def acts_on_evidence(self) -> bool:
+        """Whether evidence is reached and acts (``stop_on="evidence"``)."""
+        return self.config.stop_on == "evidence" and self.decision.evidence
+
+    def tell_evidence(self) -> None:
+        """The ``on_evidence`` callbacks, once, when the decision first shows evidence."""
+        if not self.decision.evidence or self.evidence_told:
+            return
+        self.evidence_told = True
+        metrics = self.metrics()
+        for fn in self.evidence_callbacks:
+            try:
+                fn(dict(metrics))
+            except Exception as e:  # noqa: BLE001 - a callback must not break training
+                logger.warning("on_evidence callback %r failed: %r", fn, e)
 
     def after_release(self, applied: bool = True) -> None:
         """The DP optimizer's step post-hook (``applied``: the update of the last step was
@@ -314,7 +354,7 @@ class AuditEngine:
         from ..report.wording import violation_message
 
         return violation_message([f.to_dict() for f in self.findings()],
-                                 self.decision.violation_step, self.config.alpha,
+                                 self.decision.violation_step, self.decision.alpha,
                                  self.crossing_log_wealth(), labels=self.labels())
 
     def crossing_log_wealth(self) -> float:
@@ -323,10 +363,23 @@ class AuditEngine:
         d = self.decision
         return d.log_wealth if d.crossed_log_wealth is None else d.crossed_log_wealth
 
-    def act(self) -> None:
-        """Act on a proven violation as configured (``on_violation``)."""
-        self.raised = True
-        msg = self.violation_message()
+    def evidence_message(self) -> str:
+        """Evidence (not a proof) of a violation, with its level and the proof's."""
+        d = self.decision
+        return (f"evidence of a per-step privacy violation at step {d.evidence_step} (the "
+                f"decision's e-process reached 1/alpha_warn = {1.0 / d.alpha_warn:.4g}; not a "
+                f"proof, which needs 1/alpha = {1.0 / d.alpha:.4g}); stop_on='evidence'")
+
+    def act(self, evidence: bool = False) -> None:
+        """Act as configured (``on_violation``) on a proven violation, or on evidence
+        (``evidence``, with ``stop_on="evidence"``)."""
+        if evidence:
+            self.acted_on_evidence = True
+        else:
+            self.raised = True
+        if self.acted_on_evidence and not evidence and self.config.on_violation == "raise":
+            return  # already raised at the evidence; later steps are refused (before_step)
+        msg = self.evidence_message() if evidence else self.violation_message()
         mode = self.config.on_violation
         if mode == "warn":
             logger.warning(msg)
@@ -336,18 +389,23 @@ class AuditEngine:
             logger.warning(msg + "; should_stop is set")
         else:
             logger.error(msg + "; raising before this step's update")
-            raise PrivacyViolationError(msg, self.decision.violation_step)
+            d = self.decision
+            raise PrivacyViolationError(msg, d.evidence_step if evidence else d.violation_step)
 
     # ------------------------------------------------------------------ the end
     def finalize(self) -> float | None:
         """The last check, the claimed epsilon, every monitor's whole-run statistics; returns
         the claimed epsilon."""
         self.check()
-        if self.decision.violation and not self.raised:
-            self.raised = True
+        self.tell_evidence()
+        evidence = self.acts_on_evidence() and not self.acted_on_evidence
+        if (self.decision.violation and not self.raised) or evidence:
+            self.raised = self.raised or self.decision.violation
+            self.acted_on_evidence = self.acted_on_evidence or evidence
             if self.config.on_violation in ("stop", "raise"):
                 self.should_stop = True
-            logger.warning(self.violation_message())
+            logger.warning(self.violation_message() if self.decision.violation
+                           else self.evidence_message())
         if self.step:
             self.decision.record(self.steps_at_attach + self.step)  # the final point
         else:
@@ -367,6 +425,8 @@ class AuditEngine:
             "decision": self.decision.state_dict(),
             "counters": {"step": self.step, "steps_at_attach": self.steps_at_attach,
                          "should_stop": self.should_stop, "raised": self.raised,
+                         "evidence_told": self.evidence_told,
+                         "acted_on_evidence": self.acted_on_evidence,
                          "unobserved_steps": self.unobserved_steps,
                          "skipped_nonfinite": self.skipped_nonfinite,
                          "incomplete_from": self.incomplete_from,
@@ -384,6 +444,8 @@ class AuditEngine:
         self.steps_at_attach = int(c["steps_at_attach"])
         self.should_stop = bool(c["should_stop"])
         self.raised = bool(c["raised"])
+        self.evidence_told = bool(c.get("evidence_told", self.decision.evidence))
+        self.acted_on_evidence = bool(c.get("acted_on_evidence", False))
         self.unobserved_steps = int(c["unobserved_steps"])
         self.skipped_nonfinite = int(c["skipped_nonfinite"])
         self.incomplete_from = c.get("incomplete_from")  # absent from older layouts

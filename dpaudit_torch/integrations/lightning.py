@@ -90,7 +90,8 @@ class PrivacyAuditCallback(_Callback):
             ``log_every_n_steps``), not only every ``claimed_every`` steps as the auditor reads
             it.
         **auditor_kwargs: settings of :class:`~dpaudit_torch.audit.AuditConfig`, validated here
-            (a bad one raises at construction, before training starts), and ``on_step``;
+            (a bad one raises at construction, before training starts), ``on_step`` and
+            ``on_evidence``;
             passed to :class:`~dpaudit_torch.audit.PrivacyAuditor` (``alpha``,
             ``k_pairs``, ``m_canaries``, ``seed``, ``on_violation``, ``check_every``, ...).
 
@@ -133,6 +134,7 @@ class PrivacyAuditCallback(_Callback):
         self.log_metrics = log_metrics
         kwargs = dict(auditor_kwargs)
         self._on_step = kwargs.pop("on_step", None)
+        self._on_evidence = kwargs.pop("on_evidence", None)
         #: the audit's settings (validated once, here)
         self.config = AuditConfig.from_kwargs(kwargs.pop("config", None), delta=self.delta,
                                               **kwargs)
@@ -156,7 +158,8 @@ class PrivacyAuditCallback(_Callback):
         self.report_dir = None
         self._stop_logged = False
         self.auditor = PrivacyAuditor(engine, optimizer, loader, config=self.config,
-                                      on_step=self._on_step, model=pl_module)
+                                      on_step=self._on_step,
+                                      on_evidence=self._on_evidence, model=pl_module)
         logger.info("privacy auditor attached to %s (delta=%g)", type(optimizer).__name__,
                     self.delta)
 

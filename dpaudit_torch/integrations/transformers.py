@@ -136,7 +136,8 @@ class PrivacyAuditCallback(_TrainerCallback):
         log_metrics: add the auditor's latest numeric metrics (prefix ``dpaudit/``) to every
             log entry of the Trainer.
         **auditor_kwargs: settings of :class:`~dpaudit_torch.audit.AuditConfig`, validated here
-            (a bad one raises at construction, before training starts), and ``on_step``;
+            (a bad one raises at construction, before training starts), ``on_step`` and
+            ``on_evidence``;
             passed to :class:`~dpaudit_torch.audit.PrivacyAuditor` (``alpha``, ``k_pairs``,
             ``m_canaries``, ``seed``, ``on_violation``, ``check_every``, ...).
 
@@ -180,6 +181,7 @@ class PrivacyAuditCallback(_TrainerCallback):
         self.log_metrics = log_metrics
         kwargs = dict(auditor_kwargs)
         self._on_step = kwargs.pop("on_step", None)
+        self._on_evidence = kwargs.pop("on_evidence", None)
         #: the audit's settings (validated once, here)
         self.config = AuditConfig.from_kwargs(kwargs.pop("config", None), delta=self.delta,
                                               **kwargs)
@@ -222,6 +224,7 @@ class PrivacyAuditCallback(_TrainerCallback):
         model = kwargs.get("model")
         self.auditor = PrivacyAuditor(self.engine, optimizer, loader, config=self.config,
                                       on_step=self._on_step,
+                                      on_evidence=self._on_evidence,
                                       model=model if hasattr(model, "named_parameters") else None)
         if float(getattr(args, "max_grad_norm", 0.0) or 0.0) > 0:
             logger.info("TrainingArguments.max_grad_norm=%s clips the non-private gradient, which "

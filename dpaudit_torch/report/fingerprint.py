@@ -18,9 +18,11 @@ place, and in docs/auditor.md ("How strong an audit is"):
 * **judge**: the same or a superset of the bound methods and of the sequential tests; for every
   bound method both record a score for, a per-canary score at least as strong (:data:`SCORES`,
   weakest first: the sum, then the likelihood ratio, which ranks canaries by the Neyman-Pearson
-  most powerful statistic of the idealized game, docs/one_run.md "Why the llr"); and the same
-  alpha and delta, and the same level for every bound method both record one for (bounds at
-  another level or another delta are other statements, not weaker or stronger ones).
+  most powerful statistic of the idealized game, docs/one_run.md "Why the llr"); the same
+  delta (bounds at another delta are other statements); and proofs at the same or a smaller
+  level: a smaller ``alpha``, and for every bound method both record a level for, the same or a
+  smaller one, is at least as strong (a proof at 1e-3 is a proof at 0.05 too: the two levels of
+  evidence, docs/design.md), while a mix of smaller and larger levels is incomparable.
 
 Every aspect must hold; where one audit is stronger in one aspect and weaker in another, neither
 is at least as strong as the other. The accountant, the subject (model, dataset, architecture
@@ -77,7 +79,8 @@ LABELS = {
     "canary_pairs": "canary pairs per step (k)", "methods": "bound methods",
     "scores": "scores of the bound methods", "levels": "levels of the bound methods",
     "sequential_tests": "sequential tests",
-    "alpha": "alpha", "delta": "delta", "expected_bound": "expected bound (power)",
+    "alpha": "alpha (proofs)", "delta": "delta", "expected_bound": "expected bound (power)",
+    "alpha_warn": "alpha_warn (evidence)",
     "min_refutable_epsilon": "minimum refutable epsilon (power)",
     "steps_observed": "steps observed", "accountant": "accountant", "model_name": "model",
     "dataset_name": "dataset", "architecture_hash": "architecture hash",
@@ -107,6 +110,7 @@ class Fingerprint:
     sequential_tests: tuple[str, ...] = ()
     alpha: float | None = None
     delta: float | None = None
+    alpha_warn: float | None = None
     expected_bound: float | None = None
     min_refutable_epsilon: float | None = None
     steps_observed: int | None = None
@@ -206,6 +210,29 @@ def _levels(d: Mapping[str, Any], methods: tuple[str, ...]) -> tuple[tuple[str, 
     return _per_method(d, methods, level)
 
 
+def _alpha_warn(d: Mapping[str, Any], take: Callable[[str, tuple[bool, Any]], Any]
+                ) -> float | None:
+    """The evidence level (schema 1.5, ``alpha_warn``); not recorded before it, and None in a
+    report that records no evidence level."""
+    return _num(take("alpha_warn", _get(d, "alpha_warn")))
+
+
+def _level_relation(new: Mapping[str, float] | float, old: Mapping[str, float] | float) -> str:
+    """Levels compared (a number each, or per method for the methods both record): proofs at
+    the same or smaller levels are at least as strong (a proof at a smaller alpha is one at a
+    larger alpha too); smaller in some and larger in others is incomparable."""
+    if not isinstance(new, Mapping) or not isinstance(old, Mapping):
+        new, old = {"": float(new)}, {"": float(old)}  # type: ignore[arg-type]
+    rel = set()
+    for m in set(new) & set(old):
+        a, b = float(new[m]), float(old[m])
+        rel.add(SAME if math.isclose(a, b, rel_tol=1e-9) else STRONGER if a < b else WEAKER)
+    rel -= {SAME}
+    if not rel:
+        return SAME
+    return rel.pop() if len(rel) == 1 else INCOMPARABLE
+
+
 def fingerprint_of(report: ReportData | Mapping[str, Any]) -> Fingerprint:
     """The fingerprint of a report (a :class:`ReportData` or its :meth:`~ReportData.to_dict`),
     read from its own fields (docs/report.md, field ``fingerprint``, says where each comes
@@ -246,6 +273,7 @@ def fingerprint_of(report: ReportData | Mapping[str, Any]) -> Fingerprint:
         sequential_tests=tuple(sorted(t for t in (tests or ()) if isinstance(t, str))),
         alpha=_num(take("alpha", _get(d, "alpha"))),
         delta=_num(take("delta", _get(d, "delta"))),
+        alpha_warn=_alpha_warn(d, take),
         expected_bound=_num(take("expected_bound", _get(d, "power", "expected_bound"))),
         min_refutable_epsilon=_num(take("min_refutable_epsilon",
                                         _get(d, "power", "min_refutable_epsilon"))),
@@ -333,15 +361,15 @@ def _relation(aspect: str, new: Any, old: Any) -> str:
     if aspect == "scores":
         return _scores_relation(dict(new), dict(old))
     if aspect == "levels":
-        a, b = dict(new), dict(old)
-        same = all(math.isclose(a[m], b[m], rel_tol=1e-9) for m in set(a) & set(b))
-        return SAME if same else INCOMPARABLE
+        return _level_relation(dict(new), dict(old))
+    if aspect == "alpha":
+        return _level_relation(new, old)
     if aspect in ("one_run_canaries", "canary_pairs"):
         return SAME if new == old else STRONGER if new > old else WEAKER
     if aspect in ("methods", "sequential_tests"):
         a, b = set(new), set(old)
         return SAME if a == b else STRONGER if a > b else WEAKER if a < b else INCOMPARABLE
-    if aspect in ("alpha", "delta"):
+    if aspect == "delta":
         return SAME if math.isclose(new, old, rel_tol=1e-9) else INCOMPARABLE
     return SAME if new == old else INCOMPARABLE  # canary_design
 
@@ -356,15 +384,18 @@ def _sentence(aspect: str, relation: str, new: Any, old: Any) -> str:
     if aspect in ("scores", "levels"):
         a, b = dict(new), dict(old)
         diff = [f"{m}: {_fmt(b[m])} -> {_fmt(a[m])}" for m in a if m in b and a[m] != b[m]]
-        tail = " (bounds at another level are other statements, not comparable)" \
-            if aspect == "levels" else ""
+        tail = ("" if aspect != "levels" or relation != INCOMPARABLE
+                else " (smaller for some methods and larger for others: not comparable)")
         return f"{label}: {'; '.join(diff)}{tail}"
     if aspect in ("methods", "sequential_tests") and relation != SAME:
         gained, lost = sorted(set(new) - set(old)), sorted(set(old) - set(new))
         parts = ([f"adds {', '.join(gained)}"] if gained else []) + \
                 ([f"drops {', '.join(lost)}"] if lost else [])
         return f"{label}: {'; '.join(parts)} ({_fmt(old)} -> {_fmt(new)})"
-    if aspect in ("alpha", "delta") and relation == INCOMPARABLE:
+    if aspect == "alpha" and relation in (STRONGER, WEAKER):
+        return (f"{label}: {_fmt(old)} -> {_fmt(new)} (proofs at a "
+                f"{'smaller' if relation == STRONGER else 'larger'} level)")
+    if aspect == "delta" and relation == INCOMPARABLE:
         return (f"{label}: {_fmt(old)} -> {_fmt(new)} (bounds at another {label} are other "
                 f"statements, not comparable)")
     return f"{label}: {_fmt(old)} -> {_fmt(new)}"

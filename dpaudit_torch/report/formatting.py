@@ -17,7 +17,7 @@ from ..registry import ONE_STEP, WHOLE_RUN, bound_method
 from .schema import is_num
 
 __all__ = ["format_number", "scope_text", "power_sentence", "pairs_sentence", "bound_alpha",
-           "NO_STEPS_SENTENCE"]
+           "NO_STEPS_SENTENCE", "levels_sentence", "evidence_sentence", "decision_alpha"]
 
 #: what the report says when the auditor saw no training step
 NO_STEPS_SENTENCE = ("No training step was audited (finalize() was called after 0 audited "
@@ -32,6 +32,51 @@ def bound_alpha(details: dict[str, Any], alpha: float) -> float:
     if is_num(own) and 0.0 < own < 1.0:
         return float(own)
     return alpha
+
+
+def decision_alpha(sequential: dict[str, Any], alpha: float) -> float:
+    """The level of the sequential decision's proof: exp(-threshold) of the proof threshold it
+    recorded (``sequential.decision_threshold_log``: its share of alpha, schema 1.5), else
+    ``alpha`` (a report without it)."""
+    t = sequential.get("decision_threshold_log")
+    if is_num(t) and math.isfinite(t) and t > 0:
+        return math.exp(-float(t))
+    return alpha
+
+
+def levels_sentence(alpha: float, alpha_warn: Any, proof_levels: dict[str, Any],
+                    number: Callable[[Any, str], str] | None = None) -> str | None:
+    """The two levels in words (schema 1.5; None for a report without ``proof_levels``): every
+    proof at ``alpha`` in total, split among its paths (the union bound), and evidence at
+    ``alpha_warn``, which is not a proof."""
+    if not proof_levels:
+        return None
+    num = number or (lambda v, _field: format_number(v))
+    parts = ", ".join(f"{k.replace('_', ' ')} {num(v, f'proof_levels.{k}')}"
+                      for k, v in proof_levels.items())
+    total = sum(float(v) for v in proof_levels.values() if is_num(v))
+    union = ("" if math.isclose(total, alpha, rel_tol=1e-9)
+             else f" (these add up to {format_number(total)}: a checkpoint of an earlier "
+                  f"release, each path at its own level)")
+    warn = ("" if alpha_warn is None else
+            f" Evidence of a violation is reported at alpha_warn = "
+            f"{num(alpha_warn, 'alpha_warn')}; evidence is not a proof.")
+    return (f"Levels: every proof (violation proven, claim refuted, claim inconsistent) at "
+            f"alpha = {num(alpha, 'alpha')} in total, split among its paths ({parts}; a correct "
+            f"run gets any false proof with probability at most their sum){union}.{warn}")
+
+
+def evidence_sentence(step: Any, alpha_warn: Any, violation: bool, stopped: bool,
+                      number: Callable[[Any, str], str] | None = None) -> str:
+    """What evidence of a violation means, where there is evidence and no proof."""
+    num = number or (lambda v, _field: format_number(v))
+    at = "" if step is None else f" at training step {num(step, 'evidence_step')}"
+    lvl = "" if alpha_warn is None else f" at level alpha_warn = {num(alpha_warn, 'alpha_warn')}"
+    stop = (" Training was stopped on it (stop_on='evidence')." if stopped and not violation
+            else " It stops nothing by itself.")
+    return (f"Evidence of a per-step privacy violation{at}{lvl} (the decision's e-process "
+            f"reached 1/alpha_warn; a correct run shows this with probability at most "
+            f"alpha_warn). It is not a proof: the proof's threshold was not reached.{stop}")
 
 
 _SCOPE_NAMES = {WHOLE_RUN: "whole training run", ONE_STEP: "one training step"}

@@ -22,7 +22,15 @@ from __future__ import annotations
 
 from .bounds import bounds_section
 from .checks import checks_section
-from .formatting import NO_STEPS_SENTENCE, bound_alpha, pairs_sentence, power_sentence
+from .formatting import (
+    NO_STEPS_SENTENCE,
+    bound_alpha,
+    decision_alpha,
+    evidence_sentence,
+    levels_sentence,
+    pairs_sentence,
+    power_sentence,
+)
 from .labels import TRAINING_LABELS, labelled
 from .markup import esc, json_for_script, kv_section, method_label, num
 from .schema import JSON_NAME, ReportData, no_steps_audited
@@ -50,6 +58,7 @@ h3 { font-size: 1.05rem; margin-bottom: 0.3rem; }
 .verdict h2 { border: none; margin: 0 0 0.4rem; font-size: 1.45rem; }
 .verdict-refuted, .verdict-violation { background: #fdecea; border-color: #c62828; }
 .verdict-nothing { background: #eef3f8; border-color: #51667d; }
+.verdict-evidence { background: #fff6e0; border-color: #b26a00; }
 .callout { background: #fff8e1; border-left: 4px solid #f0a500; padding: 0.5rem 0.8rem; }
 table { border-collapse: collapse; margin: 0.5rem 0 1rem; font-size: 0.92rem; }
 th, td { border: 1px solid #d8dde3; padding: 0.3rem 0.55rem; text-align: left;
@@ -176,6 +185,11 @@ def verdict_section(v: ReportView) -> str:
             "ran, not a lower bound on the true ε.</p>"
             + (f"<ul>{''.join(why)}</ul>" if why else "")
         )
+    elif d.get("evidence"):
+        css = "verdict-evidence"
+        said = evidence_sentence(d.get("evidence_step"), d.get("alpha_warn"), False,
+                                 d["stopped_early"], num)
+        text = f'<p id="evidence">{said}</p>'
     elif any(f.get("level") == "finding" for f in d.get("findings", [])):
         css = "verdict-nothing"
         text = ("<p>No test rejected, but the audit made a finding that is not a statistical "
@@ -197,8 +211,17 @@ def verdict_section(v: ReportView) -> str:
     return (
         f'<section id="verdict" class="verdict {css}">'
         f'<h2>Verdict: <span id="verdict-text" data-field="verdict">{esc(r.verdict)}</span>'
-        f"</h2>{text}{findings_text(v)}{power_text(v)}{meaning}</section>"
+        f"</h2>{text}{findings_text(v)}{power_text(v)}{meaning}{levels_text(v)}</section>"
     )
+
+
+def levels_text(v: ReportView) -> str:
+    """The two levels of the report (schema 1.5): every proof at alpha in total, its split,
+    and the evidence level; nothing for an older report."""
+    d = v.d
+    sentence = levels_sentence(d["alpha"], d.get("alpha_warn"), d.get("proof_levels") or {},
+                               num)
+    return f'<p id="levels">{sentence}</p>' if sentence else ""
 
 
 def findings_text(v: ReportView) -> str:
@@ -309,8 +332,11 @@ def violation_text(v: ReportView) -> str:
         who = "<p>The deciding monitor was not recorded in this report.</p>"
     # a deciding finding about the per-step guarantee: say which per-step null it rejected
     null = f"<p>{v.per_step_null_text()}</p>" if decided_per_step(found) else ""
+    level = decision_alpha(d["sequential"], d["alpha"])  # the decision's share of alpha
+    at_level = (num(d["alpha"], "alpha") if level == d["alpha"] else
+                f"{num(level)} (its share of α = {num(d['alpha'], 'alpha')})")
     return (
-        f"<p>The audit proved{at}, at level α = {num(d['alpha'], 'alpha')} (an anytime-valid "
+        f"<p>The audit proved{at}, at level α = {at_level} (an anytime-valid "
         "decision over every monitor's evidence), that the training is less private than the "
         f"accountant assumes.</p>{who}{null}<p>The claimed ε = "
         f"{num(d['claimed_epsilon'], 'claimed_epsilon')} (δ = {num(d['delta'], 'delta')}) is "

@@ -21,6 +21,10 @@ engine), never by a table of this package; a finding's optional ``scope`` (the r
 :data:`~dpaudit_torch.registry.ONE_STEP`) says that it is about the per-step guarantee. The
 audit's fingerprint (schema 1.4, field ``fingerprint``; :mod:`dpaudit_torch.report.fingerprint`)
 says what the audit was, so that two releases' audits can be compared (``dpaudit gate``).
+Schema 1.6 states the two levels of evidence (docs/design.md, "Two levels of evidence"):
+``alpha`` is the level of every proof together, ``proof_levels`` its split among the proof
+paths, and ``alpha_warn`` / ``evidence`` / ``evidence_step`` the evidence of a violation (the
+decision's e-process at 1/alpha_warn), which is not a proof.
 
 Every epsilon here is a statistical LOWER bound: the report can prove a privacy claim false; it can
 never prove a claim true.
@@ -64,6 +68,7 @@ __all__ = [
     "VERDICT_VIOLATION",
     "VERDICT_INCONSISTENT",
     "VERDICT_FINDING",
+    "VERDICT_EVIDENCE",
     "VERDICTS",
     "VERDICT_EXIT_CODES",
     "verdict_phrase",
@@ -83,11 +88,12 @@ __all__ = [
 ]
 
 #: version of the ``audit.json`` schema written by this module (see docs/report.md)
-SCHEMA_VERSION = "1.5"
+SCHEMA_VERSION = "1.6"
 #: fields added after 1.0, with the minor version that introduced them (a document of an older
 #: minor version must not carry them; reading it fills in their defaults)
 _FIELDS_SINCE = {"power": 1, "findings": 2, "claim_inconsistent": 2, "audits": 2,
-                 "monitor_labels": 3, "fingerprint": 4, "checks": 5}
+                 "monitor_labels": 3, "fingerprint": 4, "checks": 5, "alpha_warn": 6,
+                 "evidence": 6, "evidence_step": 6, "proof_levels": 6}
 #: file names written by :meth:`AuditReport.save`
 JSON_NAME = "audit.json"
 HTML_NAME = "report.html"
@@ -100,14 +106,17 @@ VERDICT_NOTHING = "nothing found"
 VERDICT_VIOLATION = "violation proven"
 #: :attr:`AuditReport.verdict` when the accountant's inputs contradict the training that ran
 VERDICT_INCONSISTENT = "claim inconsistent"
+#: :attr:`AuditReport.verdict` prefix when the sequential decision showed evidence of a
+#: violation (level ``alpha_warn``) but proved none (schema 1.6)
+VERDICT_EVIDENCE = "evidence of a violation (not a proof)"
 #: :attr:`AuditReport.verdict` when only findings that are not proofs were made
 VERDICT_FINDING = "finding (not a proof)"
 #: every verdict phrase, strongest first (``verdict`` starts with one of them)
-VERDICTS = (VERDICT_REFUTED, VERDICT_VIOLATION, VERDICT_INCONSISTENT, VERDICT_FINDING,
-            VERDICT_NOTHING)
+VERDICTS = (VERDICT_REFUTED, VERDICT_VIOLATION, VERDICT_INCONSISTENT, VERDICT_EVIDENCE,
+            VERDICT_FINDING, VERDICT_NOTHING)
 #: the ``dpaudit`` command's exit code for each verdict (0 and 3 as before the vocabulary grew)
 VERDICT_EXIT_CODES = {VERDICT_REFUTED: 3, VERDICT_VIOLATION: 3, VERDICT_INCONSISTENT: 4,
-                      VERDICT_FINDING: 5, VERDICT_NOTHING: 0}
+                      VERDICT_EVIDENCE: 6, VERDICT_FINDING: 5, VERDICT_NOTHING: 0}
 
 
 def verdict_phrase(verdict: str) -> str:
@@ -240,6 +249,18 @@ def _check_fields(d: dict[str, Any]) -> None:
           g("delta"))
     _need(is_num(g("alpha")) and 0.0 < g("alpha") < 1.0, "alpha", "a number in (0, 1)",
           g("alpha"))
+    aw = g("alpha_warn")
+    _need(aw is None or (is_num(aw) and g("alpha") <= aw < 1.0), "alpha_warn",
+          "None or a number in [alpha, 1)", aw)
+    _need(isinstance(g("evidence"), bool), "evidence", "a bool", g("evidence"))
+    es = g("evidence_step")
+    _need(es is None or (isinstance(es, int) and not isinstance(es, bool) and es >= 0),
+          "evidence_step", "None or an int >= 0", es)
+    if es is not None and not d["evidence"]:
+        raise ValueError(f"AuditReport field 'evidence_step' is {es!r} but 'evidence' is False")
+    pl = g("proof_levels")
+    _need(isinstance(pl, dict) and all(is_num(v) and 0.0 < v < 1.0 for v in pl.values()),
+          "proof_levels", "a dict {proof path: level in (0, 1)}", pl)
     _need(g("accountant") is None or isinstance(g("accountant"), str), "accountant",
           "None or a string", g("accountant"))
     lb = g("epsilon_lower_bounds")
@@ -430,6 +451,15 @@ class ReportData:
     claimed_epsilon: float | None = None
     delta: float = 1e-5
     alpha: float = 0.05
+    #: (since 1.6) the level of "evidence of a violation" (the decision's e-process at
+    #: 1/alpha_warn; not a proof); None where the report records no evidence level
+    alpha_warn: float | None = None
+    #: (since 1.6) whether the decision showed evidence, and the step at which it was available
+    evidence: bool = False
+    evidence_step: int | None = None
+    #: (since 1.6) proof path -> the level it was decided at; their sum bounds the probability
+    #: that a correct run gets any false proof (docs/design.md, "Two levels of evidence")
+    proof_levels: dict[str, float] = field(default_factory=dict)
     accountant: str | None = None
     epsilon_lower_bounds: dict[str, float] = field(default_factory=dict)
     lower_bound_details: dict[str, dict] = field(default_factory=dict)
@@ -565,9 +595,10 @@ class ReportData:
         """One phrase of :data:`VERDICTS`, the strongest that applies: ``"claim refuted"`` (a
         valid lower bound on the whole run's epsilon above the claim), ``"violation proven at
         step N"`` (the sequential decision, about one training step, any monitor), ``"claim
-        inconsistent"`` (the accountant's inputs contradict what ran), ``"finding (not a
-        proof)"`` (e.g. noise on a low-precision grid), else ``"nothing found"``. Every finding
-        is in :attr:`findings`."""
+        inconsistent"`` (the accountant's inputs contradict what ran), ``"evidence of a
+        violation (not a proof) at step N"`` (the decision's e-process reached 1/alpha_warn,
+        schema 1.6), ``"finding (not a proof)"`` (e.g. noise on a low-precision grid), else
+        ``"nothing found"``. Every finding is in :attr:`findings`."""
         if self.claim_refuted:
             return VERDICT_REFUTED
         if self.violation:
@@ -576,6 +607,10 @@ class ReportData:
             return f"{VERDICT_VIOLATION} at step {self.violation_step}"
         if self.claim_inconsistent:
             return VERDICT_INCONSISTENT
+        if self.evidence:
+            if self.evidence_step is None:
+                return VERDICT_EVIDENCE
+            return f"{VERDICT_EVIDENCE} at step {self.evidence_step}"
         if any(f.get("level") == "finding" for f in self.findings):
             return VERDICT_FINDING
         return VERDICT_NOTHING

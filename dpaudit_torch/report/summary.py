@@ -14,12 +14,22 @@ from ..registry import bound_method, refuting_methods
 from .formatting import (
     NO_STEPS_SENTENCE,
     bound_alpha,
+    decision_alpha,
+    evidence_sentence,
     format_number,
+    levels_sentence,
     pairs_sentence,
     power_sentence,
     scope_text,
 )
-from .schema import VERDICT_NOTHING, ReportData, is_one_step, no_steps_audited, per_step_delta
+from .schema import (
+    VERDICT_NOTHING,
+    ReportData,
+    is_num,
+    is_one_step,
+    no_steps_audited,
+    per_step_delta,
+)
 from .wording import deciders_text, deciding_findings
 
 __all__ = ["summary_text", "family_promise"]
@@ -44,6 +54,12 @@ def summary_text(report: ReportData) -> str:
     r = report
     level = format_number(100.0 * (1.0 - r.alpha))
     lines = [f"Verdict: {r.verdict}."]
+
+    def step_level(details: dict) -> str:  # the per-step grid's own level where it records one
+        own = details.get("level")
+        return (format_number(100.0 * (1.0 - own)) if is_num(own) and 0.0 < own < 1.0
+                else level)
+
     if no_steps_audited(r.training):
         lines.append(NO_STEPS_SENTENCE)
     acc = f" (accountant: {r.accountant})" if r.accountant else ""
@@ -75,7 +91,7 @@ def summary_text(report: ReportData) -> str:
         lines.append(
             f"Per-step bound ({method}; a statement about ONE training step, not about the "
             f"whole-run claim, and never compared with it): epsilon >= {format_number(bound)}"
-            f"{at} with {level}% confidence.")
+            f"{at} with {step_level(details)}% confidence.")
     pairs = pairs_sentence(r.canaries, r.sequential, r.training) if step else None
     if pairs:  # "16 pairs" beside "4800 pairs": per step, and fed over the run
         lines.append(f"Canary pairs: {pairs}")
@@ -94,10 +110,14 @@ def summary_text(report: ReportData) -> str:
         at = "" if r.violation_step is None else f" at training step {r.violation_step}"
         stop = " Training was stopped early." if r.stopped_early else ""
         deciders = deciders_text(r.findings, labels=r.monitor_labels)
+        level = format_number(decision_alpha(r.sequential, r.alpha))
         lines.append(f"The audit proved{at} that the training is less private than claimed "
-                     f"(anytime-valid decision at level alpha = {format_number(r.alpha)}). "
+                     f"(anytime-valid decision at level alpha = {level}). "
                      f"Deciding monitor(s): {deciders}.{stop}")
         shown = list(deciding_findings(r.findings))
+    elif r.evidence:
+        lines.append(evidence_sentence(r.evidence_step, r.alpha_warn, r.violation,
+                                       r.stopped_early))
     for f in r.findings:
         if f.get("level") in ("violation", "inconsistent", "finding") and f not in shown:
             where = f" [{f['where']}]" if f.get("where") else ""
@@ -110,4 +130,7 @@ def summary_text(report: ReportData) -> str:
     power = power_sentence(r.power)
     if power:
         lines.append(power)
+    levels = levels_sentence(r.alpha, r.alpha_warn, r.proof_levels)
+    if levels:
+        lines.append(levels)
     return "\n".join(lines)

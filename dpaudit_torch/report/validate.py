@@ -77,9 +77,15 @@ def _findings(d: dict[str, Any]) -> list[str]:
 def _sequential(d: dict[str, Any]) -> list[str]:
     out = []
     seq, vstep = d["sequential"], d["violation_step"]
-    if d["stopped_early"] and not d["violation"]:
-        out.append("stopped_early is true but violation is false (training is only stopped "
-                   "on a proven violation)")
+    if d["stopped_early"] and not (d["violation"] or d["evidence"]):
+        out.append("stopped_early is true but violation and evidence are false (training is "
+                   "only stopped on a proven violation, or on evidence where asked)")
+    if d["violation"] and d["alpha_warn"] is not None and not d["evidence"]:
+        out.append("violation is true but evidence is false (a proof reaches the evidence "
+                   "level first: 1/alpha_warn <= the proof's threshold)")
+    estep = d["evidence_step"]
+    if is_num(estep) and is_num(vstep) and estep > vstep:
+        out.append(f"evidence_step {estep!r} is after violation_step {vstep!r}")
     if "crossed_at_step" in seq:
         crossed = seq["crossed_at_step"]
         if d["violation"] and crossed is None:

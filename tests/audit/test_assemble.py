@@ -186,7 +186,8 @@ def test_fields_nobody_reported_get_their_empty_defaults(
     assert rep.one_run_scores == {"in": [], "out": []} and rep.power == {}
     assert rep.interference == {}
     assert set(rep.sequential) == {"combined_log_wealth", "decision_threshold_log",
-                                   "crossed_at_step", "check_every", "decision"}
+                                   "evidence_threshold_log", "crossed_at_step",
+                                   "evidence_at_step", "check_every", "decision"}
 
 
 def test_an_inconsistent_verdict_makes_the_claim_inconsistent(audited: Audited,

@@ -12,6 +12,7 @@ CKPT OUT``.
 from __future__ import annotations
 
 import json
+import math
 import os
 import re
 import subprocess
@@ -297,7 +298,16 @@ def _drop_new(d: Any, new: set[str]) -> Any:
     d.pop("versions", None)
     d["audits"] = {k: v for k, v in d["audits"].items() if k not in new}
     d["findings"] = [f for f in d["findings"] if f.get("monitor") not in new]
-    d["warnings"] = [w for w in d["warnings"] if not any(repr(n) in w for n in new)]
+    d["warnings"] = [w for w in d["warnings"] if not any(repr(n) in w for n in new)
+                     and "before the two levels of evidence" not in w]
+    # the two levels of evidence (schema 1.5): the evidence fields, the proof levels, the
+    # settings of the levels and the sequential decision's evidence entries
+    for k in ("alpha_warn", "evidence", "evidence_step", "proof_levels"):
+        d.pop(k, None)
+    for k in ("alpha_warn", "stop_on", "level_split"):
+        d["config"].pop(k, None)
+    for k in ("evidence_at_step", "evidence_threshold_log", "decision"):
+        d["sequential"].pop(k, None)
     for f in d["findings"]:
         f.pop("scope", None)
         if f.get("monitor") == "sampling":  # reworded since: it names the training step
@@ -355,6 +365,12 @@ def test_checkpoint_of_the_previous_layout_resumes_to_the_same_report():
     new = set(monitors_pkg.monitor_names()) - set(ck["auditor"]["monitors"])
     for name in new:
         assert any(repr(name) in w and "started fresh" in w for w in got["warnings"]), name
+    # written before the two levels: it resumes at its own alpha, each proof path at 0.05 as
+    # that release decided, with a note
+    assert got["alpha"] == 0.05 and got["proof_levels"] == {
+        "decision": 0.05, "whitebox": 1e-3, "steinke": 0.05, "consistency": 0.05}
+    assert sum("before the two levels of evidence" in w for w in got["warnings"]) == 1
+    assert got["evidence"] and got["evidence_step"] <= got["violation_step"]
     got_d, exp_d = _drop_new(got, new), _drop_new(expected, new)
     # settings this release adds to the hockey-stick summary (the stake mixture's); the resumed
     # test bets by ONS as that release did, so every number below is still equal (to rounding)
@@ -440,4 +456,39 @@ def test_resume_with_another_set_of_monitors_notes_each_and_keeps_the_decision_v
                            disable_monitors=("coverage",),
                            monitor_options={"sampling": {"alpha": 0.01}}, **CONFIG)
     with pytest.raises(ValueError, match="monitor 'sampling' was run with settings"):
+        other.load_state_dict(ck["auditor"])
+
+
+def test_checkpoint_written_before_the_two_levels_resumes_at_its_own_alpha():
+    """A checkpoint of this layout written before the two levels of evidence (its fingerprint
+    lacks alpha_warn, stop_on and level_split; its proofs were each at the default alpha of
+    0.05 then, as ``level_split="per_path"`` makes them) resumes into an auditor with the new
+    defaults at its own alpha, with a note, and the resumed report equals the uninterrupted
+    one's. An alpha set to another value is refused, naming it."""
+    import copy
+
+    batches = _batches()
+    s = _setup()
+    old = dict(alpha=0.05, alpha_warn=0.05, level_split="per_path")
+    quick = dict(disable_monitors=("one_run",))  # its bounds at finalize cost seconds
+    aud = PrivacyAuditor(s.engine, s.optimizer, s.loader, seed=5, **old, **quick, **CONFIG)
+    _train(s, aud, batches[:CUT])
+    ck = copy.deepcopy(_checkpoint(s, aud))
+    for key in ("alpha_warn", "stop_on", "level_split"):  # as the earlier release wrote it
+        del ck["auditor"]["config"][key]
+    _train(s, aud, batches[CUT:])
+    full = json.loads(_report_json(aud))
+    r, resumed = _restored(copy.deepcopy(ck), **quick)
+    assert (resumed.config.alpha, resumed.config.level_split) == (0.05, "per_path")
+    assert resumed.decision.threshold_log == pytest.approx(math.log(20.0))
+    _train(r, resumed, batches[CUT:])
+    got = json.loads(_report_json(resumed))
+    note = [w for w in got["warnings"] if "before the two levels of evidence" in w]
+    assert len(note) == 1 and "alpha = 0.05" in note[0]
+    got["warnings"].remove(note[0])
+    assert got == full
+    other_s = _setup()
+    other = PrivacyAuditor(other_s.engine, other_s.optimizer, other_s.loader, seed=None,
+                           alpha=0.01, **quick, **CONFIG)
+    with pytest.raises(ValueError, match=r"alpha \(state: 0.05, this auditor: 0.01\)"):
         other.load_state_dict(ck["auditor"])

@@ -34,6 +34,16 @@ _BAD: list[tuple[dict[str, Any], type[Exception], str]] = [
     (dict(alpha=1.5), ValueError, "alpha must lie in (0, 1), got 1.5"),
     (dict(alpha=float("nan")), ValueError, "alpha must lie in (0, 1), got nan"),
     (dict(alpha=True), TypeError, "alpha must be a real number, got True"),
+    (dict(alpha_warn=0.0), ValueError, "alpha_warn must lie in (0, 1), got 0.0"),
+    (dict(alpha_warn="0.05"), TypeError, "alpha_warn must be a real number, got '0.05'"),
+    (dict(alpha_warn=5e-4), ValueError, "alpha_warn must lie in [alpha, 1) = [0.001, 1), "
+                                        "got 0.0005"),
+    (dict(alpha=0.01, alpha_warn=0.005), ValueError, "alpha_warn must lie in [alpha, 1) = "
+                                                     "[0.01, 1), got 0.005"),
+    (dict(stop_on="warning"), ValueError, "stop_on must be one of ('proof', 'evidence'), got "
+                                          "'warning'"),
+    (dict(level_split="none"), ValueError, "level_split must be one of ('union', 'per_path'), "
+                                           "got 'none'"),
     (dict(k_pairs=0), ValueError, "k_pairs must be >= 1, got 0"),
     (dict(k_pairs=2.0), TypeError, "k_pairs must be an integer, got 2.0"),
     (dict(k_pairs=True), TypeError, "k_pairs must be an integer, got True"),
@@ -109,13 +119,16 @@ def test_every_bad_setting_is_refused_naming_the_value(kwargs: dict[str, Any],
 
 def test_defaults() -> None:
     cfg = AuditConfig()
-    assert (cfg.delta, cfg.alpha, cfg.k_pairs, cfg.m_canaries) == (1e-5, 0.05, 16, None)
+    assert (cfg.delta, cfg.alpha, cfg.k_pairs, cfg.m_canaries) == (1e-5, 1e-3, 16, None)
+    assert (cfg.alpha_warn, cfg.stop_on, cfg.level_split) == (0.05, "proof", "union")
     assert cfg.tests == ("mmd", "hockey_stick") and cfg.spread_pairs == cfg.k_pairs == 16
     assert cfg.noise_coordinates_total == DEFAULT_NOISE_COORDINATES_TOTAL
     assert cfg.tester_placement == "auto"  # the stored rule: the host until measured
     assert cfg.monitors is None and cfg.disable_monitors == () and cfg.monitor_options == {}
     assert cfg.test_options == {} and cfg.compiled_kernels is None and cfg.seed is None
-    assert cfg.decision_threshold_log == pytest.approx(math.log(20.0))
+    # the decision's share of alpha (half: docs/design.md, "Two levels of evidence")
+    assert cfg.decision_threshold_log == pytest.approx(math.log(2000.0))
+    assert cfg.evidence_threshold_log == pytest.approx(math.log(20.0))
 
 
 def test_values_are_normalised() -> None:
@@ -222,6 +235,7 @@ def test_sized_for_refuses_canaries_that_do_not_fit() -> None:
 FINGERPRINT_KEYS = {"k_pairs", "m_canaries", "canary_norm", "delta", "alpha", "null", "tests",
                     "check_every", "claimed_every", "on_violation", "on_nonfinite",
                     "history_stride", "test_options", "noise_coordinates_per_tensor",
+                    "alpha_warn", "stop_on", "level_split",
                     "noise_coordinates_total", "spread_pairs", "spread_tensors"}
 
 

@@ -8,17 +8,18 @@ canary on x's coordinate), sigma the noise multiplier the optimizer reports. The
 auditor's own code: ``build_monitors`` (every registered monitor, as in training), the monitors'
 ``observe`` / ``advance`` at the auditor's default check interval, and
 :class:`~dpaudit_torch.audit.decision.Decision` (``AuditConfig`` defaults: both sequential
-testers, alpha = 0.05, 16 pairs a step); records are built without Opacus as in
-tests/test_engine.py.
+testers, 16 pairs a step; the two levels: evidence at alpha_warn = 0.05, proof at the decision's
+share of alpha = 1e-3, i.e. 5e-4); records are built without Opacus as in tests/test_engine.py.
 
 Derivation of the limit. Under H0 (the per-step mechanism is the claimed Gaussian one) each
 tester's e-process is a nonnegative supermartingale with initial value 1, so is the decision's
 average of them; by Ville's inequality a run of any length, checked at any times, raises an alarm
-with probability p <= alpha. The R runs use independent seeds, so the number of alarms A is
-stochastically below Binomial(R, alpha), and with q = the 0.999 quantile of Binomial(R, alpha),
-P[A > q] <= P[Bin(R, alpha) > q] <= 1e-3. For R = 60: q = 9, P[Bin(60, 0.05) > 9] = 7.4e-4
-(``test_limit_is_the_binomial_quantile``). The seeds are fixed, so the outcome is deterministic:
-a failure means a real excess, not bad luck.
+with probability p <= alpha, at every threshold 1/alpha (the evidence's and the proof's). The R
+runs use independent seeds, so the number of alarms A at level a is stochastically below
+Binomial(R, a), and with q = the 0.999 quantile of Binomial(R, a), P[A > q] <= 1e-3. For R = 60:
+evidence (a = 0.05) q = 9, P[Bin(60, 0.05) > 9] = 7.4e-4; proof (a = 5e-4) q = 1,
+P[Bin(60, 5e-4) > 1] = 4.3e-4 (``test_limit_is_the_binomial_quantile``). The seeds are fixed,
+so the outcome is deterministic: a failure means a real excess, not bad luck.
 
 Why this limit catches a wrong null: a per-step null that assumes 1.25 sigma (a stricter claim
 than the mechanism delivers, e.g. a wrong factor where the auditor turns the noise multiplier
@@ -45,7 +46,8 @@ pytestmark = pytest.mark.usefixtures("one_thread")  # small tensors: threads onl
 
 ALPHA = 0.05
 RUNS, STEPS = 60, 250  # 60 x 250 steps x 16 pairs = 240,000 pairs per variant
-Q = 9  # Binomial(60, 0.05).ppf(0.999)
+Q = 9  # Binomial(60, 0.05).ppf(0.999): evidence
+Q_PROOF = 1  # Binomial(60, 5e-4).ppf(0.999): proofs
 SIGMA = 1.0
 M = 8  # one-run canaries (they do not bet; a few keep that monitor in the loop)
 
@@ -54,21 +56,27 @@ def test_limit_is_the_binomial_quantile() -> None:
     b = sps.binom(RUNS, ALPHA)
     assert b.ppf(0.999) == Q
     assert b.sf(Q) <= 1e-3 < b.sf(Q - 1)
+    cfg = AuditConfig()
+    assert cfg.alpha_warn == ALPHA
+    p = sps.binom(RUNS, cfg.decision_alpha)
+    assert p.ppf(0.999) == Q_PROOF
+    assert p.sf(Q_PROOF) <= 1e-3 < p.sf(Q_PROOF - 1)
 
 
-def _alarms(seed: int) -> tuple[int, list[int]]:
-    """False alarms of the decision over RUNS correct streams of STEPS steps (and the steps at
-    which the alarms' e-processes crossed 1/alpha)."""
+def _alarms(seed: int) -> tuple[int, list[int], int]:
+    """False alarms (evidence) of the decision over RUNS correct streams of STEPS steps, the
+    steps at which the alarms' e-processes crossed 1/alpha_warn, and the false proofs."""
     cfg = AuditConfig(m_canaries=M)
-    assert cfg.alpha == ALPHA and cfg.k_pairs == 16
+    assert cfg.alpha_warn == ALPHA and cfg.k_pairs == 16
     k = cfg.k_pairs
-    alarms, crossed = 0, []
+    alarms, crossed, proofs = 0, [], 0
     for run in range(RUNS):
         coins_secret = SecretCoins(M, torch.Generator().manual_seed(seed + run))
         mons = build_monitors(MonitorContext(config=cfg, k_pairs=k, m_canaries=M, device="cpu",
                                              warn=lambda _m: None, coins=coins_secret))
         mons["sequential_pairs"].start(SIGMA)
-        dec = Decision(cfg.alpha, cfg.history_stride, ["epsilon_lower_bound", *cfg.tests])
+        dec = Decision(cfg.decision_alpha, cfg.history_stride,
+                       ["epsilon_lower_bound", *cfg.tests], alpha_warn=cfg.alpha_warn)
         g = torch.Generator().manual_seed(10_000 + seed + run)
         coins = torch.rand(STEPS, k, generator=g) < 0.5
         vals = SIGMA * torch.randn(STEPS, 2 * k + M, generator=g, dtype=torch.float64)
@@ -84,15 +92,17 @@ def _alarms(seed: int) -> tuple[int, list[int]]:
             if rec.step % cfg.check_every == 0 or rec.step == STEPS:
                 dec.update([e for e in (mon.advance() for mon in mons.values()) if e],
                            now=rec.step)
-        alarms += dec.violation
-        if dec.crossed_at is not None:
-            crossed.append(dec.crossed_at)
-    return alarms, crossed
+        alarms += dec.evidence
+        proofs += dec.violation
+        if dec.evidence_at is not None:
+            crossed.append(dec.evidence_at)
+    return alarms, crossed, proofs
 
 
 def test_correct_streams_false_alarms_within_the_binomial_limit() -> None:
-    alarms, crossed = _alarms(seed=0)
+    alarms, crossed, proofs = _alarms(seed=0)
     assert alarms <= Q, (alarms, crossed)
+    assert proofs <= Q_PROOF, proofs
 
 
 def test_too_strict_null_exceeds_the_limit(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -111,7 +121,7 @@ def test_too_strict_null_exceeds_the_limit(monkeypatch: pytest.MonkeyPatch) -> N
         return original(1.25 * sigma, grid)
 
     monkeypatch.setattr(sequential_pairs, "per_step_null_grid", too_strict)
-    alarms, crossed = _alarms(seed=0)
+    alarms, crossed, _ = _alarms(seed=0)
     assert alarms > Q, (alarms, crossed)
 
 
@@ -156,3 +166,43 @@ def test_the_crossing_value_is_kept_when_the_wealth_falls_back_within_a_check() 
     other.load_state_dict(d.state_dict())
     other.adopt(True, 5, 4)  # another rank's crossing: its value is not known here
     assert other.crossed_log_wealth is None
+
+
+def test_evidence_at_alpha_warn_before_the_proof_at_alpha(caplog: pytest.LogCaptureFixture
+                                                          ) -> None:
+    """The two levels on one e-process (docs/design.md, "Two levels of evidence"): evidence
+    when the average first reaches 1/alpha_warn (one warning line, once), the proof when it
+    reaches 1/alpha; both steps kept, and restored from a state written before the levels."""
+    d = Decision(5e-4, 1, [], alpha_warn=0.05)
+    assert d.evidence_threshold_log == pytest.approx(np.log(20.0))
+    assert d.threshold_log == pytest.approx(np.log(2000.0))
+    with caplog.at_level("WARNING", logger="dpaudit_torch.audit.decision"):
+        assert not d.update({"a": _ev([1, 2], [1.0, 3.2])}, now=2)  # e^3.2 = 24.5 >= 20
+        assert not d.update({"a": _ev([3, 4], [3.5, 4.0])}, now=4)
+        assert d.update({"a": _ev([5, 6], [7.7, 7.0])}, now=6)  # e^7.7 = 2208 >= 2000
+    assert (d.evidence, d.evidence_at, d.evidence_step) == (True, 2, 2)
+    assert (d.violation, d.crossed_at, d.violation_step) == (True, 5, 6)
+    lines = [r for r in caplog.records if "evidence of a violation" in r.getMessage()]
+    assert len(lines) == 1 and "step 2" in lines[0].getMessage()
+    back = Decision(5e-4, 1, [], alpha_warn=0.05)
+    back.load_state_dict(d.state_dict())
+    assert (back.evidence, back.evidence_at, back.evidence_step) == (True, 2, 2)
+    old = d.state_dict()
+    for key in ("evidence", "evidence_at", "evidence_step"):
+        del old[key]  # written before the two levels: its one level was both
+    back.load_state_dict(old)
+    assert (back.evidence, back.evidence_at, back.evidence_step) == (True, 5, 6)
+
+
+def test_evidence_without_proof_and_a_proof_is_evidence_too() -> None:
+    """Evidence alone leaves the decision undecided; an adopted proof (another rank's) is
+    evidence as well; without alpha_warn the one level is both."""
+    d = Decision(5e-4, 1, [], alpha_warn=0.05)
+    d.update({"a": _ev([1, 2, 3], [1.0, 3.1, 2.0])}, now=3)
+    assert d.evidence and d.evidence_step == 3 and not d.violation
+    other = Decision(5e-4, 1, [], alpha_warn=0.05)
+    other.adopt(True, 8, 7)
+    assert other.evidence and (other.evidence_step, other.evidence_at) == (8, 7)
+    one = Decision(0.05, 1, [])
+    one.update({"a": _ev([1], [3.1])}, now=1)
+    assert one.evidence and one.violation and one.evidence_step == one.violation_step == 1

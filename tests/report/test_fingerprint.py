@@ -63,9 +63,13 @@ def test_a_real_report_carries_its_fingerprint(real: AuditReport, tmp_path: Path
     assert (fp.one_run_canaries, fp.canary_pairs) == (40, 8)
     assert {"steinke", "fdp", "sequential"} <= set(fp.methods)  # and any method added since
     assert dict(fp.scores)["steinke"] == dict(fp.scores)["fdp"] == "llr"
-    assert dict(fp.levels)["steinke"] == dict(fp.levels)["sequential"] == 0.05
+    # the default alpha 1e-3 split among the proof paths (docs/design.md section 14): the
+    # Steinke bound at an eighth, the sequential grid at the decision's half
+    assert dict(fp.levels)["steinke"] == pytest.approx(1e-3 / 8)
+    assert dict(fp.levels)["sequential"] == pytest.approx(1e-3 / 2)
     assert fp.sequential_tests == ("hockey_stick", "mmd")
-    assert (fp.alpha, fp.delta, fp.steps_observed) == (0.05, 1e-5, 8)
+    assert (fp.alpha, fp.delta, fp.steps_observed) == (1e-3, 1e-5, 8)
+    assert fp.alpha_warn == 0.05
     assert fp.expected_bound == real.power["expected_bound"]
     assert fp.accountant == "RDPAccountant" and fp.package_version == real.versions[
         "dpaudit_torch"]
@@ -151,6 +155,9 @@ STRONGER_WEAKER = [
     ("scores", (("steinke", "llr"), ("fdp", "llr")), (("steinke", "sum"), ("fdp", "llr"))),
     ("methods", ("steinke", "fdp", "sequential", "newer"), ("steinke", "sequential")),
     ("sequential_tests", ("hockey_stick", "mmd", "newer"), ("mmd",)),
+    # proofs at a smaller level are at least as strong (the two levels, docs/design.md s. 14)
+    ("alpha", 1e-3, 0.1),
+    ("levels", (("steinke", 1.25e-4), ("fdp", 1.25e-4)), (("steinke", 0.1), ("fdp", 0.05))),
 ]
 
 
@@ -158,8 +165,8 @@ def test_every_aspect_is_compared() -> None:
     assert set(STRENGTH_ASPECTS) == {a for a, _, _ in STRENGTH_ASPECTS_CASES}
 
 
-STRENGTH_ASPECTS_CASES = [*STRONGER_WEAKER, ("canary_design", None, None), ("alpha", None, None),
-                          ("delta", None, None), ("levels", None, None)]
+STRENGTH_ASPECTS_CASES = [*STRONGER_WEAKER, ("canary_design", None, None),
+                          ("delta", None, None)]
 
 
 def test_the_order_is_reflexive_and_names_nothing_changed() -> None:
@@ -187,7 +194,9 @@ def test_each_aspect_orders_the_audits(aspect: str, strong: Any, weak: Any) -> N
          "canary_pairs": "canary pairs per step (k): 16 -> 8",
          "scores": "scores of the bound methods: steinke: llr -> sum",
          "methods": "bound methods: drops fdp", "sequential_tests": "sequential tests: drops "
-         "hockey_stick", "steps_observed": "steps observed: 300 -> 299",
+         "hockey_stick", "alpha": "alpha (proofs): 0.05 -> 0.1 (proofs at a larger level)",
+         "levels": "levels of the bound methods: steinke: 0.05 -> 0.1",
+         "steps_observed": "steps observed: 300 -> 299",
          "mean_inclusions": "IN inclusions per canary (q T): 3 -> 2.9",
          "expected_ratio": "expected bound (power): 0.5 x the claim -> 0.44 x the claim "
          "(tolerance 0.05 x the claim plus 3 simulation standard errors)",
@@ -198,10 +207,10 @@ def test_each_aspect_orders_the_audits(aspect: str, strong: Any, weak: Any) -> N
 
 
 @pytest.mark.parametrize("aspect,other", [
-    ("alpha", 0.01), ("delta", 1e-6), ("canary_design", "spread"),
+    ("delta", 1e-6), ("canary_design", "spread"),
     ("methods", ("steinke", "fdp", "other")), ("scores", (("steinke", "a newer score"),)),
     ("scores", (("steinke", "sum"), ("fdp", "a newer score"))),
-    ("levels", (("steinke", 0.05), ("fdp", 0.01)))])
+    ("levels", (("steinke", 0.1), ("fdp", 0.01)))])
 def test_different_levels_designs_or_method_sets_are_incomparable(aspect: str,
                                                                   other: Any) -> None:
     o = dataclasses.replace(BASE, **{aspect: other})
@@ -209,7 +218,7 @@ def test_different_levels_designs_or_method_sets_are_incomparable(aspect: str,
         c = compare(a, b)
         assert not c.at_least_as_strong and not c.baseline_at_least_as_strong
         assert c.relations[aspect] == "incomparable"
-    if aspect in ("alpha", "delta", "levels"):
+    if aspect in ("delta", "levels"):
         assert "not comparable" in compare(o, BASE).weaker[0]
     # a method with a level of its own, recorded by one audit only: no difference of levels
     extra = dataclasses.replace(BASE, levels=(*BASE.levels, ("newer", 0.001)))

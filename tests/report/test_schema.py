@@ -216,12 +216,12 @@ def test_load_errors(tmp_path: Path) -> None:
 
 
 def test_power_round_trip_and_schema_version(tmp_path: Path) -> None:
-    assert SCHEMA_VERSION == "1.5"
+    assert SCHEMA_VERSION == "1.6"
     report = make_report("nothing")
     report.power = power_dict()
     path = _write(tmp_path, report)
     raw = json.loads(path.read_text(encoding="utf-8"))
-    assert raw["schema_version"] == "1.5" and raw["power"] == power_dict()
+    assert raw["schema_version"] == "1.6" and raw["power"] == power_dict()
     back = AuditReport.load(path)
     assert back == report and back.power == power_dict()
     assert AuditReport().to_dict()["power"] == {}
@@ -230,7 +230,8 @@ def test_power_round_trip_and_schema_version(tmp_path: Path) -> None:
 def test_old_reports_without_power_still_load(tmp_path: Path) -> None:
     d = make_report("violation").to_dict()
     for key in ("power", "findings", "claim_inconsistent", "audits", "monitor_labels",
-                "fingerprint", "checks"):
+                "fingerprint", "checks", "alpha_warn", "evidence", "evidence_step",
+                "proof_levels"):
         del d[key]
     d["schema_version"] = "1.0"
     (tmp_path / JSON_NAME).write_text(json.dumps(d), encoding="utf-8")
@@ -240,7 +241,7 @@ def test_old_reports_without_power_still_load(tmp_path: Path) -> None:
     assert old.claimed_epsilon == d["claimed_epsilon"] and old.violation
     (tmp_path / "again").mkdir()
     again = _write(tmp_path / "again", old)
-    assert json.loads(again.read_text())["schema_version"] == "1.5"
+    assert json.loads(again.read_text())["schema_version"] == "1.6"
     # a 1.0 document cannot hold a field that 1.0 did not have
     d["power"] = power_dict()
     with pytest.raises(ValueError, match=r"\['power'\] do not exist in schema 1.0"):
@@ -255,6 +256,8 @@ def test_monitor_labels_since_1_3() -> None:
     # a 1.2 document has no labels: it loads with {} and carries 1.3 afterwards
     d = report.to_dict()
     del d["monitor_labels"], d["fingerprint"], d["checks"]
+    for key in ("alpha_warn", "evidence", "evidence_step", "proof_levels"):
+        del d[key]
     d["schema_version"] = "1.2"
     old = AuditReport.from_dict(d)
     assert old.monitor_labels == {} and old.schema_version == SCHEMA_VERSION
@@ -428,7 +431,8 @@ def test_checks_since_1_5() -> None:
     report.checks = [section]
     assert AuditReport.from_dict(report.to_dict()).checks == [section]
     d = report.to_dict()
-    del d["checks"]
+    for key in ("checks", "alpha_warn", "evidence", "evidence_step", "proof_levels"):
+        del d[key]
     d["schema_version"] = "1.4"
     old = AuditReport.from_dict(d)
     assert old.checks == [] and old.schema_version == SCHEMA_VERSION

@@ -19,7 +19,7 @@ from __future__ import annotations
 import logging
 import math
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, ClassVar
 
 import torch
 
@@ -36,13 +36,26 @@ from .checks import CheckSection
 
 logger = logging.getLogger(__name__)
 
-__all__ = ["AccountingMonitor"]
+__all__ = ["AccountingMonitor", "sigma_ratio_interval"]
+
+
+def sigma_ratio_interval(ss: float, n: int, alpha: float) -> tuple[float, float]:
+    """Two-sided level-``alpha`` interval for the ratio of the noise's std to the claimed one,
+    from ``ss`` = sum of n squared noise values in units of the claimed std (ss ~ ratio^2
+    chi2(n)): sqrt(ss / chi2 quantiles at 1 - alpha/2 and alpha/2)."""
+    from scipy import stats as sps
+
+    lo = math.sqrt(ss / sps.chi2.ppf(1.0 - alpha / 2.0, n))
+    hi = math.sqrt(ss / sps.chi2.ppf(alpha / 2.0, n))
+    return lo, hi
 
 
 @dataclass(frozen=True)
 class AccountingConfig(MonitorConfig):
     """Settings of the accounting monitor: the total level of its two intervals."""
 
+    #: its intervals make the "claim inconsistent" proof: the "consistency" share of alpha
+    alpha_path: ClassVar[str] = "consistency"
     alpha: float = 0.05
 
 
@@ -97,16 +110,11 @@ class AccountingMonitor(Monitor):
     # ------------------------------------------------------------------ finalize
     def _sigma_ratio_interval(self, alpha: float) -> tuple[float, float] | None:
         """Interval for (measured noise std) / (claimed), from sum xi^2 ~ chi2(n) x ratio^2."""
-        from scipy import stats as sps
-
         self._count_deferred()  # deferred finiteness: count the finite steps only
         n = self._xi_count
         if n < 2:
             return None
-        ss = float(self._xi_sumsq)
-        lo = math.sqrt(ss / sps.chi2.ppf(1.0 - alpha / 2.0, n))
-        hi = math.sqrt(ss / sps.chi2.ppf(alpha / 2.0, n))
-        return lo, hi
+        return sigma_ratio_interval(float(self._xi_sumsq), n, alpha)
 
     def finalize(self, claimed_epsilon: float | None) -> None:
         from ...stats.sampling import rate_interval
@@ -192,7 +200,7 @@ class AccountingMonitor(Monitor):
                 self.name, "inconsistent",
                 f"the claimed epsilon {r['claimed_epsilon']:.4g} is inconsistent with the "
                 f"training that ran: {r['explanation']}; recomputed from what was observed (at "
-                f"the conservative ends of the {100 * (1 - self.config.alpha):.0f}% intervals), "
+                f"the conservative ends of the {100 * (1 - self.config.alpha):.6g}% intervals), "
                 f"epsilon >= {r['recomputed_epsilon']:.4g}", "accountant"))
         for why in r.get("checks_not_run", []):
             out.append(Finding(self.name, "note", f"check not run: {why}", "accountant"))

@@ -136,11 +136,22 @@ class MonitorConfig:
     A subclass lists its own fields with defaults. :meth:`build` fills a field from the user's
     options for this monitor first, then from the audit's setting of the same name (``alpha``,
     ``delta``, ``check_every``, ...), then the default; an unknown option is a ValueError naming
-    it. Validation goes in ``__post_init__``."""
+    it. Validation goes in ``__post_init__``.
+
+    A field ``alpha`` is filled with the audit's level for the monitor's proof path
+    (``alpha_path``, :mod:`dpaudit_torch.audit.levels`: the sequential decision's share of the
+    audit's ``alpha`` by default), and a field named ``<path>_alpha`` with that path's level,
+    so that every proof the audit makes is within its share of ``alpha``."""
+
+    #: the proof path (:data:`dpaudit_torch.audit.levels.PROOF_PATHS`) whose level fills
+    #: ``alpha``
+    alpha_path: ClassVar[str] = "decision"
 
     @classmethod
     def build(cls, audit: AuditConfig, options: Mapping[str, Any] | None = None
               ) -> MonitorConfig:
+        from ..levels import PROOF_PATHS
+
         options = dict(options or {})
         names = {f.name for f in dataclasses.fields(cls)}
         unknown = sorted(set(options) - names)
@@ -148,6 +159,11 @@ class MonitorConfig:
             raise ValueError(f"unknown option(s) {unknown} for {cls.__name__}; known: "
                              f"{sorted(names)}")
         values = {n: getattr(audit, n) for n in names if n not in options and hasattr(audit, n)}
+        if "alpha" in values:
+            values["alpha"] = audit.level_of(cls.alpha_path)
+        for path in PROOF_PATHS:
+            if f"{path}_alpha" in names and f"{path}_alpha" not in options:
+                values[f"{path}_alpha"] = audit.level_of(path)
         return cls(**values, **options)
 
     def to_dict(self) -> dict[str, Any]:

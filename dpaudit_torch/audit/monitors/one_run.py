@@ -38,7 +38,7 @@ import logging
 import math
 import time
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, ClassVar
 
 import numpy as np
 import torch
@@ -93,11 +93,11 @@ class _NoBoundError(Exception):
 
 @dataclass(frozen=True)
 class OneRunConfig(MonitorConfig):
-    """Settings of the one-run game: the bounds' delta and level, the score, the check
-    period (how many steps are scored together on the CPU) and the level of the white-box
-    release bound (``whitebox_alpha``, docs/design.md section 13: it decides how often a
-    correct run's white-box bound can exceed its claim)."""
+    """Settings of the one-run game: the bounds' delta and level (the Steinke share of alpha,
+    docs/design.md section 14), the score, the check period and the white-box bound's level
+    (``whitebox_alpha``: its share; it decides how often a correct run's bound exceeds it)."""
 
+    alpha_path: ClassVar[str] = "steinke"
     delta: float = 1e-5
     alpha: float = 0.05
     one_run_score: str = "llr"

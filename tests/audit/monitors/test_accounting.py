@@ -23,6 +23,9 @@ from dpaudit_torch.contract import (
 from dpaudit_torch.stats.sampling import rate_interval
 
 K, M, U = 2, 4, 200  # U: noise-audit coordinates per step
+#: the accounting intervals' total level: their share of the audit's alpha (docs/design.md
+#: section 14: an eighth of 1e-3), split in two (Bonferroni)
+LEVEL = AuditConfig().level_of("consistency")
 N, Q, T = 256, 0.125, 40
 
 
@@ -97,7 +100,8 @@ def test_a_consistent_run() -> None:
     assert (r["releases"], r["micro_steps"], r["n_records"], r["loader_rate"]) == (T, T, N, Q)
     assert r["accountant_steps"] == T and r["accountant_history"] == [[1.0, Q, T]]
     assert r["checks_not_run"] == []
-    assert r["rate_interval"] == pytest.approx(list(rate_interval(r["examples"], N, T, 0.025)))
+    assert r["rate_interval"] == pytest.approx(list(rate_interval(r["examples"], N, T,
+                                                                  LEVEL / 2)))
     assert r["rate_interval"][0] < Q < r["rate_interval"][1]
     assert r["rate_estimate"] == r["examples"] / (N * T)
     lo, hi = r["noise_multiplier_interval"]
@@ -132,7 +136,7 @@ def test_an_inconsistent_claim(case: str, run: dict[str, Any], explains: str) ->
     (f,) = mon.findings()
     assert f.monitor == "accounting" and f.level == "inconsistent" and f.where == "accountant"
     assert f"the claimed epsilon {r['claimed_epsilon']:.4g} is inconsistent" in f.message
-    assert explains in f.message and "95% intervals" in f.message
+    assert explains in f.message and f"{100 * (1 - LEVEL):.6g}% intervals" in f.message
     assert f"epsilon >= {r['recomputed_epsilon']:.4g}" in f.message
     assert mon.contribution().verdict == "inconsistent"
 
@@ -250,8 +254,8 @@ def test_state_round_trip_gives_the_same_result(deferred: bool) -> None:
 
 
 def test_alpha_from_the_options_widens_the_intervals() -> None:
-    wide = _monitor(alpha=0.001)
-    assert wide.settings.alpha == 0.001
+    wide = _monitor(alpha=1e-6)
+    assert wide.settings.alpha == 1e-6
     for r in _records(1):
         wide.observe(r)
     wide.finalize(1.0)

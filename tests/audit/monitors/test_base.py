@@ -164,8 +164,9 @@ def test_build_monitors_gives_each_its_own_settings(registry: None) -> None:
     mons = build_monitors(ctx)
     assert list(mons) == ["sampling", "probe_build"]
     probe = mons["probe_build"]
-    # options first, then the audit's setting of the same name, then the default
-    assert probe.settings == ProbeConfig(alpha=0.01, check_every=7, knob=9, names=("a", "b"))
+    # options first, then the audit's setting of the same name, then the default; alpha: the
+    # audit's level for the monitor's proof path (the decision's share, docs/design.md s. 14)
+    assert probe.settings == ProbeConfig(alpha=0.005, check_every=7, knob=9, names=("a", "b"))
     assert probe.ctx.options is probe.settings and probe.ctx.needs == (SAMPLE_RATE,)
     assert mons["sampling"].settings.alpha == 0.2
     assert mons["sampling"].ctx.needs == (SAMPLE_RATE, N_RECORDS)
@@ -195,13 +196,13 @@ def test_build_monitors_refuses_unknown_names_and_options(registry: None) -> Non
 # ------------------------------------------------------------------ MonitorConfig
 def test_monitor_config_build_and_to_dict() -> None:
     audit = AuditConfig(alpha=0.02, check_every=4)
-    assert ProbeConfig.build(audit) == ProbeConfig(alpha=0.02, check_every=4)
+    assert ProbeConfig.build(audit) == ProbeConfig(alpha=0.01, check_every=4)  # its share
     assert ProbeConfig.build(audit, {"alpha": 0.3, "names": ("x",)}) == ProbeConfig(
         alpha=0.3, check_every=4, names=("x",))
     assert ProbeConfig.build(audit, None).knob == 3
     with pytest.raises(ValueError, match=re.escape("unknown option(s) ['k', 'z']")):
         ProbeConfig.build(audit, {"z": 1, "k": 2})
-    assert ProbeConfig.build(audit).to_dict() == {"alpha": 0.02, "check_every": 4, "knob": 3,
+    assert ProbeConfig.build(audit).to_dict() == {"alpha": 0.01, "check_every": 4, "knob": 3,
                                                   "names": ["a", "b"]}
     assert MonitorConfig.build(audit) == MonitorConfig() and MonitorConfig().to_dict() == {}
 
@@ -291,7 +292,7 @@ def test_base_class_hooks_do_nothing() -> None:
 
     cfg = AuditConfig(alpha=0.01)
     m = Quiet(_ctx(cfg))  # built outside build_monitors: settings from the configuration
-    assert m.settings == ProbeConfig(alpha=0.01, check_every=5)
+    assert m.settings == ProbeConfig(alpha=0.005, check_every=5)  # its share
     assert m.columns() == ("c1", "c2") and m.metric_name("c1") == "c1"
     v = torch.zeros(8, dtype=torch.float64)
     rec = StepRecord(step=1, values=v, x=v[:2], y=v[2:4], coins=torch.tensor([True, False]),

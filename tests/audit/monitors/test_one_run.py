@@ -31,6 +31,10 @@ def _monitor(facts: dict[Any, Any] | None = None, seed: int = 0, m: int = M,
              **options: Any) -> tuple[OneRunMonitor, list[str], SecretCoins]:
     warned: list[str] = []
     coins = SecretCoins(m, torch.Generator().manual_seed(seed))
+    # the guess-based bounds at 0.05, the level these tests are written at (the audit's default
+    # gives them an eighth of alpha = 1e-3: docs/design.md section 14); the white-box bound at
+    # its share
+    options.setdefault("alpha", 0.05)
     cfg = AuditConfig(k_pairs=K, m_canaries=m, monitor_options={"one_run": options})
     ctx = MonitorContext(config=cfg, k_pairs=K, m_canaries=m, device="cpu", warn=warned.append,
                          coins=coins,

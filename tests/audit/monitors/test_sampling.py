@@ -22,7 +22,9 @@ CHECK = 5
 
 
 def _monitor(facts: dict[Any, Any] | None = None, **options: Any) -> SamplingMonitor:
-    cfg = AuditConfig(k_pairs=K, m_canaries=M, monitor_options={"sampling": options})
+    # alpha 0.1: the decision's share, the sampling test's level, is 0.05 (docs/design.md
+    # section 14), the level these tests are written at
+    cfg = AuditConfig(k_pairs=K, m_canaries=M, alpha=0.1, monitor_options={"sampling": options})
     warned: list[str] = []
     ctx = MonitorContext(config=cfg, k_pairs=K, m_canaries=M, device="cpu", warn=warned.append,
                          coins=SecretCoins(M, torch.Generator().manual_seed(0)),
