@@ -60,6 +60,12 @@ optimizer and data loader for training (and give them to the auditor). Single pr
   poisson_sampling=False)`` with a shuffled ``DataLoader`` gives, while the accountant assumes
   Poisson sampling at rate 1 / len(loader) (Chua et al., "How private are DP-SGD
   implementations?", ICML 2024).
+* ``"loader-reseeded"``, ``"loader-reseeded-every-3-epochs"``,
+  ``"loader-reseeded-other-epoch-length"``, ``"loader-global-seed"``: Opacus's Poisson loader
+  whose random generator is reset at the start of an epoch (every epoch, every 3 epochs, with
+  epochs of 1.5 ``len(loader)`` batches; or ``torch.manual_seed`` at every epoch with the
+  sampler on the global generator and the noise on its own), so the same Poisson batches come
+  back every epoch while the noise is fresh (:mod:`dpaudit_torch.testing.bugs_loader`).
 
 ``apply_to_training(engine, optimizer, data_loader, name)`` applies a bug of either kind (what
 ``dpaudit demo --bug`` uses). ``remove_bug(optimizer)`` undoes an optimizer bug.
@@ -74,6 +80,8 @@ import math
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
+
+from . import bugs_loader
 
 if TYPE_CHECKING:  # the registry imports no torch (``dpaudit --help`` lists the names)
     import torch
@@ -399,6 +407,21 @@ SETUP_BUGS: dict[str, SetupBug] = {
         SetupBug("fixed-size-batches",
                  "shuffled fixed-size batches; the accountant assumes Poisson sampling",
                  _fixed_size),
+        SetupBug("loader-reseeded",
+                 "the Poisson loader's generator is reset at every epoch: the same batches "
+                 "every epoch, fresh noise", bugs_loader.reseeded),
+        SetupBug("loader-reseeded-every-3-epochs",
+                 f"the Poisson loader's generator is reset every "
+                 f"{bugs_loader.RESEED_EVERY_EPOCHS} epochs: the batches repeat with that "
+                 f"period", bugs_loader.reseeded_every),
+        SetupBug("loader-reseeded-other-epoch-length",
+                 "the Poisson loader's generator is reset at every epoch of 1.5 len(loader) "
+                 "batches: the batches repeat with a period the rate does not imply",
+                 bugs_loader.reseeded_other_length),
+        SetupBug("loader-global-seed",
+                 "torch.manual_seed at every epoch with the Poisson sampler on the global "
+                 "generator; the noise has its own: the same batches every epoch",
+                 bugs_loader.global_seed),
     )
 }
 

@@ -63,7 +63,10 @@ def test_buffers_batch_sizes_and_bets_on_them_at_each_check() -> None:
     assert ev is not None and ev.steps == [1, 2, 3] and ev.log_e.shape == (3,)
     assert ev.extra == {} and np.all(np.isfinite(ev.log_e))
     assert mon.test.n_steps == 3 and mon.test.total == 93
-    assert ev.log_e[-1] == pytest.approx(mon.test.log_wealth)
+    # the monitor's e-process: the average of the batch-size and the repeat tests' (1/2 each)
+    both = np.logaddexp(mon.test.log_wealth, mon.repeats.test.log_wealth) - math.log(2.0)
+    assert ev.log_e[-1] == pytest.approx(both, rel=1e-12)
+    assert mon.repeats.test.n_steps == 3
     assert mon.advance() is None  # nothing buffered since
     assert mon.rate_interval(0.05) == pytest.approx(rate_interval(93, N, 3, 0.05))
 
@@ -104,9 +107,11 @@ def test_fixed_size_batches_are_rejected_quickly() -> None:
     assert mon.test.rejected and mon.test.rejected_at <= 50
     log_e = np.concatenate([e.log_e for e in evidence])
     assert log_e[-1] >= math.log(20.0)
-    (f,) = mon.findings()
+    # constant sizes also repeat at every lag: the repeat test's finding comes second
+    f, again = mon.findings()
     assert f.monitor == "sampling" and f.level == "violation" and f.where == "data loader"
-    assert f.scope is None
+    assert f.scope is None and "not Poisson samples" in f.message
+    assert again.level == "violation" and "repeat with a period of 1 steps" in again.message
     assert (f"its own anytime-valid test crossed 1/alpha at training step "
             f"{mon.test.rejected_at};" in f.message)  # attached at step 0: the same count
     assert mon.rejected_step == mon.test.rejected_at
@@ -130,7 +135,7 @@ def test_the_message_names_the_training_step_of_the_crossing() -> None:
     assert n is not None
     # steps 101, 103, 104, ...: the n-th step the test saw is training step 101 + n
     assert mon.rejected_step == 101 + n
-    (f,) = mon.findings()
+    f = mon.findings()[0]
     assert n == 16  # the seeds are fixed
     assert ("crossed 1/alpha at training step 117, the 16th step it saw; the audit decides at "
             "its checks" in f.message)
