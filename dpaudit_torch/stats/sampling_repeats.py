@@ -53,7 +53,8 @@ from .sampling import _as_batch_sizes, _check_n_records, _check_rate, _Decision,
 
 logger = logging.getLogger(__name__)
 
-__all__ = ["BatchRepeatTest", "candidate_lags", "max_binomial_log_pmf", "match_probability"]
+__all__ = ["BatchRepeatTest", "LOG_B_MARGIN", "candidate_lags", "max_binomial_log_pmf",
+           "match_probability", "no_match_mass", "simulate_log_wealth"]
 
 #: every lag 1..MAX_LAG is a candidate (besides the epoch length's multiples)
 MAX_LAG: int = 2048
@@ -65,11 +66,18 @@ STAKE: float = 0.5
 _ROWS = 64
 
 
+#: log b is raised by this much: SciPy's binomial pmf and log-pmf agree to about 1e-10
+#: (relative), and b must not fall below any Binomial(N, q)(k) that is computed
+LOG_B_MARGIN: float = 1e-8
+
+
 def max_binomial_log_pmf(k: np.ndarray, n_records: int) -> np.ndarray:
     """log b(k), b(k) = max over q of Binomial(N, q)(k) = Binomial(N, k / N)(k) (the maximum
-    likelihood rate), for integers 0 <= k <= N; b(0) = b(N) = 1."""
+    likelihood rate), for integers 0 <= k <= N, raised by :data:`LOG_B_MARGIN` (a relative
+    1e-8, far above the rounding of the pmf); b(0) = b(N) = 1 before it."""
     k = np.asarray(k, dtype=np.float64)
-    return np.asarray(sps.binom.logpmf(k, n_records, k / n_records), dtype=np.float64)
+    return np.asarray(sps.binom.logpmf(k, n_records, k / n_records), dtype=np.float64) \
+        + LOG_B_MARGIN
 
 
 def match_probability(n_records: int, rate: float) -> float:
@@ -100,7 +108,7 @@ def candidate_lags(rate: float, max_lag: int = MAX_LAG, epoch_multiples: int = E
     max_lag = check_positive_int(max_lag, "max_lag")
     epoch_multiples = check_positive_int(epoch_multiples, "epoch_multiples")
     inv = 1.0 / q
-    epochs = sorted({p for p in (math.floor(inv + 1e-9), round(inv)) if p >= 2})
+    epochs = sorted({p for p in (math.floor(inv), round(inv)) if p >= 2})  # int(1/q): Opacus
     weights: dict[int, float] = {}
     share = 0.5 if epochs else 0.0
     all_lags = np.arange(1, max_lag + 1, dtype=np.float64)
@@ -346,3 +354,49 @@ def _logsumexp(a: np.ndarray, axis: int | None = None) -> Any:
     m = np.where(np.isfinite(m), m, 0.0)
     out = np.log(np.sum(np.exp(a - m), axis=axis, keepdims=True)) + m
     return out.reshape(()) if axis is None else np.squeeze(out, axis=axis)
+
+
+def simulate_log_wealth(sizes: np.ndarray, n_records: int, rate: float,
+                        max_lag: int = MAX_LAG, epoch_multiples: int = EPOCH_MULTIPLES,
+                        stake: float = STAKE) -> np.ndarray:
+    """The log-wealth of :class:`BatchRepeatTest` after every step of many sequences at once,
+    for simulations of its level and power: ``sizes`` [runs, T] -> [runs, T].
+
+    A second implementation, straight from the definition (every lag's started mass in log
+    space, S_j = f_j (S_{j-1} + w_j); the lags not yet betting count at 1), vectorised over the
+    runs instead of the lags; the tests check that both agree.
+    """
+    x = np.asarray(sizes)
+    if x.ndim != 2:
+        raise ValueError(f"sizes must be an array [runs, steps], got shape {x.shape}")
+    x = _as_batch_sizes(x, _check_n_records(n_records)).reshape(x.shape).astype(np.int64)
+    lags, log_v, _ = candidate_lags(rate, max_lag, epoch_multiples)
+    lam = float(stake)
+    runs, T = x.shape
+    active = lags[lags < T]  # a lag P bets from step P + 1 on
+    lv_act = log_v[: active.size]
+    v_idle = np.exp(log_v[active.size:]).sum()  # the lags that never bet in T steps
+    log_s = np.full((runs, active.size), -np.inf)
+    out = np.empty((runs, T))
+    lo = int(x.min())
+    table = max_binomial_log_pmf(np.arange(lo, int(x.max()) + 1), int(n_records))
+    log_keep, log_lam = math.log1p(-lam), math.log(lam)
+    for t in range(1, T + 1):
+        on = active < t  # lags with a past value n_{t-P}
+        k = int(on.sum())
+        if k:
+            P = active[:k]
+            prev = x[:, t - 1 - P]  # [runs, k]
+            match = prev == x[:, t - 1][:, None]
+            log_f = np.full(prev.shape, log_keep)
+            if match.any():
+                log_f[match] = np.logaddexp(log_keep, log_lam - table[prev[match] - lo])
+            j = (t - P).astype(np.float64)
+            log_s[:, :k] = log_f + np.logaddexp(log_s[:, :k], -np.log(j) - np.log1p(j))
+        j_all = np.maximum(t - active, 0).astype(np.float64)
+        log_w = np.logaddexp(log_s, -np.log1p(j_all)[None, :])
+        terms = lv_act[None, :] + log_w
+        if v_idle > 0:
+            terms = np.concatenate([terms, np.full((runs, 1), math.log(v_idle))], axis=1)
+        out[:, t - 1] = _logsumexp(terms, axis=1)
+    return out
