@@ -25,7 +25,9 @@ def _one_step(setup, seed: int = 0):
 OPTIMIZER_BUGS = ["no-noise", "noise-divided-by-batch", "noise-halved", "no-clipping",
                   "bias-no-noise", "noise-reused", "noise-reseeded", "noise-bf16", "noise-0.8",
                   "noise-divided-one-tensor", "per-tensor-clipping"]
-SETUP_BUGS = ["accountant-rate-4x", "accumulation-counted-per-micro-step", "fixed-size-batches"]
+SETUP_BUGS = ["accountant-rate-4x", "accumulation-counted-per-micro-step", "fixed-size-batches",
+              "loader-reseeded", "loader-reseeded-every-3-epochs",
+              "loader-reseeded-other-epoch-length", "loader-global-seed"]
 
 
 def test_registry():
