@@ -22,9 +22,10 @@ data order, the noise generator and the auditor's streams.
   or a violation. Target: flagged in at least 19 of 20 seeds.
 * **Replayed batches** (the ``loader-*`` setup bugs of :mod:`dpaudit_torch.testing.bugs_loader`:
   Opacus's Poisson loader re-seeded so that the same batches come back): stopped at
-  ``should_stop`` or two epochs (46 steps) after the first replayed batch, then ``finalize()``;
-  *decided* = ``report.violation`` by then. ``--section detection-replay`` writes their own
-  section (``--alpha`` sets the audit's level and names the section).
+  ``should_stop`` or at the end of the first replayed epoch (step 46 for a loader re-seeded at
+  every epoch: within 2 epochs), then ``finalize()``; *decided* = ``report.violation`` by then.
+  ``--section detection-replay`` writes their own section, one per level (``--alpha``, default
+  the auditor's).
 
 Printed per bug: the count, the decision / crossing steps (``violation_step``, the check step at
 which the decision was available, a multiple of check_every; ``crossed_at_step``, the step whose
@@ -70,7 +71,7 @@ FINDING_BUGS = {"noise-bf16": "finding"}
 #: the digits loader's epoch: len(loader) = 1/q = 23 batches
 EPOCH = 23
 #: loaders that replay the same Poisson batches (testing.bugs_loader): the step of the first
-#: replayed batch and the period; the target is a decision within two epochs of the first
+#: replayed batch and the period; the target is a decision before the first replayed epoch ends
 REPLAY_BUGS = {
     "loader-reseeded": (EPOCH + 1, EPOCH),
     "loader-global-seed": (EPOCH + 1, EPOCH),
@@ -80,10 +81,10 @@ REPLAY_BUGS = {
 
 
 def replay_deadline(bug: str) -> int:
-    """The last step at which a replayed-batches bug counts as found: two epochs after the
-    first replayed batch."""
+    """The last step at which a replayed-batches bug counts as found: the end of the first
+    replayed epoch (step 46, the end of epoch 2, for a loader re-seeded at every epoch)."""
     first, _ = REPLAY_BUGS[bug]
-    return first - 1 + 2 * EPOCH
+    return first - 1 + EPOCH
 #: decided / flagged in at least this many of 20 seeds
 TARGET = 19
 #: how each class is seen, and why per-tensor clipping needs more spread pairs (written below
@@ -247,8 +248,8 @@ def evaluate(bug: str, res: list[dict[str, Any]], max_steps: int, label: str | N
         hit = [bool(r["violation"]) and r["step"] is not None and r["step"] <= last
                for r in res]
         first, period = REPLAY_BUGS[bug]
-        criterion = (f"violation decided by step {last} (period {period}, first replayed batch "
-                     f"at step {first}: two epochs later)")
+        criterion = (f"violation decided by step {last} (period {period}; the first replayed "
+                     f"epoch is steps {first}-{last})")
     elif contract is not None and not contract.per_step:
         hit = [r["inconsistent"] or r["refuted"] or r["violation"]
                or any(lv == "finding" for _, lv in r["findings"]) for r in res]
@@ -327,7 +328,7 @@ def main() -> None:
         contract = contract_bugs().get(bug)
         setup = bug in bugs.SETUP_BUGS or (contract is not None and not contract.per_step)
         steps = args.setup_steps if setup else args.max_steps
-        if bug in REPLAY_BUGS:  # decided within two epochs of the first replay: stopped then
+        if bug in REPLAY_BUGS:  # decided within the first replayed epoch: stopped then
             setup, steps = False, replay_deadline(bug)
         if contract is not None:
             res = [train_contract(s, bug, steps, kw) for s in range(args.seeds)]
@@ -361,8 +362,10 @@ def main() -> None:
         print(wrong_table)
         print(wrong_summary)
     if not args.no_write and args.section == "detection-replay":
-        level = (f"alpha {args.alpha:g}" if args.alpha is not None
-                 else "the auditor's default alpha")
+        from dpaudit_torch.audit import AuditConfig
+
+        alpha = args.alpha if args.alpha is not None else AuditConfig().alpha
+        level = f"alpha {alpha:g}"
         body = (
             f"## Detection of replayed batches, {level} (benchmarks/detection.py)\n\n"
             f"Command: `{command()}`  \nMachine: {machine()}\n\n"
@@ -375,11 +378,11 @@ def main() -> None:
             "sampler on the global generator and the noise on its own. The noise is fresh and "
             "every batch is a Poisson sample: only the sampling monitor's repeat test "
             "(docs/design.md section 10, \"Fresh batches\") can see it. Detected = "
-            "`report.violation` with `violation_step` within two epochs (46 steps) of the first "
-            f"replayed batch; stopped at `should_stop`. {args.seeds} seeds per bug.\n\n"
+            "`report.violation` with `violation_step` by the end of the first replayed epoch "
+            "(step 46 for `loader-reseeded`: within 2 epochs); stopped at `should_stop`. "
+            f"{args.seeds} seeds per bug.\n\n"
             + table + "\n\n" + summary + "\n")
-        write_section("detection-replay" if args.alpha is None
-                      else f"detection-replay-alpha-{args.alpha:g}", body)
+        write_section(f"detection-replay-alpha-{alpha:g}", body)
     elif not args.no_write and args.section != "detection":
         body = (
             "## Detection of contract bugs (benchmarks/detection.py)\n\n"
