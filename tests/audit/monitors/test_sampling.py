@@ -63,8 +63,9 @@ def test_buffers_batch_sizes_and_bets_on_them_at_each_check() -> None:
     assert ev is not None and ev.steps == [1, 2, 3] and ev.log_e.shape == (3,)
     assert ev.extra == {} and np.all(np.isfinite(ev.log_e))
     assert mon.test.n_steps == 3 and mon.test.total == 93
-    # the monitor's e-process: the average of the batch-size and the repeat tests' (1/2 each)
-    both = np.logaddexp(mon.test.log_wealth, mon.repeats.test.log_wealth) - math.log(2.0)
+    # the monitor's e-process: the average of the batch-size and the repeat tests' (3/4, 1/4)
+    both = np.logaddexp(mon.test.log_wealth + math.log(0.75),
+                        mon.repeats.test.log_wealth + math.log(0.25))
     assert ev.log_e[-1] == pytest.approx(both, rel=1e-12)
     assert mon.repeats.test.n_steps == 3
     assert mon.advance() is None  # nothing buffered since
@@ -217,3 +218,55 @@ def test_state_of_a_monitor_that_did_not_run() -> None:
     on.load_state_dict(sd)  # a state written without the test: it stays off
     assert on.test is None and on.contribution().section["run"] is False
     assert on.contribution().section["reason_not_run"] == off.reason_off
+
+
+def _replayed(epochs: int, period: int = 8, seed: int = 7) -> list[int]:
+    """The sizes of a loader re-seeded at every epoch of ``period`` steps."""
+    return _poisson(period, seed) * epochs
+
+
+def test_replayed_batches_are_a_finding_of_the_repeat_test() -> None:
+    """Poisson sizes, the same epoch again: the batch-size test sees nothing wrong, the repeat
+    test finds the period (q = 1/8: epochs of 8 steps) within the second epoch."""
+    mon = _monitor(alpha=0.001)
+    _feed(mon, _replayed(4))
+    assert not mon.test.rejected
+    (f,) = mon.findings()
+    assert f.monitor == "sampling" and f.level == "violation" and f.where == "data loader"
+    assert "not drawn afresh" in f.message
+    assert "period of 8 steps, one epoch of 8 steps" in f.message
+    assert mon.repeats.rejected_step is not None and 8 < mon.repeats.rejected_step <= 16
+    assert f"training step {mon.repeats.rejected_step};" in f.message
+    sec = mon.contribution().section["repeats"]
+    assert sec["rejected"] and sec["best_lag"]["lag"] == 8 and sec["weight"] == 0.25
+    assert sec["epoch_lengths"] == [8]
+
+
+def test_a_step_dropped_as_non_finite_keeps_its_size_in_the_period() -> None:
+    """A non-finite step leaves the batch-size test, not the repeat test (its size is counted
+    all the same; leaving it out would shift the period)."""
+    mon = _monitor(alpha=0.001)
+    sizes = _replayed(3)
+    for t, n in enumerate(sizes, start=1):
+        mon.observe(_rec(t, n, finite=torch.tensor(t != 12)))
+        if t % CHECK == 0:
+            ev = mon.advance()
+            assert 12 not in ev.steps
+    assert mon.repeats.test.n_steps == 20 and mon.test.n_steps == 19
+    assert mon.repeats.test.best_lag()["matches"] == 12  # every step after the first epoch
+
+
+def test_a_state_written_before_the_repeat_test_resumes_without_it() -> None:
+    mon = _monitor()
+    _feed(mon, _poisson(12, seed=8))
+    sd = mon.state_dict()
+    again = _monitor()
+    again.load_state_dict(sd)
+    assert again.repeats is not None and again.repeats.test.n_steps == 10
+    del sd["repeats"]
+    old = _monitor()
+    old.load_state_dict(sd)
+    assert old.repeats is None and old.test.n_steps == 10
+    ev = _feed(old, _poisson(8, seed=9), start=13)[-1]
+    np.testing.assert_allclose(ev.log_e[-1], old.test.log_wealth)  # the batch-size test alone
+    assert "repeats" not in old.contribution().section
