@@ -40,8 +40,9 @@ class RepeatWatch:
         self.rejected_step: int | None = None
 
     def update(self, steps: list[int], sizes: list[int]) -> np.ndarray:
-        """Bet on every buffered step's size (non-finite steps too: their sizes are counted
-        all the same, and leaving them out would shift the period); log-wealth after each."""
+        """Bet on the kept steps' sizes (a step dropped as non-finite is left out, as by the
+        batch-size test and on every path; it shifts the period by one for one period);
+        log-wealth after each."""
         seen, was = self.test.n_steps, self.test.rejected
         traj = self.test.update_with_trajectory(np.asarray(sizes, dtype=np.int64))
         if self.test.rejected and not was:

@@ -102,8 +102,6 @@ class SamplingMonitor(Monitor):
             return None
         self.fetch_pending()  # nothing left after the engine's check
         keep = host_flags(self._flags)  # drop steps flagged non-finite
-        rep = (None if self.repeats is None else  # every step's size: the period is kept
-               self.repeats.update([s for s, _ in self._buffer], [n for _, n in self._buffer]))
         steps = [s for (s, _), k in zip(self._buffer, keep) if k]
         sizes = np.asarray([n for (_, n), k in zip(self._buffer, keep) if k], dtype=np.int64)
         self._buffer, self._flags = [], []
@@ -113,8 +111,9 @@ class SamplingMonitor(Monitor):
         log_e = self.test.update_with_trajectory(sizes)  # the wealth after each step
         if self.test.rejected and not was:  # the test's own count, as a training step
             self.rejected_step = steps[self.test.rejected_at - seen - 1]
-        if rep is not None:  # the average of both tests' e-processes, at the kept steps
-            log_e = RepeatWatch.combine(log_e, rep[np.flatnonzero(keep)])
+        if self.repeats is not None:  # the average of both tests' e-processes (the same steps
+            # as on the host path, which never buffers a step it dropped as non-finite)
+            log_e = RepeatWatch.combine(log_e, self.repeats.update(steps, sizes.tolist()))
         return Evidence(steps=steps, log_e=log_e, extra={})
 
     def findings(self) -> list[Finding]:
