@@ -21,6 +21,12 @@ data order, the noise generator and the auditor's streams.
   loader batches (default 100; for ``accumulation-counted-per-micro-step`` that is 25 releases),
   not stopped early, then ``finalize()``. *Flagged* = ``claim_inconsistent`` or ``claim_refuted``
   or a violation. Target: flagged in at least 19 of 20 seeds.
+* **Replayed batches** (the ``loader-*`` setup bugs of :mod:`dpaudit_torch.testing.bugs_loader`:
+  Opacus's Poisson loader re-seeded so that the same batches come back): stopped at
+  ``should_stop`` or at the end of the first replayed epoch (step 46 for a loader re-seeded at
+  every epoch: within 2 epochs), then ``finalize()``; *decided* = ``report.violation`` by then.
+  ``--section detection-replay`` writes their own section, one per level (``--alpha``, default
+  the auditor's).
 
 Printed per bug: the count, the decision / crossing steps (``violation_step``, the check step at
 which the decision was available, a multiple of check_every; ``crossed_at_step``, the step whose
@@ -33,7 +39,7 @@ finding
 correct runs: ``benchmarks/false_alarms.py``.
 
     python benchmarks/detection.py [--seeds 20] [--max-steps 50] [--setup-steps 100]
-        [--spread-diagnostic 2,4,8] [--quick]
+        [--spread-diagnostic 2,4,8] [--alpha A] [--section S] [--quick]
 """
 
 from __future__ import annotations
@@ -58,13 +64,30 @@ from _common import command, machine, markdown_table, write_section  # noqa: E40
 
 from dpaudit_torch.audit import PrivacyAuditor  # noqa: E402
 from dpaudit_torch.demo import DigitsCNN, load_digits_tensors  # noqa: E402
-from dpaudit_torch.testing import bugs  # noqa: E402
+from dpaudit_torch.testing import bugs, bugs_loader  # noqa: E402
 from dpaudit_torch.testing.contract_bugs import contract_bugs  # noqa: E402
 from dpaudit_torch.testing.harness import digits_training, run_audited, run_bug  # noqa: E402
 from dpaudit_torch.testing.leaks_inputs import WRONG_INPUTS  # noqa: E402
 
 #: bugs whose target is a finding at finalize, not a sequential decision
 FINDING_BUGS = {"noise-bf16": "finding"}
+#: the digits loader's epoch: len(loader) = 1/q = 23 batches
+EPOCH = 23
+#: loaders that replay the same Poisson batches (testing.bugs_loader): the step of the first
+#: replayed batch and the period; the target is a decision before the first replayed epoch ends
+REPLAY_BUGS = {
+    "loader-reseeded": (EPOCH + 1, EPOCH),
+    "loader-global-seed": (EPOCH + 1, EPOCH),
+    "loader-reseeded-every-3-epochs": (bugs_loader.RESEED_EVERY_EPOCHS * EPOCH + 1,
+                                       bugs_loader.RESEED_EVERY_EPOCHS * EPOCH),
+    "loader-reseeded-other-epoch-length": (EPOCH + EPOCH // 2 + 1, EPOCH + EPOCH // 2)}
+
+
+def replay_deadline(bug: str) -> int:
+    """The last step at which a replayed-batches bug counts as found: the end of the first
+    replayed epoch (step 46, the end of epoch 2, for a loader re-seeded at every epoch)."""
+    first, _ = REPLAY_BUGS[bug]
+    return first - 1 + EPOCH
 #: decided / flagged in at least this many of 20 seeds
 TARGET = 19
 #: how each class is seen, and why per-tensor clipping needs more spread pairs (written below
@@ -224,7 +247,15 @@ def evaluate(bug: str, res: list[dict[str, Any]], max_steps: int, label: str | N
     setup = bug in bugs.SETUP_BUGS or (contract is not None and not contract.per_step)
     kind = ("accounting" if bug in bugs.SETUP_BUGS else "per-step" if contract is None
             else f"{contract.clause} ({'per-step' if contract.per_step else 'whole run'})")
-    if contract is not None and not contract.per_step:
+    if bug in REPLAY_BUGS:
+        kind = "sampling (replayed batches)"
+        last = replay_deadline(bug)
+        hit = [bool(r["violation"]) and r["step"] is not None and r["step"] <= last
+               for r in res]
+        first, period = REPLAY_BUGS[bug]
+        criterion = (f"violation decided by step {last} (period {period}; the first replayed "
+                     f"epoch is steps {first}-{last})")
+    elif contract is not None and not contract.per_step:
         hit = [r["inconsistent"] or r["refuted"] or r["violation"]
                or any(lv == "finding" for _, lv in r["findings"]) for r in res]
         criterion = "flagged at finalize (inconsistent / refuted / violation / finding)"
@@ -275,12 +306,16 @@ def main() -> None:
                          "rows, e.g. 2,4,8 (the diagnostic rows of docs/benchmarks.md)")
     ap.add_argument("--auditor-kw", default="{}",
                     help="JSON of auditor settings for every run (a diagnosis; not written)")
+    ap.add_argument("--alpha", type=float, default=None,
+                    help="the audit's level (default: the auditor's); written in the section")
     ap.add_argument("--quick", action="store_true", help="2 seeds, no diagnostic, no write")
     ap.add_argument("--no-write", action="store_true")
     args = ap.parse_args()
     base_kw = json.loads(args.auditor_kw)
     if args.quick or base_kw:
         args.no_write = True
+    if args.alpha is not None:
+        base_kw["alpha"] = args.alpha
     if args.quick:
         args.seeds, args.spread_diagnostic = 2, ""
     torch.set_num_threads(1)
@@ -300,6 +335,8 @@ def main() -> None:
         contract = contract_bugs().get(bug)
         setup = bug in bugs.SETUP_BUGS or (contract is not None and not contract.per_step)
         steps = args.setup_steps if setup else args.max_steps
+        if bug in REPLAY_BUGS:  # decided within the first replayed epoch: stopped then
+            setup, steps = False, replay_deadline(bug)
         if contract is not None:
             res = [train_contract(s, bug, steps, kw) for s in range(args.seeds)]
         else:
@@ -333,7 +370,29 @@ def main() -> None:
         wrong_table, wrong_summary = run_wrong_inputs(args.seeds, args.setup_steps)
         print(wrong_table)
         print(wrong_summary)
-    if not args.no_write and args.section != "detection":
+    if not args.no_write and args.section == "detection-replay":
+        from dpaudit_torch.audit import AuditConfig
+
+        alpha = args.alpha if args.alpha is not None else AuditConfig().alpha
+        level = f"alpha {alpha:g}"
+        body = (
+            f"## Detection of replayed batches, {level} (benchmarks/detection.py)\n\n"
+            f"Command: `{command()}`  \nMachine: {machine()}\n\n"
+            "The setting of \"Detection of silent DP bugs\" (DigitsCNN on the bundled digits, "
+            "Opacus hooks mode, Poisson sampling with expected batch 64, q = 1/23 so 23 steps "
+            "per epoch, sigma 1, C 1, RDP, auditor defaults except the level) with Opacus's "
+            "Poisson loader replaying the same batches (`dpaudit_torch/testing/bugs_loader.py`): "
+            "its generator reset at every epoch (`loader-reseeded`), every 3 epochs, at every "
+            "epoch of 34 batches instead of 23, or `torch.manual_seed` at every epoch with the "
+            "sampler on the global generator and the noise on its own. The noise is fresh and "
+            "every batch is a Poisson sample: only the sampling monitor's repeat test "
+            "(docs/design.md section 10, \"Fresh batches\") can see it. Detected = "
+            "`report.violation` with `violation_step` by the end of the first replayed epoch "
+            "(step 46 for `loader-reseeded`: within 2 epochs); stopped at `should_stop`. "
+            f"{args.seeds} seeds per bug.\n\n"
+            + table + "\n\n" + summary + "\n")
+        write_section(f"detection-replay-alpha-{alpha:g}", body)
+    elif not args.no_write and args.section != "detection":
         body = (
             "## Detection of contract bugs (benchmarks/detection.py)\n\n"
             f"Command: `{command()}`  \nMachine: {machine()}\n\n"

@@ -73,6 +73,12 @@ optimizer and data loader for training (and give them to the auditor). Single pr
 * ``"manual-seed-each-epoch"``: ``torch.manual_seed`` is called when each epoch starts, with the
   loader's Poisson sampling and the noise both on the global generator (the optimizer's and
   the sampler's own generators dropped): the batches and the noise of every epoch repeat.
+* ``"loader-reseeded"``, ``"loader-reseeded-every-3-epochs"``,
+  ``"loader-reseeded-other-epoch-length"``, ``"loader-global-seed"``: Opacus's Poisson loader
+  whose random generator is reset at the start of an epoch (every epoch, every 3 epochs, with
+  epochs of 1.5 ``len(loader)`` batches; or ``torch.manual_seed`` at every epoch with the
+  sampler on the global generator and the noise on its own), so the same Poisson batches come
+  back every epoch while the noise is fresh (:mod:`dpaudit_torch.testing.bugs_loader`).
 
 ``apply_to_training(engine, optimizer, data_loader, name)`` applies a bug of either kind (what
 ``dpaudit demo --bug`` uses). ``remove_bug(optimizer)`` undoes an optimizer bug.
@@ -88,7 +94,7 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from . import reuse_bugs
+from . import bugs_loader, reuse_bugs
 
 if TYPE_CHECKING:  # the registry imports no torch (``dpaudit --help`` lists the names)
     import torch
@@ -429,6 +435,22 @@ SETUP_BUGS: dict[str, SetupBug] = {
         SetupBug("manual-seed-each-epoch",
                  "torch.manual_seed at each epoch's start, the loader's sampling and the noise "
                  "on the global generator", reuse_bugs.manual_seed_each_epoch),
+
+        SetupBug("loader-reseeded",
+                 "the Poisson loader's generator is reset at every epoch: the same batches "
+                 "every epoch, fresh noise", bugs_loader.reseeded),
+        SetupBug("loader-reseeded-every-3-epochs",
+                 f"the Poisson loader's generator is reset every "
+                 f"{bugs_loader.RESEED_EVERY_EPOCHS} epochs: the batches repeat with that "
+                 f"period", bugs_loader.reseeded_every),
+        SetupBug("loader-reseeded-other-epoch-length",
+                 "the Poisson loader's generator is reset at every epoch of 1.5 len(loader) "
+                 "batches: the batches repeat with a period the rate does not imply",
+                 bugs_loader.reseeded_other_length),
+        SetupBug("loader-global-seed",
+                 "torch.manual_seed at every epoch with the Poisson sampler on the global "
+                 "generator; the noise has its own: the same batches every epoch",
+                 bugs_loader.global_seed),
     )
 }
 

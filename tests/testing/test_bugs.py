@@ -27,7 +27,9 @@ OPTIMIZER_BUGS = ["no-noise", "noise-divided-by-batch", "noise-halved", "no-clip
                   "noise-divided-one-tensor", "per-tensor-clipping", "noise-flat-sliced",
                   "noise-rolled", "noise-reused-subset"]
 SETUP_BUGS = ["accountant-rate-4x", "accumulation-counted-per-micro-step", "fixed-size-batches",
-              "noise-reseeded-each-epoch", "manual-seed-each-epoch"]
+              "noise-reseeded-each-epoch", "manual-seed-each-epoch", "loader-reseeded",
+              "loader-reseeded-every-3-epochs", "loader-reseeded-other-epoch-length",
+              "loader-global-seed"]
 
 
 def test_registry():

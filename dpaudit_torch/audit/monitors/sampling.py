@@ -24,6 +24,7 @@ from typing import Any
 import numpy as np
 
 from ...contract import N_REAL_NOT_OBSERVED, N_RECORDS, SAMPLE_RATE, StepRecord
+from ._sampling_repeats import RepeatWatch
 from .base import (
     Contribution,
     Evidence,
@@ -70,6 +71,9 @@ class SamplingMonitor(Monitor):
                                f"unknown: {ctx.why_not(N_RECORDS)}")
         else:
             self.test = PoissonBatchTest(self.n_records, self.rate, self.config.alpha)
+        #: the test of fresh batches (repeats of the sizes at any lag; docs/design.md s. 10)
+        self.repeats: RepeatWatch | None = (None if self.test is None else RepeatWatch(
+            self.n_records, self.rate, self.config.alpha))
         self._buffer: list[tuple[int, int]] = []
         self._flags: list[bool | Any] = []
         self._first = True
@@ -80,7 +84,7 @@ class SamplingMonitor(Monitor):
         if self._first:
             self._first = False
             if record.n_real is None and self.test is not None:
-                self.test = None
+                self.test = self.repeats = None
                 self.reason_off = N_REAL_NOT_OBSERVED
         if self.test is not None:
             self._buffer.append((record.step, int(record.n_real or 0)))
@@ -108,11 +112,15 @@ class SamplingMonitor(Monitor):
         log_e = self.test.update_with_trajectory(sizes)  # the wealth after each step
         if self.test.rejected and not was:  # the test's own count, as a training step
             self.rejected_step = steps[self.test.rejected_at - seen - 1]
+        if self.repeats is not None:  # the average of both tests' e-processes (the same steps
+            # as on the host path, which never buffers a step it dropped as non-finite)
+            log_e = RepeatWatch.combine(log_e, self.repeats.update(steps, sizes.tolist()))
         return Evidence(steps=steps, log_e=log_e, extra={})
 
     def findings(self) -> list[Finding]:
+        found = [] if self.repeats is None else self.repeats.findings(self.name)
         if self.test is None or not self.test.rejected:
-            return []
+            return found
         n, step = self.test.rejected_at, self.rejected_step
         # its own test's crossing; the verdict's step is another one: the check at which the
         # audit's decision, averaging every monitor's evidence, crossed
@@ -127,7 +135,7 @@ class SamplingMonitor(Monitor):
                         f"the real batch sizes are not Poisson samples at the loader's rate "
                         f"q = {self.rate:.4g} over N = {self.n_records} records ({at}): the "
                         f"accountant's sampling assumption does not hold (fixed-size or "
-                        f"otherwise non-Poisson batches)", "data loader")]
+                        f"otherwise non-Poisson batches)", "data loader")] + found
 
     def rate_interval(self, alpha: float) -> tuple[float, float] | None:
         """Exact interval for the per-step rate from every batch size seen (None when off)."""
@@ -170,21 +178,28 @@ class SamplingMonitor(Monitor):
             out.update(self.test.summary())
             ci = self.rate_interval(self.config.alpha)
             out["rate_interval"] = None if ci is None else list(ci)
+        if self.repeats is not None:
+            out["repeats"] = self.repeats.summary()
         return out
 
     def state_dict(self) -> dict[str, Any]:
         return {"buffer": [list(b) for b in self._buffer], "first": self._first,
                 "reason_off": self.reason_off, "rejected_step": self.rejected_step,
-                "test": None if self.test is None else self.test.state_dict()}
+                "test": None if self.test is None else self.test.state_dict(),
+                "repeats": None if self.repeats is None else self.repeats.state_dict()}
 
     def load_state_dict(self, sd: dict[str, Any]) -> None:
         if (sd["test"] is None) != (self.test is None) and sd["test"] is not None:
             raise ValueError("sampling monitor state has a test this auditor cannot build "
                              "(dataset size unknown)")
         if sd["test"] is None:
-            self.test = None
+            self.test = self.repeats = None
         else:
             self.test.load_state_dict(sd["test"])
+            if sd.get("repeats") is None:  # written before the repeat test: switching it on
+                self.repeats = None  # mid-run would change the e-process the decision averages
+            elif self.repeats is not None:
+                self.repeats.load_state_dict(sd["repeats"])
         self._buffer = [(int(s), int(n)) for s, n in sd["buffer"]]
         self._flags = [True] * len(self._buffer)
         self._first = bool(sd["first"])

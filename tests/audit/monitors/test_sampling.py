@@ -65,7 +65,11 @@ def test_buffers_batch_sizes_and_bets_on_them_at_each_check() -> None:
     assert ev is not None and ev.steps == [1, 2, 3] and ev.log_e.shape == (3,)
     assert ev.extra == {} and np.all(np.isfinite(ev.log_e))
     assert mon.test.n_steps == 3 and mon.test.total == 93
-    assert ev.log_e[-1] == pytest.approx(mon.test.log_wealth)
+    # the monitor's e-process: the average of the batch-size and the repeat tests' (3/4, 1/4)
+    both = np.logaddexp(mon.test.log_wealth + math.log(0.75),
+                        mon.repeats.test.log_wealth + math.log(0.25))
+    assert ev.log_e[-1] == pytest.approx(both, rel=1e-12)
+    assert mon.repeats.test.n_steps == 3
     assert mon.advance() is None  # nothing buffered since
     assert mon.rate_interval(0.05) == pytest.approx(rate_interval(93, N, 3, 0.05))
 
@@ -106,9 +110,11 @@ def test_fixed_size_batches_are_rejected_quickly() -> None:
     assert mon.test.rejected and mon.test.rejected_at <= 50
     log_e = np.concatenate([e.log_e for e in evidence])
     assert log_e[-1] >= math.log(20.0)
-    (f,) = mon.findings()
+    # constant sizes also repeat at every lag: the repeat test's finding comes second
+    f, again = mon.findings()
     assert f.monitor == "sampling" and f.level == "violation" and f.where == "data loader"
-    assert f.scope is None
+    assert f.scope is None and "not Poisson samples" in f.message
+    assert again.level == "violation" and "repeat with a period of 1 steps" in again.message
     assert (f"its own anytime-valid test crossed 1/alpha at training step "
             f"{mon.test.rejected_at};" in f.message)  # attached at step 0: the same count
     assert mon.rejected_step == mon.test.rejected_at
@@ -132,7 +138,7 @@ def test_the_message_names_the_training_step_of_the_crossing() -> None:
     assert n is not None
     # steps 101, 103, 104, ...: the n-th step the test saw is training step 101 + n
     assert mon.rejected_step == 101 + n
-    (f,) = mon.findings()
+    f = mon.findings()[0]
     assert n == 16  # the seeds are fixed
     assert ("crossed 1/alpha at training step 117, the 16th step it saw; the audit decides at "
             "its checks" in f.message)
@@ -214,3 +220,55 @@ def test_state_of_a_monitor_that_did_not_run() -> None:
     on.load_state_dict(sd)  # a state written without the test: it stays off
     assert on.test is None and on.contribution().section["run"] is False
     assert on.contribution().section["reason_not_run"] == off.reason_off
+
+
+def _replayed(epochs: int, period: int = 8, seed: int = 7) -> list[int]:
+    """The sizes of a loader re-seeded at every epoch of ``period`` steps."""
+    return _poisson(period, seed) * epochs
+
+
+def test_replayed_batches_are_a_finding_of_the_repeat_test() -> None:
+    """Poisson sizes, the same epoch again: the batch-size test sees nothing wrong, the repeat
+    test finds the period (q = 1/8: epochs of 8 steps) within the second epoch."""
+    mon = _monitor(alpha=0.001)
+    _feed(mon, _replayed(4))
+    assert not mon.test.rejected
+    (f,) = mon.findings()
+    assert f.monitor == "sampling" and f.level == "violation" and f.where == "data loader"
+    assert "not drawn afresh" in f.message
+    assert "period of 8 steps, one epoch of 8 steps" in f.message
+    assert mon.repeats.rejected_step is not None and 8 < mon.repeats.rejected_step <= 16
+    assert f"training step {mon.repeats.rejected_step};" in f.message
+    sec = mon.contribution().section["repeats"]
+    assert sec["rejected"] and sec["best_lag"]["lag"] == 8 and sec["weight"] == 0.25
+    assert sec["epoch_lengths"] == [8]
+
+
+def test_a_step_dropped_as_non_finite_is_left_out_of_both_tests() -> None:
+    """A non-finite step leaves both tests (as on the host path, which never buffers it): the
+    period shifts by one for one period, and the repeat is still found."""
+    mon = _monitor(alpha=0.001)
+    sizes = _replayed(3)
+    for t, n in enumerate(sizes, start=1):
+        mon.observe(_rec(t, n, finite=torch.tensor(t != 12)))
+        if t % CHECK == 0:
+            ev = mon.advance()
+            assert 12 not in ev.steps
+    assert mon.repeats.test.n_steps == 19 and mon.test.n_steps == 19
+    assert mon.repeats.test.best_lag()["lag"] in (7, 8)  # 7 right after the dropped step
+
+
+def test_a_state_written_before_the_repeat_test_resumes_without_it() -> None:
+    mon = _monitor()
+    _feed(mon, _poisson(12, seed=8))
+    sd = mon.state_dict()
+    again = _monitor()
+    again.load_state_dict(sd)
+    assert again.repeats is not None and again.repeats.test.n_steps == 10
+    del sd["repeats"]
+    old = _monitor()
+    old.load_state_dict(sd)
+    assert old.repeats is None and old.test.n_steps == 10
+    ev = _feed(old, _poisson(8, seed=9), start=13)[-1]
+    np.testing.assert_allclose(ev.log_e[-1], old.test.log_wealth)  # the batch-size test alone
+    assert "repeats" not in old.contribution().section
