@@ -169,7 +169,7 @@ class PrivacyAuditor:
     violation_step = _decision_attr("violation_step", "The training step at which the violation "
                                                       "decision was available, or None.")
     crossed_at_step = _decision_attr("crossed_at", "The step that first crossed the proof's level.")
-    crossed_at_step = _decision_attr("crossed_at", "The step that first reached the proof.")
+    combined_log_wealth = _decision_attr("log_wealth", "Log of the decision's e-process.")
 
     latest_metrics = property(lambda self: self.engine.metrics(), doc="Host-side audit metrics "
                               "(no device synchronisation): the wealth as of the last check, the "

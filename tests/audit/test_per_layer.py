@@ -43,7 +43,8 @@ def test_per_layer_correct_run_reaches_its_contribution():
     # the power statement: the exact law at the canaries' noise multiplier sigma / c
     pw = rep.power
     want = whitebox_power(SIGMA / lay.contribution, wb["q"], wb["steps"], lay.groups,
-                          delta=1e-5, n_in=wb["n_in"])
+                          delta=1e-5, n_in=wb["n_in"],
+                          alpha=aud.monitors["one_run"].config.whitebox_alpha)  # its share
     assert pw["c"] == pytest.approx(lay.contribution, rel=1e-12)
     assert pw["expected_bound"] == pytest.approx(want["expected_bound"], rel=1e-9)
     assert pw["release_epsilon"] < rep.claimed_epsilon

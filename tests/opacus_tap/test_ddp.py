@@ -35,9 +35,13 @@ from dpaudit_torch.testing import bugs
 
 N, GLOBAL_BATCH, WORLD = 256, 32, 2
 #: the batches are fixed-size slices (the same rows on every rank count as one Poisson batch):
-#: the sampling monitor would prove that they are not Poisson (they repeat at every lag)
+#: the sampling monitor would prove that they are not Poisson (they repeat at every lag). The
+#: noise monitor's reuse test counts coincidences at the release's rounding, which the ranks'
+#: summation order changes: it is off here, where two processes are compared with one within a
+#: float tolerance
 CONFIG: dict[str, Any] = dict(k_pairs=8, m_canaries=40, check_every=2, claimed_every=4, seed=5,
-                              disable_monitors=("sampling",))
+                              disable_monitors=("sampling",),
+                              monitor_options={"noise": {"reuse": False}})
 #: (name, noise multiplier, bug, steps, grad_sample_mode): a correct run, a broken one that is
 #: caught, and ghost clipping (DistributedDPOptimizerFastGradientClipping)
 RUNS = [("correct", 1.0, None, 6, "hooks"), ("no-noise", 1.0, "no-noise", 8, "hooks"),
@@ -174,8 +178,9 @@ def test_ddp_two_ranks_match_single_process(tmp_path):
             # the same as one process with the whole batch (float tolerance: summation order)
             for key in ("stops", "violation", "violation_step", "crossed_at"):
                 assert a[key] == single[key], (name, key)
-            for key in single["history"]:
-                assert _close(a["history"][key], single["history"][key], 1e-4), (name, key)
+            bad = [k for k in single["history"]
+                   if not _close(a["history"][k], single["history"][k], 1e-4)]
+            assert not bad, (name, bad, {k: (a["history"][k], single["history"][k]) for k in bad})
             for side in ("in", "out"):
                 assert _close(a["scores"][side], single["scores"][side]), (name, side)
         for pa, ps in zip(a["params"], single["params"]):

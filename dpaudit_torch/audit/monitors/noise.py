@@ -188,11 +188,15 @@ _WHOLE_NULL_WORDS = {
 
 @dataclass(frozen=True)
 class NoiseConfig(MonitorConfig):
-    """Settings of the noise monitor: the level of its tests, and the check period (the size
-    of its step buffer)."""
+    """Settings of the noise monitor: the level of its tests, the check period (the size of
+    its step buffer), and ``reuse``: whether the reuse-by-near-equality test runs
+    (docs/monitors/noise.md; turn it off only for noise that is discrete on a grid other than
+    bfloat16's or float16's, which lies outside its null, or where two audits of one training
+    must agree beyond the release's rounding: it counts coincidences at that rounding)."""
 
     alpha: float = 0.05
     check_every: int = 5
+    reuse: bool = True
 
 
 @register_monitor("noise")
@@ -236,7 +240,7 @@ class NoiseMonitor(Monitor):
         #: before it existed keeps its earlier e-process)
         self.reuse: ReuseWatch | None = ReuseWatch(
             self.tensor_of, ctx.fact_or(OPTIMIZER_PARAMS), alpha, self.config.check_every,
-            _StepRows)
+            _StepRows) if self.config.reuse else None
         #: whether the whole-null test bets: not in a run resumed from a checkpoint made before
         #: it existed (it would join the average mid-run; the run keeps its earlier e-process)
         self.whole_on = True
@@ -524,6 +528,8 @@ class NoiseMonitor(Monitor):
         for key, what in self.CHECKS.items():
             if key in data:
                 sec.check(what, outcome_of(data[key]))
+            elif key == "reuse" and not self.config.reuse:
+                sec.skip(what, "turned off (monitor_options noise reuse=False)")
             elif sec.ran and self.by_tensor.n_steps:
                 sec.skip(what, "not run in this audit (e.g. it resumed from a checkpoint "
                          "written before this test existed)")

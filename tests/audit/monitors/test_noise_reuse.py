@@ -16,9 +16,9 @@ U = 1200  # three tensors of 400 sampled coordinates
 STD = 1e-2  # the claimed noise std, raw units
 
 
-def _monitor() -> NoiseMonitor:
-    cfg = AuditConfig(k_pairs=2, m_canaries=4)
-    ctx = MonitorContext(config=cfg, k_pairs=2, m_canaries=4, device="cpu", warn=lambda _m: None,
+def _monitor(**options: object) -> NoiseMonitor:
+    cfg = AuditConfig(k_pairs=2, m_canaries=4, monitor_options={"noise": options})
+    ctx = MonitorContext(options=NoiseMonitor.config_class.build(cfg, options),config=cfg, k_pairs=2, m_canaries=4, device="cpu", warn=lambda _m: None,
                          noise_tensor=np.repeat(np.arange(3), U // 3),
                          facts={TENSOR_GROUPS: [0, 0, 0], TENSOR_NAMES: ["a", "b", "c"],
                                 GROUP_NAMES: ["group 0"]})
@@ -75,3 +75,12 @@ def test_fresh_noise_is_quiet_and_an_old_checkpoint_keeps_its_e_process():
     old.load_state_dict(sd)
     assert old.reuse is None and "reuse" not in old.report_section()
     _feed(old, 5, reuse_from=None, lag=1, seed=2)  # still runs, without it
+
+
+def test_reuse_turned_off_is_not_run_and_says_so():
+    mon = _monitor(reuse=False)
+    _feed(mon, 30, reuse_from=21, lag=17)
+    assert mon.reuse is None and "reuse" not in mon.report_section()
+    assert not any("reused" in f.message for f in mon.findings())
+    skipped = dict(mon.check_section().not_checked)
+    assert "turned off" in next(v for k, v in skipped.items() if "reused" in k)

@@ -170,8 +170,9 @@ def test_the_monitor_keeps_the_weighted_sums_and_resumes_them(device_flags: bool
                                "steps": [13, 7, 20], "weight_sum": pytest.approx(w.sum())}
     mask = mon._in_mask.numpy()
     mom, sched = wb.schedule_moments(z, sigmas, mask)
-    res = wb.whitebox_bound(mom, 0.5, 1e-5, out_values=(z / (np.asarray(sigmas) / 2.0)[:, None]
-                                                         )[:, ~mask], schedule=sched)
+    res = wb.whitebox_bound(mom, 0.5, 1e-5, alpha=mon.config.whitebox_alpha,
+                            out_values=(z / (np.asarray(sigmas) / 2.0)[:, None])[:, ~mask],
+                            schedule=sched)  # at the monitor's own level (its share of alpha)
     assert det["family_verified"] and res.family_verified, det.get("note")
     assert mon.bounds["whitebox"] == pytest.approx(res.bound, rel=1e-6, abs=1e-9)
     assert "a noise schedule (3 multipliers)" in mon.power["note"]
