@@ -18,7 +18,8 @@ STD = 1e-2  # the claimed noise std, raw units
 
 def _monitor(**options: object) -> NoiseMonitor:
     cfg = AuditConfig(k_pairs=2, m_canaries=4, monitor_options={"noise": options})
-    ctx = MonitorContext(options=NoiseMonitor.config_class.build(cfg, options),config=cfg, k_pairs=2, m_canaries=4, device="cpu", warn=lambda _m: None,
+    ctx = MonitorContext(options=NoiseMonitor.config_class.build(cfg, options), config=cfg,
+                         k_pairs=2, m_canaries=4, device="cpu", warn=lambda _m: None,
                          noise_tensor=np.repeat(np.arange(3), U // 3),
                          facts={TENSOR_GROUPS: [0, 0, 0], TENSOR_NAMES: ["a", "b", "c"],
                                 GROUP_NAMES: ["group 0"]})
