@@ -29,17 +29,20 @@ class ReleaseLaw:
     levels (an accurate value for power statements).
     """
 
+    def _chi2_cells(self) -> None:
+        """The cells of the OUT canaries' chi-square (n_out - 1 degrees of freedom) between
+        the quantile levels ``_LEVELS``: their ends, midpoints and masses."""
+        nu = self.n0 - 1
+        w_edges = stats.chi2.ppf(_LEVELS, nu)
+        self._w_lo, self._w_hi = w_edges[:-1], w_edges[1:]
+        self._w_mid = stats.chi2.ppf(0.5 * (_LEVELS[:-1] + _LEVELS[1:]), nu)
+        self._w_mass = np.diff(_LEVELS)
+
     def __init__(self, n_in: int, n_out: int, steps: int, q: float) -> None:
         if n_in < 1 or n_out < 2 or steps < 1 or not (0.0 < q <= 1.0):
             raise ValueError(f"no law for n_in={n_in}, n_out={n_out}, steps={steps}, q={q}")
         self.n1, self.n0, self.T, self.q = int(n_in), int(n_out), int(steps), float(q)
-        nu = self.n0 - 1
-        mass = np.diff(_LEVELS)
-        mid = 0.5 * (_LEVELS[:-1] + _LEVELS[1:])
-        w_edges = stats.chi2.ppf(_LEVELS, nu)
-        self._w_lo, self._w_hi = w_edges[:-1], w_edges[1:]
-        self._w_mid = stats.chi2.ppf(mid, nu)
-        self._w_mass = mass
+        self._chi2_cells()
         n_trials = self.n1 * self.T
         if q >= 1.0:
             k_hi = np.array([float(n_trials)])
@@ -57,7 +60,7 @@ class ReleaseLaw:
             k_mid = np.floor(0.5 * (lo + k_hi))
         self._k_hi, self._k_mid, self._k_mass = k_hi, k_mid, k_mass
         self._scale = math.sqrt(self.T * (1.0 / self.n1 + 1.0 / self.n0))
-        self._sqrt_t_nu = math.sqrt(self.T / nu)
+        self._sqrt_t_nu = math.sqrt(self.T / (self.n0 - 1))
         self._center_per_rho = self.q * self.T / math.sqrt(self.T)  # brackets only
         self._bracket_den = self.q * math.sqrt(self.T)
 

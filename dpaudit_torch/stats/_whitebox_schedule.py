@@ -206,13 +206,7 @@ class ScheduledReleaseLaw(ReleaseLaw):
             raise ValueError(f"no law for n_in={n_in}, n_out={n_out}, q={q}")
         self.n1, self.n0, self.q = int(n_in), int(n_out), float(q)
         self.T = schedule.steps
-        nu = self.n0 - 1
-        mass = np.diff(_LEVELS)
-        mid = 0.5 * (_LEVELS[:-1] + _LEVELS[1:])
-        w_edges = stats.chi2.ppf(_LEVELS, nu)
-        self._w_lo, self._w_hi = w_edges[:-1], w_edges[1:]
-        self._w_mid = stats.chi2.ppf(mid, nu)
-        self._w_mass = mass
+        self._chi2_cells()
         wts, cnts = _grouped(schedule.weights(), np.asarray(schedule.counts), K_GROUPS,
                              up=True)
         vals, pmf, inf_mass = weighted_count_law(self.n1, self.q, wts, cnts)
@@ -235,7 +229,7 @@ class ScheduledReleaseLaw(ReleaseLaw):
         self._k_hi, self._k_mid, self._k_mass = k_hi, k_mid, k_mass
         v = schedule.weight_sum
         self._scale = math.sqrt(v * (1.0 / self.n1 + 1.0 / self.n0))
-        self._sqrt_t_nu = math.sqrt(v / nu)
+        self._sqrt_t_nu = math.sqrt(v / (self.n0 - 1))
         # the mean of L per unit of rho, for brackets
         self._center_per_rho = self.q * v / math.sqrt(v)
         self._bracket_den = self._center_per_rho
