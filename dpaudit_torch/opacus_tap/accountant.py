@@ -10,13 +10,20 @@ when its orders do not reach the bound's optimum, NumPy's overflow inside the PR
 almost no noise) are logged, not printed: at INFO for the claim, at DEBUG for the hypothetical
 runs the monitors recompute (e.g. with the noise multiplier measured on a run without noise, far
 outside the accountant's usual range, where they are expected).
+
+Opacus's own accountants (RDP, PRV, GDP) are functions of their ``history`` and ``delta``: the
+epsilons they give are memoised per process (:func:`_memo_key`), so the finalize, which reads the
+claim again and recomputes the same history for the accounting check, and many short runs with
+the same settings in one process pay for one computation. An accountant of another class, or one
+whose ``get_epsilon`` was replaced, is always asked.
 """
 
 from __future__ import annotations
 
 import logging
+import threading
 import warnings
-from collections import Counter
+from collections import Counter, OrderedDict
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from typing import Any
@@ -24,6 +31,56 @@ from typing import Any
 logger = logging.getLogger(__name__)
 
 __all__ = ["AccountantView"]
+
+#: memoised epsilons of Opacus's accountants: (class, history, delta) -> (epsilon, the warnings
+#: its computation raised)
+_Memoised = tuple[float, tuple[tuple[type[Warning], str], ...]]
+_MEMO: OrderedDict[tuple[Any, ...], _Memoised] = OrderedDict()
+_MEMO_SIZE = 256
+_MEMO_LOCK = threading.Lock()
+
+
+def _memo_key(accountant: Any, delta: float) -> tuple[Any, ...] | None:
+    """The memo key of ``accountant.get_epsilon(delta)``: None unless the accountant is one of
+    Opacus's own classes with its own ``get_epsilon`` (not replaced on the class or the
+    instance) and a history of plain ``(sigma, q, steps)`` numbers."""
+    cls = type(accountant)
+    if not cls.__module__.startswith("opacus.accountants") or "get_epsilon" in vars(accountant):
+        return None
+    fn = getattr(cls, "get_epsilon", None)
+    if not getattr(fn, "__module__", "").startswith("opacus.accountants"):
+        return None
+    try:
+        hist = tuple((float(h[0]), float(h[1]), int(h[2]))
+                     for h in (getattr(accountant, "history", None) or []))
+    except (TypeError, ValueError, IndexError):
+        return None
+    return (cls, hist, float(delta))
+
+
+def _epsilon(accountant: Any, delta: float) -> float:
+    """``accountant.get_epsilon(delta)``, memoised where :func:`_memo_key` allows; the warnings
+    the computation raised are raised again on every read, memoised or not."""
+    key = _memo_key(accountant, delta)
+    hit = None
+    if key is not None:
+        with _MEMO_LOCK:
+            hit = _MEMO.get(key)
+            if hit is not None:
+                _MEMO.move_to_end(key)
+    if hit is None:
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            eps = float(accountant.get_epsilon(delta=delta))
+        hit = (eps, tuple((w.category, str(w.message)) for w in caught))
+        if key is not None:
+            with _MEMO_LOCK:
+                _MEMO[key] = hit
+                while len(_MEMO) > _MEMO_SIZE:
+                    _MEMO.popitem(last=False)
+    for category, message in hit[1]:
+        warnings.warn(message, category, stacklevel=2)
+    return hit[0]
 
 
 @contextmanager
@@ -72,7 +129,7 @@ class AccountantView:
         acc = type(self.accountant)()
         acc.history = [(float(sigma), float(sample_rate), int(steps))]
         with _warnings_logged(f"{self.name} of a hypothetical run", logging.DEBUG):
-            return float(acc.get_epsilon(delta=delta))
+            return _epsilon(acc, delta)
 
     def history_since(self, steps_before: int) -> list[tuple[float, float, int]] | None:
         """The accountant's (noise multiplier, sample rate, steps) entries for the steps after
@@ -97,7 +154,7 @@ class AccountantView:
         acc = type(self.accountant)()
         acc.history = [(float(s), float(q), int(n)) for s, q, n in history]
         with _warnings_logged(f"{self.name} of a recomputed history", logging.DEBUG):
-            return float(acc.get_epsilon(delta=delta))
+            return _epsilon(acc, delta)
 
     def epsilon(self, delta: float) -> float | None:
         """The claimed epsilon at ``delta`` (None before the first step, or if the read
@@ -106,7 +163,7 @@ class AccountantView:
             return None
         try:
             with _warnings_logged(f"{self.name}.get_epsilon(delta={delta})", logging.INFO):
-                return float(self.accountant.get_epsilon(delta=delta))
+                return _epsilon(self.accountant, delta)
         except Exception as e:  # noqa: BLE001 - an accountant failure must not stop training
             self._warn(f"accountant.get_epsilon(delta={delta}) failed: {e!r}")
             return None

@@ -8,6 +8,7 @@ import pytest
 from conftest import make_private_setup
 from opacus.accountants import PRVAccountant, RDPAccountant
 
+from dpaudit_torch.opacus_tap import accountant as memo
 from dpaudit_torch.opacus_tap.accountant import AccountantView
 
 DELTA = 1e-5
@@ -118,3 +119,44 @@ def test_accountant_warnings_are_logged_not_printed(caplog):
                                                           logging.DEBUG]
     assert any(m.startswith("RDPAccountant.get_epsilon(delta=1e-05): UserWarning")
                for _, m in records)
+
+
+def test_opacus_epsilons_are_memoised_and_replaced_ones_are_not(monkeypatch):
+    """Opacus's own accountants are functions of (history, delta): a second read of the same
+    history (the finalize's claim, the accounting check's recomputation, another run with the
+    same settings) is not computed again. A ``get_epsilon`` replaced on the instance or on the
+    class is asked every time."""
+    calls: list[float] = []
+    real = PRVAccountant.get_epsilon
+
+    def counted(self, delta, **kw):
+        calls.append(delta)
+        return real(self, delta, **kw)
+
+    acc = PRVAccountant()
+    acc.history = [(1.1, 0.013, 37)]
+    view = AccountantView(acc, lambda _m: None)
+    first = view.epsilon(DELTA)
+    key = (PRVAccountant, ((1.1, 0.013, 37),), DELTA)
+    assert memo._MEMO[key][0] == first
+    entries = len(memo._MEMO)
+    # a fresh accountant of the same class with the same history: the same memo entry
+    assert view.epsilon_of_history([(1.1, 0.013, 37)], DELTA) == first
+    assert view.epsilon_for(1.1, 0.013, 37, DELTA) == first
+    assert len(memo._MEMO) == entries
+    fresh = PRVAccountant()
+    fresh.history = [(1.1, 0.013, 37)]
+    assert first == fresh.get_epsilon(delta=DELTA)
+    # replaced on the class: not memoised (its module is not Opacus's)
+    monkeypatch.setattr(PRVAccountant, "get_epsilon", counted)
+    assert view.epsilon(DELTA) == first and view.epsilon(DELTA) == first
+    assert calls == [DELTA, DELTA]
+    monkeypatch.undo()
+    # replaced on the instance: asked every time, its own answer
+    acc.get_epsilon = lambda delta: 123.0
+    assert view.epsilon(DELTA) == 123.0
+    # another history or delta: another entry
+    acc2 = PRVAccountant()
+    acc2.history = [(1.1, 0.013, 38)]
+    assert AccountantView(acc2, lambda _m: None).epsilon(DELTA) > first
+    assert AccountantView(acc2, lambda _m: None).epsilon(1e-6) > first
