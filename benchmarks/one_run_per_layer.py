@@ -201,7 +201,8 @@ Machine: {machine()}
 
 The demo's digits CNN (10 parameter tensors of 10 to 4608 coordinates, 6186 in all), sigma
 {SIGMA}, expected batch {BATCH} (q = 64 / 1437), lr {LR}, C = 1, hooks mode, Poisson sampling, PRV
-accountant, {args.steps} steps, auditor defaults (white-box level 1e-3), one torch thread.
+accountant, {args.steps} steps, auditor defaults (white-box bound at alpha / 4 = 2.5e-4,
+docs/design.md section 14), one torch thread.
 *per_layer_equal*: C_l = 1 / sqrt(10) on every tensor; *per_layer_size*: C_l = sqrt(n_l / n);
 *per_layer_dirac*: equal bounds with the Dirac one-run canaries of flat clipping (the design
 before layered canaries; its power statement then assumed c = 1); *adaptive*: Opacus's
