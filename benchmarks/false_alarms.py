@@ -26,7 +26,7 @@ whose rate must be at most alpha_warn = 0.05. Both with exact Clopper-Pearson in
 accountant counted (lower and upper bounds from the PRV accountant's numerical composition, Gopi,
 Lee & Wutschitz, NeurIPS 2021): where the claim is below the lower one (Opacus's GDP accountant,
 a central-limit approximation that Opacus warns "can underestimate privacy expenditure", claims
-1.61 at 50 steps where the true epsilon is at least 2.39), "claim refuted" is a correct
+1.57 at 50 steps where the true epsilon is at least 2.33), "claim refuted" is a correct
 refutation, a detection, and is counted apart, not as a false alarm. The white-box bound is also
 set beside the true epsilon's upper bound: a bound above it would be a coverage failure.
 

@@ -192,6 +192,11 @@ ACCOUNTANT_HISTORY: Fact[Callable[[], list[tuple[float, float, int]] | None]] = 
 #: epsilon of a history of (sigma, q, steps) entries by the claim's accountant class
 EPSILON_OF_HISTORY: Fact[Callable[[list[tuple[float, float, int]]], float]] = Fact(
     "epsilon_of_history", "the claim's accountant applied to a history")
+#: a numerical lower bound on the true epsilon, at the audit's delta, of a history of
+#: Poisson-subsampled Gaussian steps ((sigma, q, steps) entries); None where the claim's
+#: accountant is itself a proven upper bound for that family (the check cannot fire there)
+EPSILON_LOWER_OF_HISTORY: Fact[Callable[[list[tuple[float, float, int]]], float | None]] = Fact(
+    "epsilon_lower_of_history", "a lower bound on the true epsilon of a history")
 #: the torch.nn.Module being trained (as handed to the auditor)
 MODEL: Fact[torch.nn.Module] = Fact("model", "the model being trained")
 #: the parameter tensors the DP optimizer holds (its clipping and noise cover exactly these)
@@ -208,8 +213,8 @@ ACCOUNTANT_NAME: Fact[str] = Fact("accountant_name", "the accountant's name")
 #: every fact this contract defines, by name
 FACTS: dict[str, Fact[Any]] = {f.name: f for f in (
     SAMPLE_RATE, N_RECORDS, NOISE_MULTIPLIER, TENSOR_NAMES, TENSOR_GROUPS, GROUP_NAMES,
-    EPSILON_OF_SIGMA, ACCOUNTANT_HISTORY, EPSILON_OF_HISTORY, MODEL, OPTIMIZER_PARAMS,
-    PARAM_GROUPS, DATA_LOADER, ACCOUNTANT_NAME, SETUP_CHECK)}
+    EPSILON_OF_SIGMA, ACCOUNTANT_HISTORY, EPSILON_OF_HISTORY, EPSILON_LOWER_OF_HISTORY, MODEL,
+    OPTIMIZER_PARAMS, PARAM_GROUPS, DATA_LOADER, ACCOUNTANT_NAME, SETUP_CHECK)}
 
 
 #: wrapper prefixes removed from a tensor's name (Opacus's GradSampleModule, DDP, DPDDP)

@@ -156,6 +156,43 @@ class AccountantView:
         with _warnings_logged(f"{self.name} of a recomputed history", logging.DEBUG):
             return _epsilon(acc, delta)
 
+    #: Opacus's accountants whose epsilon is a proven upper bound for Poisson-subsampled
+    #: Gaussian steps (RDP: Mironov, Talwar & Zhang 2019; PRV: the upper end of its error
+    #: bounds, Gopi, Lee & Wutschitz 2021); the GDP accountant's central-limit approximation is not
+    UPPER_BOUND_ACCOUNTANTS = ("opacus.accountants.rdp.RDPAccountant",
+                               "opacus.accountants.prv.PRVAccountant")
+
+    def epsilon_lower_of_history(self, history: list[tuple[float, float, int]],
+                                 delta: float) -> float | None:
+        """A lower bound on the true epsilon at ``delta`` of ``history`` (Poisson-subsampled
+        Gaussian steps): the lower end of the PRV accountant's error bounds (Gopi, Lee &
+        Wutschitz, NeurIPS 2021: the numerical composition of the privacy-loss distributions,
+        with eps error 0.01 and delta error delta / 1000). None where the claim's accountant is
+        one of :attr:`UPPER_BOUND_ACCOUNTANTS`, whose claim cannot be below it."""
+        cls = type(self.accountant)
+        if f"{cls.__module__}.{cls.__qualname__}" in self.UPPER_BOUND_ACCOUNTANTS \
+                and "get_epsilon" not in vars(self.accountant):
+            return None
+        from opacus.accountants import PRVAccountant
+
+        hist = tuple((float(s), float(q), int(n)) for s, q, n in history)
+        key = ("prv-lower", hist, float(delta))
+        with _MEMO_LOCK:
+            hit = _MEMO.get(key)
+        if hit is not None:
+            return hit[0]
+        acc = PRVAccountant()
+        acc.history = list(hist)
+        eps_error, delta_error = 0.01, delta / 1000.0
+        with _warnings_logged("PRV lower bound of the accountant's history", logging.DEBUG):
+            dprv = acc._get_dprv(eps_error=eps_error, delta_error=delta_error)
+            lower = float(dprv.compute_epsilon(delta, delta_error, eps_error)[0])
+        with _MEMO_LOCK:
+            _MEMO[key] = (lower, ())
+            while len(_MEMO) > _MEMO_SIZE:
+                _MEMO.popitem(last=False)
+        return lower
+
     def epsilon(self, delta: float) -> float | None:
         """The claimed epsilon at ``delta`` (None before the first step, or if the read
         failed: the failure is reported through ``warn``)."""

@@ -221,6 +221,8 @@ class OpacusTap:
             return lambda: self.accountant.history_since(self.steps_at_attach)
         if fact == facts.EPSILON_OF_HISTORY:
             return lambda h: self.accountant.epsilon_of_history(h, self.delta)
+        if fact == facts.EPSILON_LOWER_OF_HISTORY:
+            return lambda h: self.accountant.epsilon_lower_of_history(h, self.delta)
         if fact == facts.MODEL:
             if self.model is None:
                 raise FactUnavailable(fact, "no model was handed to the auditor (pass "

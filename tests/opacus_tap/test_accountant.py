@@ -160,3 +160,37 @@ def test_opacus_epsilons_are_memoised_and_replaced_ones_are_not(monkeypatch):
     acc2.history = [(1.1, 0.013, 38)]
     assert AccountantView(acc2, lambda _m: None).epsilon(DELTA) > first
     assert AccountantView(acc2, lambda _m: None).epsilon(1e-6) > first
+
+
+def test_gdp_under_reports_and_the_audit_says_so():
+    """Opacus's GDP accountant (a central-limit approximation; Opacus warns it "can
+    underestimate privacy expenditure") claims less than the true epsilon of a short run: the
+    accounting monitor's formula check makes it a finding, with the PRV composition's lower
+    bound; under RDP the check is not needed (a proven upper bound) and nothing is found."""
+    from dpaudit_torch.audit import PrivacyAuditor
+
+    out = {}
+    for name in ("gdp", "rdp"):
+        s = make_private_setup(accountant=name, sigma=1.0)
+        aud = PrivacyAuditor(s.engine, s.optimizer, s.loader, seed=1)
+        s.train(20)
+        rep = aud.finalize()
+        out[name] = (rep, rep.to_dict()["audits"]["accounting"], s)
+    rep, acc, s = out["gdp"]
+    q = s.loader.sample_rate
+    truth = PRVAccountant()
+    truth.history = [(1.0, q, 20)]
+    assert acc["formula_check"] == "checked" and acc["under_reported"] is True
+    # the lower bound sits just below the PRV claim (its upper bound) for the same history
+    upper = truth.get_epsilon(delta=DELTA)
+    assert upper - 0.1 < acc["epsilon_lower_of_history"] < upper
+    assert rep.claimed_epsilon < acc["epsilon_lower_of_history"]
+    (f,) = [f for f in rep.findings if f["monitor"] == "accounting" and f["level"] == "finding"]
+    assert "the accountant under-reports" in f["message"]
+    assert rep.verdict.startswith("finding") and not rep.claim_inconsistent
+    rep, acc, s = out["rdp"]
+    assert acc["formula_check"] == "proven upper bound" and "under_reported" not in acc
+    view = AccountantView(s.engine.accountant, lambda _m: None)
+    assert view.epsilon_lower_of_history([(1.0, q, 20)], DELTA) is None
+    assert not [f for f in rep.findings if f["monitor"] == "accounting"
+                and f["level"] != "note"]

@@ -12,6 +12,13 @@ conservative ends of the intervals (rate: lower end; noise multiplier: upper end
 level alpha). When that exceeds the claim, the claim is **inconsistent with the training that
 ran**: a statement about the accountant's inputs, separate from "refuted" (a lower bound on the
 true epsilon).
+
+It also checks the accountant's arithmetic on its own inputs: the claim against a numerical
+lower bound on the true epsilon of the history the accountant counted (the adapter's
+``EPSILON_LOWER_OF_HISTORY``; docs/design.md section 10, "An accountant that under-reports").
+A claim below it is a finding: the formula under-reports for that history, as Opacus's GDP
+accountant (a central-limit approximation) does at short horizons. Deterministic, so it spends
+no level.
 """
 
 from __future__ import annotations
@@ -25,6 +32,7 @@ import torch
 
 from ...contract import (
     ACCOUNTANT_HISTORY,
+    EPSILON_LOWER_OF_HISTORY,
     EPSILON_OF_HISTORY,
     N_REAL_NOT_OBSERVED,
     N_RECORDS,
@@ -65,7 +73,8 @@ class AccountingMonitor(Monitor):
 
     label = "accounting"
     config_class = AccountingConfig
-    needs = (SAMPLE_RATE, N_RECORDS, ACCOUNTANT_HISTORY, EPSILON_OF_HISTORY)
+    needs = (SAMPLE_RATE, N_RECORDS, ACCOUNTANT_HISTORY, EPSILON_OF_HISTORY,
+             EPSILON_LOWER_OF_HISTORY)
     #: releases are counted even when a step's observation was dropped as non-finite
     observes_nonfinite = True
 
@@ -77,6 +86,7 @@ class AccountingMonitor(Monitor):
         self._n_reason = ctx.why_not(N_RECORDS)
         self._history = ctx.fact_or(ACCOUNTANT_HISTORY)
         self._epsilon_of_history = ctx.fact_or(EPSILON_OF_HISTORY)
+        self._epsilon_lower = ctx.fact_or(EPSILON_LOWER_OF_HISTORY)
         self.releases = 0
         self.examples = 0
         self.examples_known = True
@@ -150,6 +160,9 @@ class AccountingMonitor(Monitor):
             out["noise_multiplier_interval"] = [s_ci[0] * sigma_claimed,
                                                 s_ci[1] * sigma_claimed]
         self.result = out
+        if history is not None and claimed_epsilon is not None:
+            out["claimed_epsilon"] = claimed_epsilon
+            self._check_formula(out, history, claimed_epsilon)
         if history is None or self._epsilon_of_history is None or not self.releases:
             return
         q_acc = max((h[1] for h in history), default=self.rate)
@@ -170,6 +183,38 @@ class AccountingMonitor(Monitor):
         out["inconsistent"] = bool(claimed_epsilon is not None and math.isfinite(eps)
                                    and eps > claimed_epsilon)
         out["explanation"] = self._explain(out, q_acc, sigma_acc)
+
+    #: histories longer than this (a schedule changing sigma or q at every step) are not
+    #: composed numerically at finalize: the cost grows with the number of entries
+    MAX_FORMULA_ENTRIES = 64
+
+    def _check_formula(self, out: dict[str, Any], history: list[tuple[float, float, int]],
+                       claimed: float) -> None:
+        """The claim against a numerical lower bound on the epsilon of the accountant's own
+        history: ``out["under_reported"]`` when the claim is below it."""
+        not_run: list[str] = out["checks_not_run"]
+        entries = [(float(s), float(q), int(n)) for s, q, n in history if int(n) > 0]
+        if self._epsilon_lower is None or not entries or not math.isfinite(claimed):
+            return
+        if len(entries) > self.MAX_FORMULA_ENTRIES:
+            not_run.append(f"the accountant's formula: its history has {len(entries)} entries "
+                           f"(more than {self.MAX_FORMULA_ENTRIES} are not composed at "
+                           "finalize)")
+            return
+        try:
+            lower = self._epsilon_lower(entries)
+        except Exception as e:  # noqa: BLE001 - report, never crash the end of training
+            not_run.append(f"the accountant's formula: the lower bound failed ({e!r})")
+            return
+        if lower is None:  # the accountant's epsilon is a proven upper bound
+            out["formula_check"] = "proven upper bound"
+            return
+        if not math.isfinite(lower):
+            not_run.append(f"the accountant's formula: the lower bound is {lower!r}")
+            return
+        out["formula_check"] = "checked"
+        out["epsilon_lower_of_history"] = lower
+        out["under_reported"] = bool(claimed < lower)
 
     def _explain(self, out: dict[str, Any], q_acc: float, sigma_acc: float) -> str:
         parts = []
@@ -202,6 +247,16 @@ class AccountingMonitor(Monitor):
                 f"training that ran: {r['explanation']}; recomputed from what was observed (at "
                 f"the conservative ends of the {100 * (1 - self.config.alpha):.6g}% intervals), "
                 f"epsilon >= {r['recomputed_epsilon']:.4g}", "accountant"))
+        if r.get("under_reported"):
+            out.append(Finding(
+                self.name, "finding",
+                f"the accountant under-reports: it claims epsilon {r['claimed_epsilon']:.4g}"
+                f" for the steps it counted, whose epsilon is at least "
+                f"{r['epsilon_lower_of_history']:.4g} (numerical composition of the "
+                "Poisson-subsampled Gaussian steps in its own history, Gopi, Lee & Wutschitz "
+                "2021); its formula does not bound this run (e.g. the GDP accountant's "
+                "central-limit approximation at a short horizon): use the PRV or RDP "
+                "accountant", "accountant"))
         for why in r.get("checks_not_run", []):
             out.append(Finding(self.name, "note", f"check not run: {why}", "accountant"))
         return out
@@ -222,6 +277,14 @@ class AccountingMonitor(Monitor):
         if "recomputed_epsilon" in r:
             sec.check("claimed ε at least the ε recomputed from what ran (conservative ends of "
                       "the intervals)", "inconsistent" if r.get("inconsistent") else "passed")
+        if r.get("formula_check") == "checked":
+            sec.check("claimed ε at least a numerical lower bound on the ε of the accountant's "
+                      "own history", "under-reported" if r.get("under_reported") else "passed")
+            sec.measure("lower bound on the ε of the accountant's history",
+                        r.get("epsilon_lower_of_history"))
+        elif r.get("formula_check") == "proven upper bound":
+            sec.skip("the accountant's formula", "its ε is a proven upper bound for the "
+                     "Poisson-subsampled Gaussian steps it counted")
         sec.measure("recomputed ε", r.get("recomputed_epsilon"))
         sec.measure("claimed ε", r.get("claimed_epsilon"))
         sec.measure("noisy releases, and optimizer steps (micro-batches included)",

@@ -15,6 +15,7 @@ from dpaudit_torch.audit import AuditConfig, MonitorContext, StepRecord, build_m
 from dpaudit_torch.audit.monitors import AccountingMonitor
 from dpaudit_torch.contract import (
     ACCOUNTANT_HISTORY,
+    EPSILON_LOWER_OF_HISTORY,
     EPSILON_OF_HISTORY,
     N_REAL_NOT_OBSERVED,
     N_RECORDS,
@@ -263,3 +264,63 @@ def test_alpha_from_the_options_widens_the_intervals() -> None:
     w, n = wide.result["rate_interval"], narrow.result["rate_interval"]
     assert w[0] < n[0] and w[1] > n[1]
     assert math.isfinite(wide.result["recomputed_epsilon"])
+
+
+@pytest.mark.parametrize("lower,under", [(eps_of_history([(1.0, Q, T)]) * 1.5, True),
+                                         (eps_of_history([(1.0, Q, T)]) * 0.5, False)])
+def test_the_claim_against_a_lower_bound_on_its_own_history(lower: float, under: bool) -> None:
+    """The accountant's arithmetic on its own inputs: a claim below a lower bound on the
+    epsilon of the history it counted is a finding (deterministic: no level spent), whatever
+    the intervals say; the bound is asked for the history's entries."""
+    asked: list[list[tuple[float, float, int]]] = []
+
+    def lower_of(h: list[tuple[float, float, int]]) -> float:
+        asked.append(h)
+        return lower
+
+    mon = _run({**_facts(), EPSILON_LOWER_OF_HISTORY: lower_of})
+    r = mon.result
+    claim = eps_of_history([(1.0, Q, T)])
+    assert asked == [[(1.0, Q, T)]]
+    assert r["formula_check"] == "checked" and r["epsilon_lower_of_history"] == lower
+    assert r["under_reported"] is under and r["inconsistent"] is False
+    found = [f for f in mon.findings() if f.level == "finding"]
+    if under:
+        (f,) = found
+        assert f.where == "accountant" and "the accountant under-reports" in f.message
+        assert f"claims epsilon {claim:.4g}" in f.message and f"at least {lower:.4g}" in f.message
+    else:
+        assert found == []
+    assert mon.contribution().verdict is None  # not a proof path
+    sec = mon.check_section()
+    check = ("claimed ε at least a numerical lower bound on the ε of the accountant's own "
+             "history")
+    assert (check, "under-reported" if under else "passed") in sec.checked
+    assert ("lower bound on the ε of the accountant's history", lower) in sec.measured
+
+
+def test_the_lower_bound_not_needed_failing_or_too_long() -> None:
+    # None: the accountant's epsilon is a proven upper bound (RDP, PRV); nothing to compare
+    mon = _run({**_facts(), EPSILON_LOWER_OF_HISTORY: lambda _h: None})
+    assert mon.result["formula_check"] == "proven upper bound"
+    assert "under_reported" not in mon.result and mon.findings() == []
+    assert [w for w, _ in mon.check_section().not_checked] == ["the accountant's formula"]
+
+    def broken(_h: list) -> float:
+        raise ArithmeticError("no domain")
+
+    mon = _run({**_facts(), EPSILON_LOWER_OF_HISTORY: broken})
+    (msg,) = _notes(mon)
+    assert "the accountant's formula: the lower bound failed" in msg and "no domain" in msg
+    # a schedule changing at every step: too many entries to compose at finalize
+    hist = [(1.0 + 0.01 * t, Q, 1) for t in range(T)]
+    long = {**_facts(hist), EPSILON_LOWER_OF_HISTORY: lambda _h: 1e9}
+    mon = _monitor(long)
+    assert T > AccountingMonitor.MAX_FORMULA_ENTRIES // 2
+    mon.MAX_FORMULA_ENTRIES = T - 1
+    for r in _records(1):
+        mon.observe(r)
+    mon.finalize(1.0)
+    assert any(f"its history has {T} entries" in m for m in
+               [f.message for f in mon.findings() if f.level == "note"])
+    assert "under_reported" not in mon.result
