@@ -34,8 +34,8 @@ import torch
 __all__ = ["StepRecord", "StepRefused", "Fact", "FactUnavailable", "FactSource", "StaticFacts",
            "FACTS", "SETUP_CHECK", "SAMPLE_RATE", "N_RECORDS", "NOISE_MULTIPLIER", "TENSOR_NAMES",
            "TENSOR_GROUPS", "GROUP_NAMES", "EPSILON_OF_SIGMA", "ACCOUNTANT_HISTORY",
-           "EPSILON_OF_HISTORY", "MODEL", "OPTIMIZER_PARAMS", "PARAM_GROUPS", "DATA_LOADER",
-           "ACCOUNTANT_NAME", "N_REAL_NOT_OBSERVED", "module_path"]
+           "EPSILON_OF_HISTORY", "EPSILON_LOWER_OF_HISTORY", "MODEL", "OPTIMIZER_PARAMS",
+           "PARAM_GROUPS", "DATA_LOADER", "ACCOUNTANT_NAME", "N_REAL_NOT_OBSERVED", "module_path"]
 
 
 #: why a step record's ``n_real`` is None (the Opacus adapter counts the per-sample rows, or under

@@ -291,7 +291,8 @@ def _drop_new(d: Any, new: set[str]) -> Any:
     the schema version, the fingerprint, the monitor settings, on_internal_error, the model
     and dataset names and the tester placement in the config, where the sequential testers
     ran, and the training's audit_incomplete_from_step and
-    architecture_hash, the white-box bound and the power statement."""
+    architecture_hash, the white-box bound and the power statement, the accountant's formula
+    check."""
     d = _strip(d)
     d.pop("monitor_labels", None)
     d.pop("schema_version", None)
@@ -323,6 +324,9 @@ def _drop_new(d: Any, new: set[str]) -> Any:
     d["sequential"].pop("tester_placement", None)
     d["training"].pop("audit_incomplete_from_step", None)
     d["training"].pop("architecture_hash", None)
+    # the accountant's formula checked since (the run's RDP accountant: a proven upper bound)
+    for k in ("formula_check", "epsilon_lower_of_history", "under_reported"):
+        d["audits"].get("accounting", {}).pop(k, None)
     d.pop("fingerprint", None)
     d.pop("checks", None)  # the monitors' check sections (schema 1.5)
     # each betting monitor's term of the decision, kept in the history since
