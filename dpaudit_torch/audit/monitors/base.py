@@ -136,7 +136,8 @@ class MonitorConfig:
     A subclass lists its own fields with defaults. :meth:`build` fills a field from the user's
     options for this monitor first, then from the audit's setting of the same name (``alpha``,
     ``delta``, ``check_every``, ...), then the default; an unknown option is a ValueError naming
-    it. Validation goes in ``__post_init__``.
+    it; an option whose default is a bool must be a bool (TypeError naming it). Validation goes
+    in ``__post_init__``.
 
     A field ``alpha`` is filled with the audit's level for the monitor's proof path
     (``alpha_path``, :mod:`dpaudit_torch.audit.levels`: the sequential decision's share of the
@@ -158,6 +159,11 @@ class MonitorConfig:
         if unknown:
             raise ValueError(f"unknown option(s) {unknown} for {cls.__name__}; known: "
                              f"{sorted(names)}")
+        for f in dataclasses.fields(cls):  # a switch takes True or False, not 0 / "no"
+            if isinstance(f.default, bool) and f.name in options \
+                    and not isinstance(options[f.name], bool):
+                raise TypeError(f"option {f.name!r} of {cls.__name__} must be True or False, "
+                                f"got {options[f.name]!r}")
         values = {n: getattr(audit, n) for n in names if n not in options and hasattr(audit, n)}
         if "alpha" in values:
             values["alpha"] = audit.level_of(cls.alpha_path)

@@ -85,3 +85,13 @@ def test_reuse_turned_off_is_not_run_and_says_so():
     assert not any("reused" in f.message for f in mon.findings())
     skipped = dict(mon.check_section().not_checked)
     assert "turned off" in next(v for k, v in skipped.items() if "reused" in k)
+
+
+@pytest.mark.parametrize("bad", [0, 1, "no", None])
+def test_the_switch_takes_a_bool(bad: object) -> None:
+    """``reuse`` is a switch: 0, "no" or None is a TypeError naming it, not a silent truthy or
+    falsy value."""
+    cfg = AuditConfig(k_pairs=2, m_canaries=4)
+    with pytest.raises(TypeError, match=r"option 'reuse' of NoiseConfig must be True or False"):
+        NoiseMonitor.config_class.build(cfg, {"reuse": bad})
+    assert NoiseMonitor.config_class.build(cfg, {"reuse": False}).reuse is False
