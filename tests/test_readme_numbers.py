@@ -156,8 +156,22 @@ def _detection(s: str) -> list[str]:
 def _false_alarms(s: str) -> list[str]:
     total = row(table_with(s, "configuration"), configuration="**total**")
     alarms = int(total["false alarms"])
-    return [f"{_plural(alarms, 'false alarm')} in {total['runs']} runs (exact 95% "
-            f"Clopper-Pearson interval {total['95% CP interval']}"]
+    ev = int(total["evidence at alpha_warn"])
+    out = [f"{_plural(alarms, 'false alarm')} in {total['runs']} runs (exact 95% "
+           f"Clopper-Pearson interval {total['95% CP interval']}",
+           f"evidence of a violation (not a proof) in {ev} ({ev / int(total['runs']):.3f}, "
+           f"{total['evidence 95% CP interval']})"]
+    under = next(v for k, v in total.items() if k.startswith("claim below the true epsilon"))
+    if under != "-":  # "55 (claim 1.57 < 2.33); refuted in 2"
+        m = re.fullmatch(r"(\d+) \(claim ([\d.]+) < ([\d.]+)\); refuted in (\d+)", under)
+        assert m, under
+        flagged = next(int(n) for name, n in (x.rsplit(" ", 1) for x in
+                                              total["runs with a finding, per monitor"]
+                                              .split(", ")) if name == "accounting")
+        out += [f"(claim {m[2]}, true epsilon at least {m[3]})",
+                f"says so in {flagged} of its {m[1]} runs",
+                f"refuted that claim in {m[4]}"]
+    return out
 
 
 def _validity(s: str) -> list[str]:
@@ -195,12 +209,18 @@ def _one_run_whitebox(s: str, false_alarms: str) -> list[str]:
     total = row(table_with(false_alarms, "configuration"), configuration="**total**")
     cell = next(v for k, v in total.items() if k.startswith("white-box bound / claim"))
     median, largest = cell.split(";")[0].split(" / ")
-    above = int(cell.split(";")[1].split()[0])
+    counts = cell.split(";")[1]
+    above = int(counts.split()[0])
+    above_truth = int(counts.split(",")[1].split()[0])
+    runs = total["runs"]
     return [f"the median best whole-run bound is {med['8']} / {med['4']} / {med['2']} of the "
             f"claimed eps 8 / 4 / 2",
             f"finalize() takes {fin:g} s",
-            f"the white-box bound is at most {largest.strip()} of the claim (median "
-            f"{median.strip()})" + (", never above it" if above == 0 else "")]
+            f"On the {runs} correct runs of the false-alarm benchmark the white-box bound",
+            f"at most {largest.strip()} of the claim (median {median.strip()})"
+            + (", never above it" if above == 0 else f": above it in {above} runs"),
+            "never above the true epsilon" if above_truth == 0
+            else f"above the true epsilon in {above_truth}"]
 
 
 def _table1(s: str) -> list[str]:
