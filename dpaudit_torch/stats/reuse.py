@@ -138,23 +138,35 @@ _SORT_KEYS_ABOVE = 512
 
 
 def _sorted_matches(x: np.ndarray, tau: np.ndarray, sv: np.ndarray, st: np.ndarray,
-                    st_max: float) -> tuple[np.ndarray, np.ndarray]:
+                    st_max: float, key: np.ndarray | None = None
+                    ) -> tuple[np.ndarray, np.ndarray]:
     """For each x: whether some sorted stored value v is within tau_x + tau_v of it, and the
-    index (in the sorted store) of one such v (the largest such index; -1 if none)."""
+    index (in the sorted store) of one such v (the largest such index; -1 if none). ``key``:
+    an order that sorts x, if the caller has one."""
     hit = np.zeros(x.size, dtype=bool)
     which = np.full(x.size, -1, dtype=np.int64)
     if not sv.size or not x.size:
         return hit, which
-    key = np.argsort(x) if sv.size > _SORT_KEYS_ABOVE else None
+    if sv.size <= _SORT_KEYS_ABOVE:
+        key = None
+    elif key is None:
+        key = np.argsort(x)
     xk, tk = (x, tau) if key is None else (x[key], tau[key])
-    lo = np.searchsorted(sv, xk - tk - st_max, side="left")
-    hi = np.searchsorted(sv, xk + tk + st_max, side="right")
-    cand = np.flatnonzero(hi > lo)
+    w_lo, w_hi = xk - tk - st_max, xk + tk + st_max
+    # one search for every key: a stored value lies in [w_lo, w_hi] iff the first one at or
+    # above x is at most w_hi or the last one below x is at least w_lo; the window's ends are
+    # searched for those keys only
+    p = np.searchsorted(sv, xk, side="left")
+    n_sv = sv.size
+    cand = np.flatnonzero(((p < n_sv) & (sv[np.minimum(p, n_sv - 1)] <= w_hi))
+                          | ((p > 0) & (sv[np.maximum(p - 1, 0)] >= w_lo)))
     if not cand.size:
         return hit, which
-    counts = hi[cand] - lo[cand]
+    lo = np.searchsorted(sv, w_lo[cand], side="left")
+    hi = np.searchsorted(sv, w_hi[cand], side="right")
+    counts = hi - lo
     rows = np.repeat(cand, counts)
-    starts = np.repeat(lo[cand] - np.cumsum(counts) + counts, counts)
+    starts = np.repeat(lo - np.cumsum(counts) + counts, counts)
     idx = starts + np.arange(rows.size)
     ok = np.abs(xk[rows] - sv[idx]) <= tk[rows] + st[idx]
     if ok.any():
@@ -162,6 +174,17 @@ def _sorted_matches(x: np.ndarray, tau: np.ndarray, sv: np.ndarray, st: np.ndarr
         hit[at] = True
         which[at] = idx[ok]  # (a row's candidates in increasing index: the largest is kept)
     return hit, which
+
+
+def _stable_order(v: np.ndarray, order: np.ndarray | None = None) -> np.ndarray:
+    """``np.argsort(v, kind="stable")``: ``order`` (any order that sorts v; computed if None)
+    where v has no equal values, which is then the stable order itself, else the stable sort."""
+    if order is None:
+        order = np.argsort(v)
+    vs = v[order]
+    if vs.size > 1 and bool(np.any(vs[1:] == vs[:-1])):
+        return np.argsort(v, kind="stable")
+    return order
 
 
 def _lower_quartile(a: np.ndarray) -> float:
@@ -278,7 +301,8 @@ class NoiseReuseTest(_Decision):
         # block's earlier steps (a few values, sorted here)
         A_sum, B_sum = self._store_bound(a_max, umax, std)
         st_main = self._st.astype(np.float64)
-        across, which = _sorted_matches(x, tau, self._sv, st_main, self._st_max)
+        key = np.argsort(x) if self._sv.size > _SORT_KEYS_ABOVE else None
+        across, which = _sorted_matches(x, tau, self._sv, st_main, self._st_max, key)
         lag_of = np.zeros(n, dtype=np.int64)
         lag_of[across] = step - self._ss[which[across]]
         if block_v:
@@ -298,7 +322,7 @@ class NoiseReuseTest(_Decision):
         # into by chance): one sort, adjacent differences; a match counts for the later value
         small = np.flatnonzero(s_abs <= max(SMALL_SUM * std, _lower_quartile(s_abs)))
         xj, tj, aj = x[small], tau[small], a[small]
-        order = np.argsort(xj, kind="stable")
+        order = _stable_order(xj, key if key is not None and small.size == n else None)
         xs = xj[order]
         near = np.abs(np.diff(xs)) <= tj[order][1:] + tj[order][:-1]
         within = np.zeros(n, dtype=bool)
