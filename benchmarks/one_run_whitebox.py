@@ -509,16 +509,29 @@ def _schedules(steps: int) -> list[tuple[str, list[float]]]:
     ]
 
 
+def _scheduled_game(sig: list[float], q: float, m: int, steps: int, sched: Any,
+                    sigma0: float, laws: dict[int, Any], seed: list[int]) -> tuple[float, Any]:
+    """One correct scheduled game (exact weighted sums, generator seeded with ``seed``): the
+    tail of its statistic in the exact scheduled law at 1 / sigma_0 (the claim's rho), and its
+    moments. ``laws`` caches the law per IN count."""
+    from dpaudit_torch.stats._whitebox_schedule import (
+        ScheduledReleaseLaw,
+        simulate_scheduled_sums,
+    )
+
+    is_in, sums, _ = simulate_scheduled_sums(sig, q, m, np.random.default_rng(seed))
+    mom = release_moments(sums, is_in, steps, weight_sum=sched.weight_sum)
+    law = laws.get(mom.n_in)
+    if law is None:
+        law = laws[mom.n_in] = ScheduledReleaseLaw(mom.n_in, mom.n_out, sched, q)
+    return law.tail(mom.statistic, 1.0 / sigma0), mom
+
+
 def schedule_coverage(games: int, steps: int, q: float, m: int, eps0: float) -> str:
     """Exact weighted sums (simulate_scheduled_sums) of correct scheduled runs exactly at
     their claim: the schedule's shape times sigma_0, sigma_0 chosen so that the constant run
     at sigma_0 has epsilon eps0."""
-    from dpaudit_torch.stats._whitebox_schedule import (
-        NoiseSchedule,
-        ScheduledReleaseLaw,
-        scheduled_epsilon,
-        simulate_scheduled_sums,
-    )
+    from dpaudit_torch.stats._whitebox_schedule import NoiseSchedule, scheduled_epsilon
 
     sigma0 = _sigma(eps0, q, steps)
     rows = []
@@ -530,13 +543,9 @@ def schedule_coverage(games: int, steps: int, q: float, m: int, eps0: float) -> 
         tails, moms = [], []
         t0 = time.perf_counter()
         for g in range(games):
-            rng = np.random.default_rng([55, len(rows), g])
-            is_in, sums, _ = simulate_scheduled_sums(sig, q, m, rng)
-            mom = release_moments(sums, is_in, steps, weight_sum=sched.weight_sum)
-            law = laws.get(mom.n_in)
-            if law is None:
-                law = laws[mom.n_in] = ScheduledReleaseLaw(mom.n_in, mom.n_out, sched, q)
-            tails.append(law.tail(mom.statistic, 1.0 / sigma0))
+            tail, mom = _scheduled_game(sig, q, m, steps, sched, sigma0, laws,
+                                        [55, len(rows), g])
+            tails.append(tail)
             moms.append(mom)
         full = [whitebox_bound(moms[g], q, DELTA, alpha=0.05, check=False, schedule=sched)
                 for g in range(3)]
@@ -603,11 +612,7 @@ def schedule_release(games: int) -> str:
 def schedule_replicate(games: int, families: tuple[int, ...]) -> str:
     """Part 5 (a)'s StepNoise 1 / 0.8 / 0.6 schedule again with other seed families (the
     first seed of each game's generator), to tell a fluctuation from a miss."""
-    from dpaudit_torch.stats._whitebox_schedule import (
-        NoiseSchedule,
-        ScheduledReleaseLaw,
-        simulate_scheduled_sums,
-    )
+    from dpaudit_torch.stats._whitebox_schedule import NoiseSchedule
 
     steps, q, m = 500, 0.05, 2000
     sigma0 = _sigma(4.0, q, steps)
@@ -619,13 +624,7 @@ def schedule_replicate(games: int, families: tuple[int, ...]) -> str:
     for fam in families:
         tails = []
         for g in range(games):
-            rng = np.random.default_rng([fam, g])
-            is_in, sums, _ = simulate_scheduled_sums(sig, q, m, rng)
-            mom = release_moments(sums, is_in, steps, weight_sum=sched.weight_sum)
-            law = laws.get(mom.n_in)
-            if law is None:
-                law = laws[mom.n_in] = ScheduledReleaseLaw(mom.n_in, mom.n_out, sched, q)
-            tails.append(law.tail(mom.statistic, 1.0 / sigma0))
+            tails.append(_scheduled_game(sig, q, m, steps, sched, sigma0, laws, [fam, g])[0])
         for a in ALPHAS:
             k = sum(t < a for t in tails)
             total[a] += k
