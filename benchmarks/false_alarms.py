@@ -88,6 +88,7 @@ from _common import command, machine, markdown_table, write_section  # noqa: E40
 
 from dpaudit_torch.audit import PrivacyAuditor  # noqa: E402
 from dpaudit_torch.demo import DigitsCNN, load_digits_tensors  # noqa: E402
+from dpaudit_torch.opacus_tap.accountant import prv_epsilon_bounds  # noqa: E402
 
 DELTA = 1e-5
 ALPHA = 0.001  # proofs, every path together (the auditor's default)
@@ -240,23 +241,15 @@ def _optimizer(model: nn.Module, setup: Setup) -> torch.optim.Optimizer:
     return torch.optim.SGD([p for p in model.parameters() if p.requires_grad], lr=setup.lr)
 
 
-@functools.lru_cache(maxsize=64)
 def true_epsilon(history: tuple[tuple[float, float, int], ...], delta: float
                  ) -> tuple[float, float]:
     """(lower, upper) bounds on the true epsilon at ``delta`` of the Poisson-subsampled
-    Gaussian composition in ``history`` ((sigma, q, steps) entries): the PRV accountant's
-    numerical bounds (Gopi, Lee & Wutschitz, NeurIPS 2021; Opacus's ``PRVAccountant`` returns
-    the upper one as its claim). A claim below the lower one under-reports the run's epsilon,
-    so refuting it is right (Opacus's GDP accountant, a central-limit approximation, does so at
-    this benchmark's 50 steps: it warns that it "can underestimate privacy expenditure")."""
-    from opacus.accountants import PRVAccountant
-
-    acc = PRVAccountant()
-    acc.history = list(history)
-    eps_error, delta_error = 0.01, delta / 1000
-    dprv = acc._get_dprv(eps_error=eps_error, delta_error=delta_error)
-    lower, _, upper = dprv.compute_epsilon(delta, delta_error, eps_error)
-    return float(lower), float(upper)
+    Gaussian composition in ``history`` (the library's PRV bounds, Gopi, Lee & Wutschitz,
+    NeurIPS 2021; Opacus's ``PRVAccountant`` returns the upper one as its claim). A claim below
+    the lower one under-reports the run's epsilon, so refuting it is right (Opacus's GDP
+    accountant, a central-limit approximation, does so at this benchmark's 50 steps: it warns
+    that it "can underestimate privacy expenditure")."""
+    return prv_epsilon_bounds(history, delta)
 
 
 def _outcome(rep: Any, steps: int, t0: float,

@@ -30,12 +30,11 @@ from typing import Any
 
 logger = logging.getLogger(__name__)
 
-__all__ = ["AccountantView"]
+__all__ = ["AccountantView", "prv_epsilon_bounds"]
 
-#: memoised epsilons of Opacus's accountants: (class, history, delta) -> (epsilon, the warnings
-#: its computation raised)
-_Memoised = tuple[float, tuple[tuple[type[Warning], str], ...]]
-_MEMO: OrderedDict[tuple[Any, ...], _Memoised] = OrderedDict()
+#: memoised epsilons: (class, history, delta) -> (epsilon, the warnings its computation raised)
+#: for Opacus's accountants; ("prv-bounds", history, delta) -> (lower, upper)
+_MEMO: OrderedDict[tuple[Any, ...], tuple[Any, Any]] = OrderedDict()
 _MEMO_SIZE = 256
 _MEMO_LOCK = threading.Lock()
 
@@ -58,29 +57,59 @@ def _memo_key(accountant: Any, delta: float) -> tuple[Any, ...] | None:
     return (cls, hist, float(delta))
 
 
+def _memo_get(key: tuple[Any, ...]) -> tuple[Any, Any] | None:
+    with _MEMO_LOCK:
+        hit = _MEMO.get(key)
+        if hit is not None:
+            _MEMO.move_to_end(key)
+        return hit
+
+
+def _memo_put(key: tuple[Any, ...], value: tuple[Any, Any]) -> None:
+    with _MEMO_LOCK:
+        _MEMO[key] = value
+        while len(_MEMO) > _MEMO_SIZE:
+            _MEMO.popitem(last=False)
+
+
 def _epsilon(accountant: Any, delta: float) -> float:
     """``accountant.get_epsilon(delta)``, memoised where :func:`_memo_key` allows; the warnings
     the computation raised are raised again on every read, memoised or not."""
     key = _memo_key(accountant, delta)
-    hit = None
-    if key is not None:
-        with _MEMO_LOCK:
-            hit = _MEMO.get(key)
-            if hit is not None:
-                _MEMO.move_to_end(key)
+    hit = None if key is None else _memo_get(key)
     if hit is None:
         with warnings.catch_warnings(record=True) as caught:
             warnings.simplefilter("always")
             eps = float(accountant.get_epsilon(delta=delta))
         hit = (eps, tuple((w.category, str(w.message)) for w in caught))
         if key is not None:
-            with _MEMO_LOCK:
-                _MEMO[key] = hit
-                while len(_MEMO) > _MEMO_SIZE:
-                    _MEMO.popitem(last=False)
+            _memo_put(key, hit)
     for category, message in hit[1]:
         warnings.warn(message, category, stacklevel=2)
     return hit[0]
+
+
+def prv_epsilon_bounds(history: list[tuple[float, float, int]] | tuple[Any, ...],
+                       delta: float) -> tuple[float, float]:
+    """(lower, upper) bounds on the true epsilon at ``delta`` of ``history`` ((sigma, q, steps)
+    entries of Poisson-subsampled Gaussian steps): the PRV accountant's numerical composition
+    of the privacy-loss distributions with its error bounds (Gopi, Lee & Wutschitz, NeurIPS
+    2021; eps error 0.01, delta error delta / 1000; Opacus's ``PRVAccountant`` claims the upper
+    one). Memoised per (history, delta)."""
+    from opacus.accountants import PRVAccountant
+
+    hist = tuple((float(s), float(q), int(n)) for s, q, n in history)
+    key = ("prv-bounds", hist, float(delta))
+    hit = _memo_get(key)
+    if hit is None:
+        acc = PRVAccountant()
+        acc.history = list(hist)
+        eps_error, delta_error = 0.01, delta / 1000.0
+        dprv = acc._get_dprv(eps_error=eps_error, delta_error=delta_error)
+        lower, _, upper = dprv.compute_epsilon(delta, delta_error, eps_error)
+        hit = (float(lower), float(upper))
+        _memo_put(key, hit)
+    return hit
 
 
 @contextmanager
@@ -173,25 +202,8 @@ class AccountantView:
         if f"{cls.__module__}.{cls.__qualname__}" in self.UPPER_BOUND_ACCOUNTANTS \
                 and "get_epsilon" not in vars(self.accountant):
             return None
-        from opacus.accountants import PRVAccountant
-
-        hist = tuple((float(s), float(q), int(n)) for s, q, n in history)
-        key = ("prv-lower", hist, float(delta))
-        with _MEMO_LOCK:
-            hit = _MEMO.get(key)
-        if hit is not None:
-            return hit[0]
-        acc = PRVAccountant()
-        acc.history = list(hist)
-        eps_error, delta_error = 0.01, delta / 1000.0
         with _warnings_logged("PRV lower bound of the accountant's history", logging.DEBUG):
-            dprv = acc._get_dprv(eps_error=eps_error, delta_error=delta_error)
-            lower = float(dprv.compute_epsilon(delta, delta_error, eps_error)[0])
-        with _MEMO_LOCK:
-            _MEMO[key] = (lower, ())
-            while len(_MEMO) > _MEMO_SIZE:
-                _MEMO.popitem(last=False)
-        return lower
+            return prv_epsilon_bounds(history, delta)[0]
 
     def epsilon(self, delta: float) -> float | None:
         """The claimed epsilon at ``delta`` (None before the first step, or if the read

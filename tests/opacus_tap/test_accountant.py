@@ -194,3 +194,18 @@ def test_gdp_under_reports_and_the_audit_says_so():
     assert view.epsilon_lower_of_history([(1.0, q, 20)], DELTA) is None
     assert not [f for f in rep.findings if f["monitor"] == "accounting"
                 and f["level"] != "note"]
+
+
+def test_prv_bounds_bracket_the_prv_claim():
+    """The PRV composition's bounds on the true epsilon: the upper one is what Opacus's PRV
+    accountant claims for the same history (the same computation), the lower one at most
+    2 eps_error + the delta error's effect below it."""
+    from dpaudit_torch.opacus_tap.accountant import prv_epsilon_bounds
+
+    hist = [(1.0, 1 / 23, 50)]
+    lower, upper = prv_epsilon_bounds(hist, DELTA)
+    acc = PRVAccountant()
+    acc.history = list(hist)
+    assert upper == acc.get_epsilon(delta=DELTA)
+    assert upper - 0.1 < lower < upper
+    assert prv_epsilon_bounds(tuple(hist), DELTA) == (lower, upper)  # memoised, same values
