@@ -166,3 +166,37 @@ def test_bad_input():
         NoiseReuseTest(alpha=2.0)
     with pytest.raises(ValueError, match="state_dict"):
         t.load_state_dict({"config": {}})
+
+
+# ---------------------------------------------------------------- the search's helpers
+def test_search_helpers_equal_their_reference_definitions() -> None:
+    """The reuse test's faster helpers give what the definitions they replace give, so the
+    test's trajectory does not depend on them: the lower quartile is ``np.quantile(a, 0.25)``
+    (same arithmetic, same machine), the order is ``argsort(kind="stable")`` with and without
+    ties, and the store search finds exactly the pairs |x - v| <= tau_x + tau_v, with the
+    largest matching index, on sorted and unsorted keys, above and below the key-sorting size."""
+    from dpaudit_torch.stats.reuse import _lower_quartile, _sorted_matches, _stable_order
+
+    rng = np.random.default_rng(3)
+    for n in (1, 2, 3, 4, 5, 7, 100, 1001):
+        a = np.abs(rng.standard_normal(n))
+        assert _lower_quartile(a) == np.quantile(a, 0.25)
+    v = rng.standard_normal(300)
+    assert np.array_equal(_stable_order(v), np.argsort(v, kind="stable"))
+    v[[10, 50, 200]] = v[7]  # ties: the stable order keeps positions in order
+    assert np.array_equal(_stable_order(v), np.argsort(v, kind="stable"))
+    assert np.array_equal(_stable_order(v, np.argsort(v)), np.argsort(v, kind="stable"))
+    for n_store in (40, 3000):
+        sv = np.sort(rng.standard_normal(n_store))
+        st = np.full(n_store, 1e-6)
+        x = rng.standard_normal(500)
+        x[:20] = sv[rng.integers(0, n_store, 20)] + 5e-7  # near-equal to a stored value
+        x[20] = sv[5]
+        tau = np.full(x.size, 1e-6)
+        hit, which = _sorted_matches(x, tau, sv, st, 1e-6)
+        near = np.abs(x[:, None] - sv[None, :]) <= tau[:, None] + st[None, :]
+        assert np.array_equal(hit, near.any(axis=1)) and hit[:21].all()
+        last = np.where(near.any(axis=1), n_store - 1 - np.argmax(near[:, ::-1], axis=1), -1)
+        assert np.array_equal(which, last)
+        hit_k, which_k = _sorted_matches(x, tau, sv, st, 1e-6, np.argsort(x))
+        assert np.array_equal(hit_k, hit) and np.array_equal(which_k, which)
